@@ -1,0 +1,40 @@
+// The experts' problem (M, N, K, topk, E, E_local, activation, quant), derived from a model and a
+// parallel layout, validated where it enters. Every workspace plan is a function of this alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moekit/model.h"
+#include "moekit/types.h"
+
+namespace moekit {
+
+struct MoeProblem {
+  ActivationFormat format = ActivationFormat::kBatchedExperts;
+  // Token capacity of the experts' input. Batched: max_tokens_per_rank * num_dispatchers (already
+  // global: never multiply it by num_dispatchers again). Standard: max_tokens_per_rank.
+  std::int64_t M = 0;
+  std::int64_t N = 0;  // W1 output width: 2*I gated, I otherwise
+  std::int64_t K = 0;  // hidden size
+  std::int64_t topk = 0;
+  std::int64_t E = 0;        // routed experts in the model
+  std::int64_t E_local = 0;  // experts held by this rank
+  Activation activation = Activation::kSilu;
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;
+  std::int64_t max_tokens_per_rank = 0;
+  std::int64_t num_dispatchers = 1;  // D
+
+  std::int64_t I() const { return activation_out_dim(activation, N); }
+  std::string describe() const;
+};
+
+// Builds and validates the problem; raises moekit::Error naming the bad value and the fix.
+MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
+                        QuantScheme quant);
+MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
+                        QuantScheme quant, Activation activation);
+// Checks a problem built by hand (tests, bindings): the same rules as make_problem.
+void validate_problem(const MoeProblem& problem);
+
+}  // namespace moekit

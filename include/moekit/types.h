@@ -1,0 +1,43 @@
+// Vocabulary types of the MoE problem: dtypes, activation formats, activations and quantization
+// schemes, each with a parser and a printer that use the names of DESIGN.md (and of the CLI).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moekit {
+
+enum class DType : std::uint8_t { kFp8E4m3, kBf16, kFp16, kFp32, kInt32, kInt64, kUint8, kPtr };
+
+// Bytes per element. kPtr is a device pointer (8 bytes on every supported target).
+std::int64_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);
+
+// Standard: (M, K) hidden states + topk ids/weights; experts permute rows themselves.
+// BatchedExperts: (E_local, M, K), one buffer of M rows per local expert, plus expert_num_tokens.
+enum class ActivationFormat : std::uint8_t { kStandard, kBatchedExperts };
+std::string_view format_name(ActivationFormat format);
+ActivationFormat parse_format(std::string_view name);
+
+// Gated activations read N = 2*I columns (gate, up) and write I; non-gated read and write N.
+enum class Activation : std::uint8_t { kSilu, kGelu, kGeluTanh, kSwigluOai, kRelu2, kSiluNoMul };
+std::string_view activation_name(Activation act);
+Activation parse_activation(std::string_view name);
+bool is_gated(Activation act);
+// Columns the activation writes for a W1 output of width N (N/2 when gated; N must then be even).
+std::int64_t activation_out_dim(Activation act, std::int64_t N);
+const std::vector<Activation>& all_activations();
+
+// Quantization of the FP8 operands (activations x weights); fp32 scales everywhere.
+//   kPerTensor:          one scale per activation tensor (per expert) x one per weight tensor.
+//   kPerTokenPerChannel: one scale per activation row x one per weight output channel.
+//   kBlock128:           one scale per 1x128 activation group x one per 128x128 weight block.
+enum class QuantScheme : std::uint8_t { kPerTensor, kPerTokenPerChannel, kBlock128 };
+std::string_view quant_name(QuantScheme quant);
+QuantScheme parse_quant(std::string_view name);
+const std::vector<QuantScheme>& all_quant_schemes();
+inline constexpr std::int64_t kQuantBlock = 128;
+
+}  // namespace moekit

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything moekit needs on a fresh Debian 12 machine, idempotently: Debian packages
+# (compilers' companions, test and CLI libraries, OpenMPI, OpenBLAS) and the CUTLASS 4.2 headers
+# from PyPI. Safe to run again: each step checks first and does nothing when already satisfied.
+set -euo pipefail
+
+debian_packages=(
+  cmake ninja-build ccache clang-format
+  googletest libgtest-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+  python3
+)
+
+missing=()
+for pkg in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing Debian packages: ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# CUTLASS headers (only used when nvcc exists, but cheap: headers only, ~30 MB).
+python=${PYTHON:-python3}
+if ! "$python" -c 'import cutlass_library' 2>/dev/null; then
+  echo "install-deps: installing nvidia-cutlass==4.2.0.0 (headers) from PyPI" >&2
+  "$python" -m pip install -q --no-deps nvidia-cutlass==4.2.0.0
+fi
+echo "install-deps: ok" >&2

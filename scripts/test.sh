@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds and runs every test on this machine: dependencies, the formatting check, the release build
+# (with the CUDA backend compiled when nvcc exists; GPU tests report SKIPPED without a device), the
+# CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${MOEKIT_JOBS:-$(nproc)}
+
+bash scripts/install-deps.sh
+bash scripts/format.sh --check
+
+echo "== release build (build/)" >&2
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs")
+
+echo "== ASan + UBSan build, CPU only (build-asan/)" >&2
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF >/dev/null
+cmake --build build-asan -j "$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")

@@ -1,0 +1,46 @@
+// The moekit CLI's subcommands. Each registers its flags on a CLI11 app and returns an exit code;
+// the rendering functions are separate so tests can call them without a process.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moekit/model.h"
+#include "moekit/problem.h"
+#include "moekit/workspace.h"
+
+namespace moekit::cli {
+
+// Parses "141GiB", "80GB", "512MiB", "1e9" (bytes); raises moekit::Error on anything else.
+std::int64_t parse_bytes(const std::string& text);
+std::string human_bytes(std::int64_t bytes);
+
+struct PlanRequest {
+  std::string model = "deepseek-v3";
+  ParallelConfig parallel{32, 32, 256, 0};
+  std::string activation;  // empty: the model's
+  std::string quant = "per-token";
+  std::vector<std::string> backends;  // empty: all
+  std::string gpu_memory;             // empty: not shown
+  std::string format = "table";
+};
+
+struct PlanReport {
+  ModelConfig model;
+  std::vector<WorkspacePlan> plans;
+  std::vector<std::int64_t> weight_bytes;  // per plan: the local experts' FP8 weights + scales
+  std::int64_t gpu_memory = -1;
+};
+
+PlanReport make_plan_report(const PlanRequest& request);
+nlohmann::json plan_json(const PlanRequest& request, const PlanReport& report);
+std::string plan_table(const PlanRequest& request, const PlanReport& report);
+
+// Registration: each returns a callback run when its subcommand was chosen.
+std::function<int()> add_plan_command(CLI::App& app);
+
+}  // namespace moekit::cli

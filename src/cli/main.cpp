@@ -1,0 +1,32 @@
+// The moekit command line: plan (workspace per GPU), and later run, bench, check.
+// Exit codes: 0 success, 1 a moekit::Error (bad input: the message says what and how to fix it),
+// 2 a usage error.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "moekit/check.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"moekit: the Mixture-of-Experts layer of expert-parallel inference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moekit 0.1.0");
+  std::vector<std::function<int()>> commands;
+  commands.push_back(moekit::cli::add_plan_command(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    for (auto& run : commands) {
+      const int rc = run();
+      if (rc >= 0) return rc;
+    }
+  } catch (const moekit::Error& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}

@@ -1,0 +1,36 @@
+// FP8 GEMM on the CPU: D[m, n] = the scaled sum over k of A[m, k] * B[n, k], A (M, K) FP8 row-major
+// (activations), B (N, K) FP8 row-major (weights, K contiguous), fp32 accumulation, output fp32 or
+// bf16. Scales as in cpu/quant.h. Per element, the result is
+//   kPerTensor / kPerTokenPerChannel:  (acc * sa) * sb,  acc = sum over k in increasing order
+//   kBlock128:  sum over k-blocks kb in increasing order of (acc_kb * sa[m, kb]) * sb[n/128, kb]
+// and does not depend on M, on the other rows, on the blocking or on the thread count: the layer's
+// results are bit-identical however tokens are spread over ranks.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/numerics.h"
+#include "cpu/thread_pool.h"
+#include "moekit/types.h"
+
+namespace moekit::cpu {
+
+struct Fp8GemmArgs {
+  std::int64_t M = 0, N = 0, K = 0;
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;
+  const fp8_t* A = nullptr;
+  std::int64_t lda = 0;
+  const float* a_scales = nullptr;
+  const fp8_t* B = nullptr;
+  std::int64_t ldb = 0;
+  const float* b_scales = nullptr;
+  float* D_f32 = nullptr;  // exactly one of D_f32 / D_bf16
+  bf16_t* D_bf16 = nullptr;
+  std::int64_t ldd = 0;
+};
+
+void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool);
+// float64 reference on the same quantized operands (dequantized exactly), output double (M, N).
+void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd);
+
+}  // namespace moekit::cpu

@@ -1,0 +1,83 @@
+// FP8 e4m3fn and bf16 on the CPU, bit-exact with CUDA's conversions (__nv_cvt_float_to_fp8 with
+// __NV_SATFINITE and __NV_E4M3; __float2bfloat16_rn). Header-only: the hot loops inline them.
+//   e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; NaN is S.1111.111;
+//   largest finite 448 = 2^8 * 1.75; smallest normal 2^-6; subnormals k * 2^-9.
+//   Encoding rounds to nearest, ties to even, and saturates every finite or infinite |x| > 448 to
+//   +-448. NaN encodes as 0x7F with the input's sign bit.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace moekit::cpu {
+
+using fp8_t = std::uint8_t;    // e4m3fn bits
+using bf16_t = std::uint16_t;  // bfloat16 bits
+
+inline constexpr float kFp8Max = 448.0f;
+
+// --- FP8 e4m3fn ---------------------------------------------------------------------------------
+
+constexpr float fp8_decode_slow(fp8_t code) {
+  const bool neg = (code & 0x80) != 0;
+  const int exponent = (code >> 3) & 0xF;
+  const int mantissa = code & 0x7;
+  if (exponent == 0xF && mantissa == 0x7) return neg ? -__builtin_nanf("") : __builtin_nanf("");
+  // Subnormal: mantissa * 2^-9; normal: (8 + mantissa) * 2^(exponent - 10).
+  float magnitude = exponent == 0 ? static_cast<float>(mantissa) / 512.0f : static_cast<float>(8 + mantissa);
+  if (exponent != 0) {
+    int e = exponent - 10;
+    for (; e > 0; --e) magnitude *= 2.0f;
+    for (; e < 0; ++e) magnitude *= 0.5f;
+  }
+  return neg ? -magnitude : magnitude;
+}
+
+inline const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[static_cast<std::size_t>(i)] = fp8_decode_slow(static_cast<fp8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+inline float fp8_decode(fp8_t code) { return fp8_table()[code]; }
+
+inline fp8_t fp8_encode(float x) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  const auto sign = static_cast<fp8_t>((bits >> 24) & 0x80);
+  const std::uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  if (abs_bits > 0x7F800000u) return static_cast<fp8_t>(sign | 0x7F);  // NaN
+  if (abs_bits >= 0x43E00000u) return static_cast<fp8_t>(sign | 0x7E);  // |x| >= 448 (and inf): saturate
+  const int exp32 = static_cast<int>(abs_bits >> 23);                   // biased float exponent
+  if (exp32 >= 121) {
+    // Normal e4m3 range |x| >= 2^-6: keep 3 of 23 mantissa bits, round to nearest even. A carry
+    // out of the mantissa bumps the exponent, which is exactly the next binade's first code.
+    const std::uint32_t mant = abs_bits & 0x7FFFFFu;
+    std::uint32_t code = (static_cast<std::uint32_t>(exp32 - 120) << 3) | (mant >> 20);
+    const std::uint32_t rest = mant & 0xFFFFFu;
+    if (rest > 0x80000u || (rest == 0x80000u && (code & 1u))) ++code;
+    // 448 < |x| < 464 rounds to 448 above; the guard at 0x43E00000 covers the rest.
+    return static_cast<fp8_t>(sign | code);
+  }
+  // Subnormal range: k * 2^-9 with k in [0, 8]; x * 2^9 is exact, nearbyint rounds ties to even.
+  const float scaled = std::bit_cast<float>(abs_bits) * 512.0f;
+  const auto k = static_cast<std::uint32_t>(std::nearbyint(scaled));
+  return static_cast<fp8_t>(sign | k);  // k == 8 is the smallest normal code 0x08
+}
+
+// --- bf16 ---------------------------------------------------------------------------------------
+
+inline float bf16_decode(bf16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+
+inline bf16_t bf16_encode(float x) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<bf16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<bf16_t>((bits + rounding) >> 16);
+}
+
+}  // namespace moekit::cpu

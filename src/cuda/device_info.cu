@@ -1,0 +1,38 @@
+// Device properties read from the device, and the CUTLASS version this backend compiles against.
+#include <cuda_runtime.h>
+#include <cutlass/version.h>
+
+#include "cuda/check.h"
+#include "cuda/device_info.h"
+
+namespace moekit::cuda {
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: report zero, clear the sticky error
+    return 0;
+  }
+  return count;
+}
+
+DeviceInfo device_info(int device) {
+  cudaDeviceProp prop{};
+  MOEKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  DeviceInfo info;
+  info.device = device;
+  info.name = prop.name;
+  info.sm_major = prop.major;
+  info.sm_minor = prop.minor;
+  info.num_sms = prop.multiProcessorCount;
+  info.l2_bytes = prop.l2CacheSize;
+  info.global_memory_bytes = static_cast<long long>(prop.totalGlobalMem);
+  info.max_smem_per_block_optin = static_cast<long long>(prop.sharedMemPerBlockOptin);
+  return info;
+}
+
+std::string cutlass_version() {
+  return std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." + std::to_string(CUTLASS_PATCH);
+}
+
+}  // namespace moekit::cuda

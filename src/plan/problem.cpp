@@ -1,0 +1,103 @@
+// Model + parallel layout -> the experts' problem, validated where it enters. The one rule this
+// project exists for: in the batched format M = max_tokens_per_rank * num_dispatchers is already
+// the global capacity, and nothing downstream multiplies it by num_dispatchers again.
+#include "moekit/problem.h"
+
+#include <fmt/format.h>
+
+#include "moekit/check.h"
+
+namespace moekit {
+namespace {
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t r = 0;
+  MOEKIT_CHECK(!__builtin_mul_overflow(a, b, &r), "{} = {} * {} overflows 64 bits; use smaller values", what, a, b);
+  return r;
+}
+
+}  // namespace
+
+std::string MoeProblem::describe() const {
+  return fmt::format(
+      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}",
+      format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
+      max_tokens_per_rank, activation_name(activation), quant_name(quant));
+}
+
+void validate_problem(const MoeProblem& p) {
+  MOEKIT_CHECK(p.K >= 1, "hidden size K = {} must be >= 1", p.K);
+  MOEKIT_CHECK(p.N >= 1, "W1 output width N = {} must be >= 1", p.N);
+  MOEKIT_CHECK(p.E >= 1, "number of experts E = {} must be >= 1", p.E);
+  MOEKIT_CHECK(p.E_local >= 1 && p.E_local <= p.E,
+               "local experts E_local = {} must be in [1, E = {}]: a rank cannot hold more experts than the model has",
+               p.E_local, p.E);
+  MOEKIT_CHECK(p.topk >= 1 && p.topk <= p.E, "topk = {} must be in [1, E = {}]", p.topk, p.E);
+  MOEKIT_CHECK(p.num_dispatchers >= 1, "num_dispatchers D = {} must be >= 1 (it is dp: every rank dispatches)",
+               p.num_dispatchers);
+  MOEKIT_CHECK(p.max_tokens_per_rank >= 1, "max_tokens_per_rank = {} must be >= 1 (a chunk holds at least one token)",
+               p.max_tokens_per_rank);
+  const std::int64_t expected_M = p.format == ActivationFormat::kBatchedExperts
+                                      ? checked_mul(p.max_tokens_per_rank, p.num_dispatchers, "M")
+                                      : p.max_tokens_per_rank;
+  MOEKIT_CHECK(p.M == expected_M,
+               "M = {} but the {} format needs M = {} (max_tokens_per_rank = {}, num_dispatchers = {}): batched M is "
+               "max_tokens_per_rank * num_dispatchers, already global, and is never multiplied again",
+               p.M, format_name(p.format), expected_M, p.max_tokens_per_rank, p.num_dispatchers);
+  const std::int64_t I = activation_out_dim(p.activation, p.N);  // checks N even when gated
+  // FP8 rows are read by TMA in 16-byte units: K and I must be multiples of 16 elements.
+  MOEKIT_CHECK(p.K % 16 == 0 && I % 16 == 0,
+               "K = {} and I = {} must be multiples of 16 (16-byte aligned FP8 rows for the GEMMs)", p.K, I);
+  if (p.quant == QuantScheme::kBlock128) {
+    MOEKIT_CHECK(p.K % kQuantBlock == 0 && I % kQuantBlock == 0,
+                 "block128 quantization needs K = {} and I = {} to be multiples of 128; use --quant per-token", p.K, I);
+  }
+  // Every byte count downstream is a product of these: refuse shapes whose largest tensor
+  // (E_local, M, max(N, K)) would overflow 64-bit bytes.
+  const std::int64_t width = p.N > p.K ? p.N : p.K;
+  checked_mul(checked_mul(checked_mul(p.E_local, p.M, "E_local * M"), width, "E_local * M * max(N, K)"), 8 * p.topk,
+              "E_local * M * max(N, K) * 8 * topk");
+}
+
+MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, ActivationFormat format, QuantScheme quant,
+                        Activation activation) {
+  MOEKIT_CHECK(par.dp >= 1, "dp = {} must be >= 1 (data-parallel ranks)", par.dp);
+  MOEKIT_CHECK(par.ep >= 1, "ep = {} must be >= 1 (expert-parallel ranks)", par.ep);
+  MOEKIT_CHECK(par.max_tokens_per_rank >= 1, "max_tokens_per_rank = {} must be >= 1", par.max_tokens_per_rank);
+  std::int64_t E_local = par.local_experts;
+  if (E_local == 0) {
+    MOEKIT_CHECK(model.num_experts % par.ep == 0,
+                 "{}: {} experts are not divisible by ep = {}; choose an ep that divides {} or pass --local-experts",
+                 model.name, model.num_experts, par.ep, model.num_experts);
+    E_local = model.num_experts / par.ep;
+  } else {
+    MOEKIT_CHECK(E_local >= 1 && E_local <= model.num_experts,
+                 "local experts = {} must be in [1, {}] (the experts of {})", E_local, model.num_experts, model.name);
+    MOEKIT_CHECK(checked_mul(E_local, par.ep, "local_experts * ep") >= model.num_experts,
+                 "local experts = {} on ep = {} ranks hold {} slots, fewer than the {} experts of {}", E_local, par.ep,
+                 E_local * par.ep, model.num_experts, model.name);
+  }
+
+  MoeProblem p;
+  p.format = format;
+  p.activation = activation;
+  p.K = model.hidden_size;
+  p.N = is_gated(activation) ? checked_mul(2, model.moe_intermediate_size, "N") : model.moe_intermediate_size;
+  p.topk = model.topk;
+  p.E = model.num_experts;
+  p.E_local = E_local;
+  p.quant = quant;
+  p.max_tokens_per_rank = par.max_tokens_per_rank;
+  p.num_dispatchers = par.dp;
+  p.M = format == ActivationFormat::kBatchedExperts ? checked_mul(par.max_tokens_per_rank, par.dp, "M")
+                                                    : par.max_tokens_per_rank;
+  validate_problem(p);
+  return p;
+}
+
+MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
+                        QuantScheme quant) {
+  return make_problem(model, parallel, format, quant, model.activation);
+}
+
+}  // namespace moekit

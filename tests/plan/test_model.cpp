@@ -1,0 +1,133 @@
+// Model presets read from models/*.json with the public model cards' values, and config.json
+// files that are malformed or incomplete rejected with the field and the file named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "moekit/check.h"
+#include "moekit/model.h"
+
+namespace moekit {
+namespace {
+
+TEST(Model, Presets) {
+  struct Expect {
+    const char* name;
+    std::int64_t K, I, E, topk, layers, moe_layers;
+    Activation act;
+    Scoring scoring;
+  };
+  const Expect cases[] = {
+      {"deepseek-v3", 7168, 2048, 256, 8, 61, 58, Activation::kSilu, Scoring::kSigmoid},
+      {"kimi-k2", 7168, 2048, 384, 8, 61, 60, Activation::kSilu, Scoring::kSigmoid},
+      {"qwen3-30b-a3b", 2048, 768, 128, 8, 48, 48, Activation::kSilu, Scoring::kSoftmax},
+      {"qwen3-235b-a22b", 4096, 1536, 128, 8, 94, 94, Activation::kSilu, Scoring::kSoftmax},
+      {"mixtral-8x7b", 4096, 14336, 8, 2, 32, 32, Activation::kSilu, Scoring::kSoftmax},
+      {"gpt-oss-120b", 2880, 2880, 128, 4, 36, 36, Activation::kSwigluOai, Scoring::kSoftmax},
+  };
+  EXPECT_EQ(model_preset_names().size(), std::size(cases));
+  for (const auto& c : cases) {
+    const ModelConfig m = load_model(c.name);
+    EXPECT_EQ(m.hidden_size, c.K) << c.name;
+    EXPECT_EQ(m.moe_intermediate_size, c.I) << c.name;
+    EXPECT_EQ(m.num_experts, c.E) << c.name;
+    EXPECT_EQ(m.topk, c.topk) << c.name;
+    EXPECT_EQ(m.num_layers, c.layers) << c.name;
+    EXPECT_EQ(m.num_moe_layers, c.moe_layers) << c.name;
+    EXPECT_EQ(m.activation, c.act) << c.name;
+    EXPECT_EQ(m.scoring, c.scoring) << c.name;
+  }
+  const ModelConfig ds = load_model("DeepSeek-V3");  // names are case-insensitive
+  EXPECT_EQ(ds.n_group, 8);
+  EXPECT_EQ(ds.topk_group, 4);
+  EXPECT_DOUBLE_EQ(ds.routed_scaling_factor, 2.5);
+  EXPECT_TRUE(ds.has_score_correction_bias);
+  EXPECT_EQ(ds.num_shared_experts, 1);
+  EXPECT_EQ(ds.N(), 4096);
+}
+
+TEST(Model, PresetFileOnDiskEqualsEmbedded) {
+  const auto path = std::string(MOEKIT_SOURCE_DIR) + "/models/qwen3-235b-a22b.json";
+  const ModelConfig m = load_model(path);
+  EXPECT_EQ(m.name, path);
+  EXPECT_EQ(m.moe_intermediate_size, 1536);
+}
+
+std::string error_of(const std::string& json, const std::string& name = "test/config.json") {
+  try {
+    parse_model_config(json, name);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Model, MalformedOrIncompleteConfig) {
+  const std::string ok =
+      R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+          "num_experts_per_tok": 2, "num_hidden_layers": 2})";
+  EXPECT_EQ(error_of(ok), "");
+
+  std::string e = error_of(R"({"model_type": "x", "hidden_size": 64,)");
+  EXPECT_NE(e.find("test/config.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
+
+  e = error_of(R"({"model_type": "x", "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                   "num_hidden_layers": 2})");
+  EXPECT_NE(e.find("missing field 'hidden_size'"), std::string::npos) << e;
+  EXPECT_NE(e.find("test/config.json"), std::string::npos) << e;
+
+  e = error_of(R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
+                   "num_hidden_layers": 2})");
+  EXPECT_NE(e.find("'n_routed_experts' or 'num_experts' or 'num_local_experts'"), std::string::npos) << e;
+
+  e = error_of(R"({"model_type": "x", "hidden_size": "64", "moe_intermediate_size": 32, "num_experts": 8,
+                   "num_experts_per_tok": 2, "num_hidden_layers": 2})");
+  EXPECT_NE(e.find("'hidden_size' must be an integer"), std::string::npos) << e;
+
+  e = error_of(R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+                   "num_experts_per_tok": 9, "num_hidden_layers": 2})");
+  EXPECT_NE(e.find("num_experts_per_tok = 9"), std::string::npos) << e;
+
+  e = error_of(R"({"model_type": "x", "hidden_size": 0, "moe_intermediate_size": 32, "num_experts": 8,
+                   "num_experts_per_tok": 2, "num_hidden_layers": 2})");
+  EXPECT_NE(e.find("'hidden_size' = 0 must be >= 1"), std::string::npos) << e;
+
+  e = error_of(R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+                   "num_experts_per_tok": 2, "num_hidden_layers": 2, "hidden_act": "tanh"})");
+  EXPECT_NE(e.find("'hidden_act' = 'tanh'"), std::string::npos) << e;
+
+  e = error_of(R"([1, 2])");
+  EXPECT_NE(e.find("JSON object"), std::string::npos) << e;
+}
+
+TEST(Model, MissingFileAndUnknownPreset) {
+  try {
+    load_model("/nonexistent/config.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/config.json"), std::string::npos) << e.what();
+  }
+  try {
+    load_model("deepseek-v9");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deepseek-v9"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("deepseek-v3"), std::string::npos) << e.what();
+  }
+  // A file on disk that is incomplete names its path.
+  const auto path = std::filesystem::temp_directory_path() / "moekit_incomplete_config.json";
+  std::ofstream(path) << R"({"model_type": "x", "hidden_size": 64})";
+  try {
+    load_model(path.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("moe_intermediate_size"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace moekit
