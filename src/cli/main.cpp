@@ -1,5 +1,6 @@
-// The moekit command line: plan (workspace per GPU), and later run, bench, check.
+// The moekit command line: plan (workspace per GPU) and run (the layer on the CPU backend).
 // Exit codes: 0 success, 1 a moekit::Error (bad input: the message says what and how to fix it),
+// 3 a --check that failed its tolerance,
 // 2 a usage error.
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "moekit 0.1.0");
   std::vector<std::function<int()>> commands;
   commands.push_back(moekit::cli::add_plan_command(app));
+  commands.push_back(moekit::cli::add_run_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

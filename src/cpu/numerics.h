@@ -44,13 +44,15 @@ inline const std::array<float, 256>& fp8_table() {
   return table;
 }
 
-inline float fp8_decode(fp8_t code) { return fp8_table()[code]; }
+inline float fp8_decode(fp8_t code) {
+  return fp8_table()[code];
+}
 
 inline fp8_t fp8_encode(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
   const auto sign = static_cast<fp8_t>((bits >> 24) & 0x80);
   const std::uint32_t abs_bits = bits & 0x7FFFFFFFu;
-  if (abs_bits > 0x7F800000u) return static_cast<fp8_t>(sign | 0x7F);  // NaN
+  if (abs_bits > 0x7F800000u) return static_cast<fp8_t>(sign | 0x7F);   // NaN
   if (abs_bits >= 0x43E00000u) return static_cast<fp8_t>(sign | 0x7E);  // |x| >= 448 (and inf): saturate
   const int exp32 = static_cast<int>(abs_bits >> 23);                   // biased float exponent
   if (exp32 >= 121) {
@@ -71,7 +73,9 @@ inline fp8_t fp8_encode(float x) {
 
 // --- bf16 ---------------------------------------------------------------------------------------
 
-inline float bf16_decode(bf16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+inline float bf16_decode(bf16_t b) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
 
 inline bf16_t bf16_encode(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);

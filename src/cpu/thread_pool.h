@@ -23,8 +23,7 @@ class ThreadPool {
   int num_threads() const { return num_threads_; }
   // fn(begin, end) over disjoint chunks covering [0, n); at most num_threads chunks unless grain
   // asks for smaller ones.
-  void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn,
-                    std::int64_t grain = 1);
+  void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn, std::int64_t grain = 1);
 
  private:
   void worker_loop(int index);

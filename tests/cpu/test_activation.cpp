@@ -1,0 +1,150 @@
+// cpu/activation.h: the float kernel of each activation against its float64 reference on random bf16
+// rows, the gate/up layouts (halves; interleaved for swigluoai) and clamping on hand cases, and
+// bad widths rejected.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include "cpu/activation.h"
+#include "moekit/check.h"
+
+namespace moekit::cpu {
+namespace {
+
+using std::int64_t;
+
+std::vector<bf16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16_t> out;
+  for (float x : v) out.push_back(bf16_encode(x));
+  return out;
+}
+
+TEST(Activation, FloatKernelMatchesFloat64Reference) {
+  // Same formula in float and in double: a handful of fp32 roundings (exp, erf, tanh, the products)
+  // give a relative error of a few 2^-24 ~= 6e-8; 1e-5 is far above that and far below any formula
+  // slip. Near a zero of the output (x ~ 0, or up = -1 for swigluoai) relative error is meaningless,
+  // hence the absolute floor 1e-6.
+  const int64_t rows = 5, N = 2 * 1536, ld_in = N + 8;
+  std::uint32_t seed = 42;
+  for (Activation act : all_activations()) {
+    std::mt19937 rng(seed++);
+    // Values up to ~+-12 reach swigluoai's clamps at 7 and the saturated tails of every curve.
+    std::normal_distribution<float> normal(0.0f, 4.0f);
+    std::vector<bf16_t> in(static_cast<size_t>(rows * ld_in), 0x7FC0);  // NaN padding: must not be read
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < N; ++i) in[static_cast<size_t>(r * ld_in + i)] = bf16_encode(normal(rng));
+    const int64_t out_dim = activation_out_dim(act, N), ld_out = out_dim + 3;
+    std::vector<float> out(static_cast<size_t>(rows * ld_out), std::nanf(""));
+    activation_rows(act, in.data(), rows, N, ld_in, out.data(), ld_out);
+    std::vector<double> in_d(static_cast<size_t>(N)), ref(static_cast<size_t>(out_dim));
+    int failures = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < N; ++i)
+        in_d[static_cast<size_t>(i)] = bf16_decode(in[static_cast<size_t>(r * ld_in + i)]);
+      activation_row_ref(act, in_d.data(), N, ref.data());
+      for (int64_t j = 0; j < out_dim; ++j) {
+        const double got = out[static_cast<size_t>(r * ld_out + j)], want = ref[static_cast<size_t>(j)];
+        const double err = std::fabs(got - want);
+        if (!(err <= 1e-6 || err <= 1e-5 * std::fabs(want)) && ++failures <= 10)
+          ADD_FAILURE() << activation_name(act) << " N " << N << " row " << r << " col " << j << ": got " << got
+                        << ", want " << want;
+      }
+      for (int64_t j = out_dim; j < ld_out; ++j)
+        EXPECT_TRUE(std::isnan(out[static_cast<size_t>(r * ld_out + j)])) << activation_name(act) << ": wrote padding";
+    }
+    EXPECT_EQ(failures, 0) << activation_name(act);
+  }
+}
+
+double silu_d(double x) {
+  return x / (1.0 + std::exp(-x));
+}
+
+TEST(Activation, GatedHalvesLayout) {
+  // gate = [1, 2], up = [3, 4]: out = [act(1) * 3, act(2) * 4]. All inputs are exact in bf16.
+  const std::vector<bf16_t> in = to_bf16({1.0f, 2.0f, 3.0f, 4.0f});
+  const auto gelu_erf = [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); };
+  const auto gelu_tanh = [](double x) {
+    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+  };
+  struct Case {
+    Activation act;
+    double want0, want1;
+  };
+  for (const Case& c : {Case{Activation::kSilu, silu_d(1) * 3, silu_d(2) * 4},
+                        Case{Activation::kGelu, gelu_erf(1) * 3, gelu_erf(2) * 4},
+                        Case{Activation::kGeluTanh, gelu_tanh(1) * 3, gelu_tanh(2) * 4}}) {
+    float out[2] = {};
+    activation_rows(c.act, in.data(), 1, 4, 4, out, 2);
+    EXPECT_NEAR(out[0], c.want0, 1e-5 * std::fabs(c.want0)) << activation_name(c.act);
+    EXPECT_NEAR(out[1], c.want1, 1e-5 * std::fabs(c.want1)) << activation_name(c.act);
+    double ref[2] = {};
+    const double in_d[4] = {1, 2, 3, 4};
+    activation_row_ref(c.act, in_d, 4, ref);
+    EXPECT_NEAR(ref[0], c.want0, 1e-14) << activation_name(c.act);
+    EXPECT_NEAR(ref[1], c.want1, 1e-14) << activation_name(c.act);
+  }
+}
+
+TEST(Activation, SwigluOaiInterleavedAndClamped) {
+  // Pairs (gate, up): plain; gate above the clamp (8 -> 7); up above and below (+-9 -> +-7);
+  // a very negative gate is not clamped from below (sigmoid takes it to ~0).
+  const double in_d[8] = {1.0, 2.0, 8.0, 0.5, 2.0, 9.0, -10.0, -9.0};
+  const auto glu = [](double g, double u) { return (u + 1.0) * g / (1.0 + std::exp(-1.702 * g)); };
+  const double want[4] = {glu(1.0, 2.0), glu(7.0, 0.5), glu(2.0, 7.0), glu(-10.0, -7.0)};
+  std::vector<float> in_f(in_d, in_d + 8);
+  const std::vector<bf16_t> in = to_bf16(in_f);
+  float out[4] = {};
+  activation_rows(Activation::kSwigluOai, in.data(), 1, 8, 8, out, 4);
+  double ref[4] = {};
+  activation_row_ref(Activation::kSwigluOai, in_d, 8, ref);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(out[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-7) << "swigluoai pair " << i;
+    EXPECT_NEAR(ref[i], want[i], 1e-14 * std::fabs(want[i]) + 1e-300) << "swigluoai pair " << i;
+  }
+  // The case tells the layouts apart: the halves layout would make pair 1 (gate x[1] = 2, up x[5] = 9
+  // -> 7), far from the interleaved (7, 0.5) the kernel was checked against above.
+  EXPECT_GT(std::fabs(ref[1] - glu(2.0, 7.0)), 1.0);
+}
+
+TEST(Activation, NonGated) {
+  const std::vector<bf16_t> in = to_bf16({-2.0f, -0.5f, 0.0f, 1.5f, 3.0f});
+  float out[5] = {};
+  activation_rows(Activation::kRelu2, in.data(), 1, 5, 5, out, 5);
+  const float want_relu2[5] = {0.0f, 0.0f, 0.0f, 2.25f, 9.0f};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], want_relu2[i]) << "relu2 " << i;
+  activation_rows(Activation::kSiluNoMul, in.data(), 1, 5, 5, out, 5);
+  const double x[5] = {-2.0, -0.5, 0.0, 1.5, 3.0};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(out[i], silu_d(x[i]), 1e-6) << "silu_no_mul " << i;
+}
+
+TEST(Activation, BadWidthsThrow) {
+  std::vector<bf16_t> in(64, 0);
+  std::vector<float> out(64);
+  std::vector<double> in_d(64), out_d(64);
+  for (Activation act : all_activations()) {
+    EXPECT_THROW(activation_rows(act, in.data(), 1, 0, 64, out.data(), 64), Error) << activation_name(act);
+    EXPECT_THROW(activation_rows(act, in.data(), 1, -4, 64, out.data(), 64), Error) << activation_name(act);
+    EXPECT_THROW(activation_rows(act, in.data(), -1, 8, 8, out.data(), 8), Error) << activation_name(act);
+    EXPECT_THROW(activation_rows(act, in.data(), 2, 8, 7, out.data(), 8), Error) << activation_name(act);
+    EXPECT_THROW(activation_rows(act, in.data(), 2, 8, 8, out.data(), activation_out_dim(act, 8) - 1), Error)
+        << activation_name(act);
+    EXPECT_THROW(activation_row_ref(act, in_d.data(), 0, out_d.data()), Error) << activation_name(act);
+    if (is_gated(act)) {
+      EXPECT_THROW(activation_rows(act, in.data(), 1, 7, 7, out.data(), 7), Error) << activation_name(act);
+      EXPECT_THROW(activation_row_ref(act, in_d.data(), 7, out_d.data()), Error) << activation_name(act);
+    } else {
+      EXPECT_NO_THROW(activation_rows(act, in.data(), 1, 7, 7, out.data(), 7)) << activation_name(act);
+    }
+  }
+  // Zero rows is fine (an expert with no tokens).
+  EXPECT_NO_THROW(activation_rows(Activation::kSilu, nullptr, 0, 8, 8, nullptr, 4));
+}
+
+}  // namespace
+}  // namespace moekit::cpu
