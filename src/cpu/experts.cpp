@@ -16,20 +16,6 @@
 namespace moekit::cpu {
 namespace {
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// Scales per row of an activation with `cols` columns (per-tensor: 0, the scale is per tensor).
-std::int64_t scales_per_row(QuantScheme quant, std::int64_t cols) {
-  switch (quant) {
-    case QuantScheme::kPerTensor: return 0;
-    case QuantScheme::kPerTokenPerChannel: return 1;
-    case QuantScheme::kBlock128: return ceil_div(cols, kQuantBlock);
-  }
-  MOEKIT_FAIL("unknown quantization scheme {}", static_cast<int>(quant));
-}
-
 void fill_normal(std::vector<float>& v, SplitMix rng, float stddev) {
   for (auto& x : v) x = rng.normal() * stddev;
 }
@@ -60,7 +46,7 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
     });
     return;
   }
-  const std::int64_t spr = scales_per_row(p.quant, I);
+  const std::int64_t spr = activation_scales_per_row(p.quant, I);
   pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
     std::vector<float> buf(static_cast<std::size_t>(I));
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -151,7 +137,7 @@ void batched_experts(const MoeProblem& p, const ExpertWeights& w, const fp8_t* a
                  expert_num_tokens[e], p.M, e);
   }
   const std::int64_t N = p.N, K = p.K, I = p.I(), M = p.M;
-  const std::int64_t a_spr = scales_per_row(p.quant, K), act_spr = scales_per_row(p.quant, I);
+  const std::int64_t a_spr = activation_scales_per_row(p.quant, K), act_spr = activation_scales_per_row(p.quant, I);
   for (std::int64_t e = 0; e < p.E_local; ++e) {
     const std::int64_t m = expert_num_tokens[e];
     // Per-tensor: one scale per expert; otherwise the expert's rows' scales.
@@ -183,7 +169,7 @@ void standard_experts(const MoeProblem& p, const ExpertWeights& w, std::int64_t 
     ws.expert_offsets[e + 1] = ws.expert_offsets[e] + count[static_cast<std::size_t>(e)];
   std::vector<std::int64_t> cursor(ws.expert_offsets, ws.expert_offsets + E_local);
   std::vector<std::int64_t> row_of(static_cast<std::size_t>(T * topk), -1);
-  const std::int64_t a_spr = scales_per_row(p.quant, K), act_spr = scales_per_row(p.quant, I);
+  const std::int64_t a_spr = activation_scales_per_row(p.quant, K), act_spr = activation_scales_per_row(p.quant, I);
   for (std::int64_t i = 0; i < T * topk; ++i) {
     const std::int32_t e = topk_ids[i];
     if (e < 0) continue;
@@ -218,16 +204,20 @@ void standard_experts(const MoeProblem& p, const ExpertWeights& w, std::int64_t 
                        w.w2_scales.data() + e * w.w2_scale_stride, ws.w2_out + r0 * K),
              pool);
   }
-  // Finalize: weighted sum over the token's slots in slot order, fp32, one rounding to bf16.
+  combine_topk(T, topk, K, topk_weights, ws.w2_out, row_of.data(), output, pool);
+}
+
+void combine_topk(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights, const bf16_t* rows,
+                  const std::int64_t* row_of, bf16_t* output, ThreadPool& pool) {
   pool.parallel_for(T, [&](std::int64_t t0, std::int64_t t1) {
     std::vector<float> acc(static_cast<std::size_t>(K));
     for (std::int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::int64_t k = 0; k < topk; ++k) {
-        const std::int64_t row = row_of[static_cast<std::size_t>(t * topk + k)];
+        const std::int64_t row = row_of ? row_of[t * topk + k] : t * topk + k;
         if (row < 0) continue;
         const float wk = topk_weights[t * topk + k];
-        const bf16_t* y = ws.w2_out + row * K;
+        const bf16_t* y = rows + row * K;
         for (std::int64_t c = 0; c < K; ++c) acc[static_cast<std::size_t>(c)] += wk * bf16_decode(y[c]);
       }
       for (std::int64_t c = 0; c < K; ++c) output[t * K + c] = bf16_encode(acc[static_cast<std::size_t>(c)]);
@@ -247,7 +237,7 @@ void expert_row_ref(const MoeProblem& p, const ExpertWeights& w, std::int64_t e,
   for (auto& x : h) x = static_cast<double>(bf16_decode(bf16_encode(static_cast<float>(x))));
   activation_row_ref(p.activation, h.data(), N, act.data());
   // Mirror of the fast path's FP8 requantization, from double values.
-  const std::int64_t spr = std::max<std::int64_t>(scales_per_row(p.quant, I), 1);
+  const std::int64_t spr = std::max<std::int64_t>(activation_scales_per_row(p.quant, I), 1);
   const std::int64_t group = p.quant == QuantScheme::kBlock128 ? kQuantBlock : I;
   std::vector<fp8_t> q(static_cast<std::size_t>(I));
   std::vector<float> scales(static_cast<std::size_t>(spr));

@@ -43,6 +43,12 @@ void standard_experts(const MoeProblem& problem, const ExpertWeights& weights, s
                       const float* a1q_scale, const std::int32_t* topk_ids, const float* topk_weights, bf16_t* output,
                       const plan::StandardFp8Workspace& ws, ThreadPool& pool);
 
+// out[t] = bf16(sum over slots k in order of w[t,k] * y(t,k)) with fp32 accumulation and one
+// rounding: the one combine formula of both formats, so their outputs agree bit for bit. Row
+// y(t,k) is rows + row_of[t*topk + k] * K (row_of == nullptr: row t*topk + k; -1: slot skipped).
+void combine_topk(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights, const bf16_t* rows,
+                  const std::int64_t* row_of, bf16_t* output, ThreadPool& pool);
+
 // float64 reference of one row through expert e on the same quantized operands: dequantized a1q row
 // -> W1 (rounded to bf16, as the recipe stores w1_out) -> activation -> the same FP8 requantization
 // of the activation (mirrored in double) -> W2. a1q_row_scale points at this row's scales

@@ -105,6 +105,10 @@ std::int64_t activation_scale_count(QuantScheme quant, std::int64_t rows, std::i
   MOEKIT_FAIL("activation_scale_count: unknown quantization scheme {}", static_cast<int>(quant));
 }
 
+std::int64_t activation_scales_per_row(QuantScheme quant, std::int64_t cols) {
+  return quant == QuantScheme::kPerTensor ? 0 : activation_scale_count(quant, 1, cols);
+}
+
 std::int64_t weight_scale_count(QuantScheme quant, std::int64_t n, std::int64_t k) {
   MOEKIT_CHECK(n > 0 && k > 0, "weight_scale_count: weight shape ({}, {}) needs n > 0 and k > 0", n, k);
   switch (quant) {

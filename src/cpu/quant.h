@@ -16,6 +16,9 @@ namespace moekit::cpu {
 
 std::int64_t activation_scale_count(QuantScheme quant, std::int64_t rows, std::int64_t cols);
 std::int64_t weight_scale_count(QuantScheme quant, std::int64_t n, std::int64_t k);
+// Scales owned by each activation row: 1 per token, ceil(cols/128) per 1x128 groups, 0 per-tensor
+// (its one scale belongs to the whole tensor).
+std::int64_t activation_scales_per_row(QuantScheme quant, std::int64_t cols);
 
 // x: (rows, cols) with row stride ldx elements; q: row stride ldq bytes.
 void quantize_activation(QuantScheme quant, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,

@@ -29,10 +29,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-std::int64_t scales_per_row(QuantScheme quant, std::int64_t cols) {
-  return quant == QuantScheme::kBlock128 ? (cols + kQuantBlock - 1) / kQuantBlock : 1;
-}
-
 constexpr std::int64_t kRecordHeader = 16;  // int32 token, slot, local expert, pad
 
 }  // namespace
@@ -66,7 +62,10 @@ struct MoeLayer::Impl {
   std::vector<float> topk_weights;
   std::vector<fp8_t> tok_q;  // (max_tokens_per_rank, K)
   std::vector<float> tok_scale;
-  std::vector<std::byte> send_buf, recv_buf;
+  // Dispatch and combine records, kept across chunks and steps: resize() stops allocating once each
+  // has reached its largest size.
+  std::vector<std::byte> send_buf, recv_buf, back_buf, ret_buf;
+  std::vector<std::int64_t> recv_row;
   std::vector<bf16_t> pair_out;  // (max_tokens_per_rank * topk, K)
   std::vector<double> pair_ref;  // same, float64 reference (options.reference)
 
@@ -124,14 +123,14 @@ struct MoeLayer::Impl {
     weights = cpu::make_random_weights(problem, first_expert, options.seed, pool);
 
     const std::int64_t K = problem.K, M = problem.M, T = parallel.max_tokens_per_rank, topk = problem.topk;
-    const std::int64_t spr = scales_per_row(problem.quant, K);
     topk_ids.resize(static_cast<std::size_t>(T * topk));
     topk_weights.resize(static_cast<std::size_t>(T * topk));
     tok_q.resize(static_cast<std::size_t>(T * K));
-    tok_scale.resize(static_cast<std::size_t>(T * spr));
+    tok_scale.resize(static_cast<std::size_t>(cpu::activation_scale_count(problem.quant, T, K)));
     if (options.format == ActivationFormat::kBatchedExperts) {
       a1q.resize(static_cast<std::size_t>(problem.E_local * M * K));
-      a1q_scale.resize(static_cast<std::size_t>(problem.E_local * M * spr));
+      a1q_scale.resize(
+          static_cast<std::size_t>(shape_bytes(plan.region("a1q_scale").shape, DType::kFp32, "a1q_scale") / 4));
       expert_num_tokens.resize(static_cast<std::size_t>(problem.E_local));
       expert_out.resize(static_cast<std::size_t>(problem.E_local * M * K));
       pair_out.resize(static_cast<std::size_t>(T * topk * K));
@@ -140,7 +139,7 @@ struct MoeLayer::Impl {
   }
 
   std::int64_t record_bytes() const {
-    const std::int64_t spr = scales_per_row(problem.quant, problem.K);
+    const std::int64_t spr = cpu::activation_scales_per_row(problem.quant, problem.K);
     return (kRecordHeader + problem.K + 4 * spr + 15) / 16 * 16;
   }
   std::int64_t return_bytes() const { return problem.K * 2 + (options.reference ? problem.K * 8 : 0); }
@@ -175,7 +174,7 @@ struct MoeLayer::Impl {
 
   void forward_batched_chunk(const bf16_t* hidden, const float* logits, std::int64_t tc, bf16_t* out) {
     const std::int64_t K = problem.K, M = problem.M, topk = problem.topk, E_local = problem.E_local;
-    const std::int64_t spr = scales_per_row(problem.quant, K);
+    const std::int64_t spr = cpu::activation_scales_per_row(problem.quant, K);
     const int P = comm.size();
     auto t0 = Clock::now();
     route_and_quantize(hidden, logits, tc);
@@ -227,7 +226,7 @@ struct MoeLayer::Impl {
       poison_workspace();
     }
     std::fill(expert_num_tokens.begin(), expert_num_tokens.end(), 0);
-    std::vector<std::int64_t> recv_row(static_cast<std::size_t>(total_recv));  // le * M + row of each record
+    recv_row.resize(static_cast<std::size_t>(total_recv));  // le * M + row of each record
     for (std::int64_t j = 0; j < total_recv; ++j) {
       const std::byte* rec = recv_buf.data() + j * rb;
       std::int32_t header[4];
@@ -255,11 +254,11 @@ struct MoeLayer::Impl {
     // --- combine: results travel back in the order their records came.
     t0 = Clock::now();
     const std::int64_t ret = return_bytes();
-    std::vector<std::byte> back(static_cast<std::size_t>(total_recv * ret));
+    back_buf.resize(static_cast<std::size_t>(total_recv * ret));
     pool.parallel_for(total_recv, [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t j = j0; j < j1; ++j) {
         const std::int64_t flat = recv_row[static_cast<std::size_t>(j)];
-        std::byte* dst = back.data() + j * ret;
+        std::byte* dst = back_buf.data() + j * ret;
         std::memcpy(dst, expert_out.data() + flat * K, static_cast<std::size_t>(2 * K));
         if (options.reference) {
           const std::int64_t le = flat / M;
@@ -272,31 +271,20 @@ struct MoeLayer::Impl {
         }
       }
     });
-    std::vector<std::byte> ret_buf(static_cast<std::size_t>(tc * topk * ret));
+    ret_buf.resize(static_cast<std::size_t>(tc * topk * ret));
     auto rbytes = [ret](std::vector<std::int64_t> v) {
       for (auto& x : v) x *= ret;
       return v;
     };
-    comm.all_to_all_v(back.data(), rbytes(recv_count), rbytes(recv_off), ret_buf.data(), rbytes(send_count),
+    comm.all_to_all_v(back_buf.data(), rbytes(recv_count), rbytes(recv_off), ret_buf.data(), rbytes(send_count),
                       rbytes(send_off));
     for (std::int64_t i = 0; i < tc * topk; ++i) {
       const std::byte* src = ret_buf.data() + pair_dest_slot[static_cast<std::size_t>(i)] * ret;
       std::memcpy(pair_out.data() + i * K, src, static_cast<std::size_t>(2 * K));
       if (options.reference) std::memcpy(pair_ref.data() + i * K, src + 2 * K, static_cast<std::size_t>(8 * K));
     }
-    // Weighted sum in slot order, fp32, one rounding: the same formula as standard_experts.
-    pool.parallel_for(tc, [&](std::int64_t a, std::int64_t b) {
-      std::vector<float> acc(static_cast<std::size_t>(K));
-      for (std::int64_t t = a; t < b; ++t) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (std::int64_t k = 0; k < topk; ++k) {
-          const float wk = topk_weights[static_cast<std::size_t>(t * topk + k)];
-          const bf16_t* y = pair_out.data() + (t * topk + k) * K;
-          for (std::int64_t c = 0; c < K; ++c) acc[static_cast<std::size_t>(c)] += wk * cpu::bf16_decode(y[c]);
-        }
-        for (std::int64_t c = 0; c < K; ++c) out[t * K + c] = cpu::bf16_encode(acc[static_cast<std::size_t>(c)]);
-      }
-    });
+    // Weighted sum in slot order, fp32, one rounding: the formula standard_experts uses too.
+    cpu::combine_topk(tc, topk, K, topk_weights.data(), pair_out.data(), nullptr, out, pool);
     if (options.reference) {
       for (std::int64_t t = 0; t < tc; ++t) {
         for (std::int64_t c = 0; c < K; ++c) {
@@ -315,7 +303,7 @@ struct MoeLayer::Impl {
 
   void forward_standard_chunk(const bf16_t* hidden, const float* logits, std::int64_t tc, bf16_t* out) {
     const std::int64_t K = problem.K, topk = problem.topk;
-    const std::int64_t spr = problem.quant == QuantScheme::kPerTensor ? 0 : scales_per_row(problem.quant, K);
+    const std::int64_t spr = cpu::activation_scales_per_row(problem.quant, K);
     auto t0 = Clock::now();
     route_and_quantize(hidden, logits, tc);
     stats.route_quant_ms += ms_since(t0);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "exchange_check.h"
 #include "moekit/communicator.h"
 #include "moekit/error.h"
 
@@ -18,10 +19,10 @@ namespace {
 Communicator* g_comm = nullptr;
 
 // On ranks other than 0, replaces GoogleTest's printer: only failures, each tagged with the rank.
-class FailurePrinter : public testing::EmptyTestEventListener {
+class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const testing::TestPartResult& result) override {
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
     std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
                  result.line_number(), result.summary());
@@ -31,62 +32,7 @@ class FailurePrinter : public testing::EmptyTestEventListener {
   int rank_;
 };
 
-constexpr std::uint8_t kPoison = 0xEE;
-constexpr std::int64_t kGap = 3;  // unused bytes between regions, which must stay poisoned
-
-// Bytes rank src sends rank dst in `round`: varies per pair, 0 for some pairs, and rank 1 sends
-// nothing at all.
-std::int64_t pair_bytes(int src, int dst, int round) {
-  if (src == 1) return 0;
-  return ((src * 5 + dst * 3 + round) % 7) * 29 + (src == dst ? round % 4 : 0);
-}
-
-std::uint8_t pattern(int src, int dst, std::int64_t idx, int round) {
-  return static_cast<std::uint8_t>(src * 37 + dst * 11 + idx * 3 + round * 17 + 1);
-}
-
-// Counts through all_to_all_counts, then the bytes; returns the problems found ("" when none).
-std::string exchange_and_check(Communicator& comm, int round) {
-  const int n = comm.size(), me = comm.rank();
-  const auto un = static_cast<std::size_t>(n);
-  std::vector<std::int64_t> send_bytes(un), send_offsets(un), recv_bytes(un, -1), recv_offsets(un);
-  std::int64_t send_total = 0;
-  for (int dst = 0; dst < n; ++dst) {
-    send_bytes[dst] = pair_bytes(me, dst, round);
-    send_offsets[dst] = send_total;
-    send_total += send_bytes[dst] + kGap;
-  }
-  std::vector<std::uint8_t> send(static_cast<std::size_t>(send_total), kPoison);
-  for (int dst = 0; dst < n; ++dst)
-    for (std::int64_t i = 0; i < send_bytes[dst]; ++i) send[send_offsets[dst] + i] = pattern(me, dst, i, round);
-
-  comm.all_to_all_counts(send_bytes, recv_bytes);
-  std::string problems;
-  for (int src = 0; src < n; ++src)
-    if (recv_bytes[src] != pair_bytes(src, me, round))
-      problems += "count from " + std::to_string(src) + " is " + std::to_string(recv_bytes[src]) + "; ";
-
-  std::int64_t recv_total = 0;
-  for (int src = n - 1; src >= 0; --src) {  // reverse order: offsets not monotonic in the peer
-    recv_offsets[src] = recv_total;
-    recv_total += recv_bytes[src] + kGap;
-  }
-  std::vector<std::uint8_t> recv(static_cast<std::size_t>(recv_total), kPoison);
-  comm.all_to_all_v(send.data(), send_bytes, send_offsets, recv.data(), recv_bytes, recv_offsets);
-  for (int src = 0; src < n; ++src) {
-    for (std::int64_t i = 0; i < recv_bytes[src]; ++i) {
-      if (recv[recv_offsets[src] + i] != pattern(src, me, i, round)) {
-        problems += "byte " + std::to_string(i) + " from " + std::to_string(src) + " is wrong; ";
-        break;
-      }
-    }
-    for (std::int64_t i = 0; i < kGap; ++i)
-      if (recv[recv_offsets[src] + recv_bytes[src] + i] != kPoison)
-        problems += "gap after " + std::to_string(src) + " was written; ";
-  }
-  if (!problems.empty()) problems = "round " + std::to_string(round) + ", rank " + std::to_string(me) + ": " + problems;
-  return problems;
-}
+using testing::exchange_and_check;
 
 TEST(Mpi, WorldOfFour) {
   EXPECT_EQ(g_comm->size(), 4);
@@ -164,10 +110,10 @@ TEST(Mpi, MismatchedRecvBytesIsAnErrorOnEveryRank) {
 int main(int argc, char** argv) {
   std::unique_ptr<moekit::Communicator> comm = moekit::make_mpi_communicator();
   moekit::g_comm = comm.get();
-  testing::InitGoogleTest(&argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
   // Only rank 0 prints the usual progress; the others print just their failures.
   if (comm->rank() != 0) {
-    testing::TestEventListeners& listeners = testing::UnitTest::GetInstance()->listeners();
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new moekit::FailurePrinter(comm->rank()));
   }
