@@ -1,0 +1,259 @@
+// Benchmark of the Hopper batched FP8 experts (DeepSeek-V3 shapes, E_local = 16). Measures the
+// machine's ceilings first (device-to-device copy bandwidth; cuBLASLt FP8 GEMM 8192^3), then for
+// M in {2048, 8192} and m_e in {8, 64, 256, 1024}: median time of the whole experts step (W1 GEMM,
+// activation + quantization, W2 GEMM) per config, TFLOP/s on valid rows, the floor
+// max(flops / FP8 peak, (weight + activation bytes) / bandwidth), the ratio to it, and the time to
+// read the local experts' weights once. Writes JSON (argv[1]) for bench/torch_baseline.py.
+// Run: ./bench_gpu_experts out.json [--quick]
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/experts.h"
+#include "cpu/quant.h"
+#include "cpu/random.h"
+#include "cuda/batched_experts.h"
+#include "cuda/check.h"
+#include "cuda/device_info.h"
+#include "moekit/model.h"
+#include "moekit/workspace.h"
+
+using namespace moekit;
+
+namespace {
+
+#define CUBLAS_CHECK(expr)                                                                                       \
+  do {                                                                                                           \
+    const cublasStatus_t s_ = (expr);                                                                            \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                           \
+      std::fprintf(stderr, "cuBLASLt error %d at %s:%d: %s\n", static_cast<int>(s_), __FILE__, __LINE__, #expr); \
+      std::exit(2);                                                                                              \
+    }                                                                                                            \
+  } while (0)
+
+template <class F>
+double median_ms(int reps, F&& fn, cudaStream_t stream) {
+  cudaEvent_t a, b;
+  MOEKIT_CUDA_CHECK(cudaEventCreate(&a));
+  MOEKIT_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();  // warm-up
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    MOEKIT_CUDA_CHECK(cudaEventRecord(a, stream));
+    fn();
+    MOEKIT_CUDA_CHECK(cudaEventRecord(b, stream));
+    MOEKIT_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    MOEKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+__attribute__((unused)) void fill_random_bytes(void* dev, std::size_t bytes, std::uint64_t seed, bool fp8) {
+  std::vector<std::uint8_t> host(bytes);
+  cpu::SplitMix rng{seed};
+  for (auto& b : host) {
+    b = static_cast<std::uint8_t>(rng.next());
+    if (fp8 && (b & 0x7F) == 0x7F) b = 0x3C;  // no NaN codes
+  }
+  MOEKIT_CUDA_CHECK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice));
+}
+
+// Ceiling 1: device-to-device copy, counting bytes read plus written.
+double copy_bandwidth_gbs(cudaStream_t stream) {
+  const std::size_t bytes = std::size_t{2} << 30;
+  void *a, *b;
+  MOEKIT_CUDA_CHECK(cudaMalloc(&a, bytes));
+  MOEKIT_CUDA_CHECK(cudaMalloc(&b, bytes));
+  MOEKIT_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  const double ms = median_ms(
+      10, [&] { MOEKIT_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); }, stream);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+// Ceiling 2: cuBLASLt FP8 e4m3 GEMM 8192^3 (TN, bf16 out, fp32 accumulation), random data.
+double cublaslt_fp8_tflops(cudaStream_t stream) {
+  const int n = 8192;
+  void *A, *B, *D, *work;
+  const std::size_t work_bytes = 64u << 20;
+  MOEKIT_CUDA_CHECK(cudaMalloc(&A, std::size_t(n) * n));
+  MOEKIT_CUDA_CHECK(cudaMalloc(&B, std::size_t(n) * n));
+  MOEKIT_CUDA_CHECK(cudaMalloc(&D, std::size_t(n) * n * 2));
+  MOEKIT_CUDA_CHECK(cudaMalloc(&work, work_bytes));
+  fill_random_bytes(A, std::size_t(n) * n, 1, true);
+  fill_random_bytes(B, std::size_t(n) * n, 2, true);
+  cublasLtHandle_t lt;
+  CUBLAS_CHECK(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t op;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+  cublasLtMatrixLayout_t la, lb, ld;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n));
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &work_bytes,
+                                                    sizeof(work_bytes)));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
+  if (found == 0) {
+    std::fprintf(stderr, "cuBLASLt found no FP8 algorithm\n");
+    return 0;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const double ms = median_ms(
+      20,
+      [&] {
+        CUBLAS_CHECK(
+            cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo, work, work_bytes, stream));
+      },
+      stream);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  cudaFree(A);
+  cudaFree(B);
+  cudaFree(D);
+  cudaFree(work);
+  return 2.0 * n * double(n) * n / (ms * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
+  const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  if (cuda::device_count() == 0) {
+    std::printf("bench_gpu_experts: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  const cuda::DeviceInfo dev = cuda::device_info(0);
+  cudaStream_t stream;
+  MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  const double bw = copy_bandwidth_gbs(stream);
+  const double peak = cublaslt_fp8_tflops(stream);
+  std::printf("device %s, %d SMs, L2 %lld MiB, CUTLASS %s\n", dev.name.c_str(), dev.num_sms, dev.l2_bytes >> 20,
+              cuda::cutlass_version().c_str());
+  std::printf("ceilings: D2D copy %.0f GB/s (read + write), cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", bw, peak);
+
+  const ModelConfig model = load_model("deepseek-v3");
+  const std::int64_t E_local = 16;
+  std::string json = "{\n  \"device\": \"" + dev.name + "\",\n";
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
+  json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
+          "},\n  \"E_local\": 16, \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
+  std::printf("%6s %6s %-20s %9s %9s %9s %8s %9s %10s\n", "M", "m_e", "config", "ms", "TFLOP/s", "floor ms", "x floor",
+              "weights", "x weights");
+  bool first = true;
+  for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
+    MoeProblem p;
+    p.format = ActivationFormat::kBatchedExperts;
+    p.M = M;
+    p.K = model.hidden_size;
+    p.N = 2 * model.moe_intermediate_size;
+    p.topk = model.topk;
+    p.E = model.num_experts;
+    p.E_local = E_local;
+    p.activation = Activation::kSilu;
+    p.quant = QuantScheme::kPerTokenPerChannel;
+    p.max_tokens_per_rank = M;
+    p.num_dispatchers = 1;
+    validate_problem(p);
+    const std::int64_t K = p.K, N = p.N, I = p.I();
+    // Weights: random FP8 codes and scales of the right magnitude (timing does not need a
+    // quantizer pass over 704 MiB on the host).
+    std::uint8_t *w1, *w2, *a1q;
+    float *w1s, *w2s, *a1s;
+    std::uint16_t* out;
+    std::int32_t* counts;
+    MOEKIT_CUDA_CHECK(cudaMalloc(&w1, E_local * N * K));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&w2, E_local * K * I));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&w1s, E_local * N * 4));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&w2s, E_local * K * 4));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&a1q, E_local * M * K));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&a1s, E_local * M * 4));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&out, E_local * M * K * 2));
+    MOEKIT_CUDA_CHECK(cudaMalloc(&counts, E_local * 4));
+    fill_random_bytes(w1, E_local * N * K, 11, true);
+    fill_random_bytes(w2, E_local * K * I, 12, true);
+    fill_random_bytes(a1q, E_local * M * K, 13, true);
+    {
+      std::vector<float> s1(E_local * N, 1.0f / 448.0f), s2(E_local * K, 1.0f / 448.0f), sa(E_local * M, 1.0f / 16.0f);
+      MOEKIT_CUDA_CHECK(cudaMemcpy(w1s, s1.data(), s1.size() * 4, cudaMemcpyHostToDevice));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(w2s, s2.data(), s2.size() * 4, cudaMemcpyHostToDevice));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(a1s, sa.data(), sa.size() * 4, cudaMemcpyHostToDevice));
+    }
+    const WorkspacePlan plan = plan_workspace("batched-fp8", p);
+    void* ws_mem;
+    MOEKIT_CUDA_CHECK(cudaMalloc(&ws_mem, plan.total_bytes));
+    WorkspaceBuilder b("batched-fp8", p, ws_mem, plan.total_bytes);
+    const auto ws = plan::declare_batched_fp8(p, b);
+    b.finish();
+    const cuda::DeviceExpertWeights dw{w1, w1s, w2, w2s};
+    const double weight_bytes = double(E_local) * double(N * K + K * I);
+    for (std::int64_t m_e : {std::int64_t{8}, std::int64_t{64}, std::int64_t{256}, std::int64_t{1024}}) {
+      if (m_e > M) continue;
+      std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(counts, c.data(), c.size() * 4, cudaMemcpyHostToDevice));
+      const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
+      const double act_bytes = double(E_local) * double(m_e) * double(K + 2 * K);
+      const double floor_ms = std::max(flops / (peak * 1e12), (weight_bytes + act_bytes) / (bw * 1e9)) * 1e3;
+      const double weights_ms = weight_bytes / (bw * 1e9) * 1e3;
+      for (const auto& cfg : plan::gemm_configs()) {
+        if (quick && cfg.id != plan::select_gemm_config(m_e, N, K)) continue;
+        const double ms = median_ms(
+            quick ? 5 : 20,
+            [&] { cuda::batched_fp8_experts(p, dw, a1q, a1s, counts, out, ws, cfg.id, dev.num_sms, stream); }, stream);
+        cuda::check_status(ws.status, stream, M);
+        const bool chosen = cfg.id == plan::select_gemm_config(m_e, N, K);
+        std::printf("%6lld %6lld %-20s %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n", static_cast<long long>(M),
+                    static_cast<long long>(m_e), std::string(cfg.name).c_str(), ms, flops / (ms * 1e-3) / 1e12,
+                    floor_ms, ms / floor_ms, weights_ms, ms / weights_ms, chosen ? "  <- selected" : "");
+        json += std::string(first ? "" : ",\n") + "    {\"M\": " + std::to_string(M) +
+                ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + std::string(cfg.name) +
+                "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
+                ", \"floor_ms\": " + std::to_string(floor_ms) + ", \"weights_read_ms\": " + std::to_string(weights_ms) +
+                ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) + "}";
+        first = false;
+      }
+    }
+    cudaFree(w1);
+    cudaFree(w2);
+    cudaFree(w1s);
+    cudaFree(w2s);
+    cudaFree(a1q);
+    cudaFree(a1s);
+    cudaFree(out);
+    cudaFree(counts);
+    cudaFree(ws_mem);
+  }
+  json += "\n  ]\n}\n";
+  std::ofstream(out_path) << json;
+  std::printf("wrote %s\n", out_path.c_str());
+  return 0;
+}

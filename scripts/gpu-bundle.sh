@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries HERE (the GPU machine has none of the Debian dev
+# packages) into .gpu/, with the one shared library they need that the GPU image lacks (libfmt) and
+# the commit they were built from. Then: device run with carry [".gpu"] and
+#   bash scripts/gpu-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_MPI=OFF >/dev/null
+cmake --build build-gpu -j "$(nproc)" --target test_batched_experts bench_gpu_experts moekit
+rm -rf .gpu && mkdir -p .gpu/lib
+cp build-gpu/tests/cuda/test_batched_experts build-gpu/bench/cuda/bench_gpu_experts build-gpu/src/moekit .gpu/
+cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 .gpu/lib/
+{ git rev-parse HEAD; git status --porcelain | grep -q . && echo "(with uncommitted changes)" || true; } > .gpu/COMMIT
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+du -sh .gpu
