@@ -13,7 +13,7 @@ commit=$(head -1 $BIN/COMMIT)
   | tee "$OUT/machine.txt"
 
 echo "== SASS: FP8 tensor-core instructions in the experts"
-cuobjdump --dump-sass $BIN/test_batched_experts | grep -oE 'QGMMA[.A-Z0-9x]*' | sort | uniq -c | tee "$OUT/sass.txt"
+cuobjdump --dump-sass $BIN/test_batched_experts | grep -oE 'QGMMA[.A-Z0-9x]*' | sort | uniq -c | tee -a "$OUT/machine.txt"
 
 echo "== GPU tests"
 run $BIN/test_batched_experts 2>&1 | tee "$OUT/tests.log" | grep -E 'rel err|OK|FAILED|PASSED|SKIPPED|Failure|Expected|Which' | tail -60
@@ -26,7 +26,7 @@ san_rc=$?
 tail -5 "$OUT/sanitizer.log"
 
 echo "== benchmark"
-run $BIN/bench_gpu_experts "$OUT/bench_raw.json" 2>&1 | tee "$OUT/bench.log"
-PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py "$OUT/bench_raw.json" "$OUT/results.json" "$OUT/bench_plot.png" \
+run $BIN/bench_gpu_experts /tmp/bench_raw.json 2>&1 | tee "$OUT/bench.log"
+PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py /tmp/bench_raw.json "$OUT/results.json" "$OUT/bench_plot.png" \
   "$commit" 2>&1 | tee "$OUT/baseline.log"
 echo "tests rc=$tests_rc sanitizer rc=$san_rc" | tee -a "$OUT/machine.txt"

@@ -24,6 +24,7 @@
 #include "cuda/batched_experts.h"
 #include "cuda/check.h"
 #include "cuda/device_info.h"
+#include "cuda/grouped_gemm.h"
 #include "moekit/model.h"
 #include "moekit/workspace.h"
 
@@ -231,6 +232,32 @@ int main(int argc, char** argv) {
             [&] { cuda::batched_fp8_experts(p, dw, a1q, a1s, counts, out, ws, cfg.id, dev.num_sms, stream); }, stream);
         cuda::check_status(ws.status, stream, M);
         const bool chosen = cfg.id == plan::select_gemm_config(m_e, N, K);
+        // Stage times of the selected config: each grouped GEMM alone; the rest is the
+        // activation kernel and launch gaps.
+        double g1_ms = 0, g2_ms = 0;
+        if (chosen) {
+          cuda::GroupedGemmProblem g1{
+              static_cast<int>(E_local), N, K, counts, M, a1q, a1s, true, w1, w1s, true, ws.w1_out};
+          cuda::GroupedGemmProblem g2{
+              static_cast<int>(E_local), K, I, counts, M, ws.act_q, ws.act_scale, true, w2, w2s, true, out};
+          g1_ms = median_ms(
+              quick ? 5 : 20,
+              [&] {
+                cuda::grouped_fp8_gemm(cfg.id, g1, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status,
+                                       dev.num_sms, stream);
+              },
+              stream);
+          g2_ms = median_ms(
+              quick ? 5 : 20,
+              [&] {
+                cuda::grouped_fp8_gemm(cfg.id, g2, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status,
+                                       dev.num_sms, stream);
+              },
+              stream);
+          std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
+                      g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
+                      2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
+        }
         std::printf("%6lld %6lld %-20s %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n", static_cast<long long>(M),
                     static_cast<long long>(m_e), std::string(cfg.name).c_str(), ms, flops / (ms * 1e-3) / 1e12,
                     floor_ms, ms / floor_ms, weights_ms, ms / weights_ms, chosen ? "  <- selected" : "");
@@ -238,7 +265,8 @@ int main(int argc, char** argv) {
                 ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + std::string(cfg.name) +
                 "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
                 ", \"floor_ms\": " + std::to_string(floor_ms) + ", \"weights_read_ms\": " + std::to_string(weights_ms) +
-                ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) + "}";
+                ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) +
+                ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
         first = false;
       }
     }

@@ -25,11 +25,12 @@ TEST(GemmConfig, SelectionFollowsRowsPerExpert) {
     EXPECT_EQ(select_gemm_config(32, n, k), GemmConfig::kSwapAB128x32);
     EXPECT_EQ(select_gemm_config(33, n, k), GemmConfig::kPingpong64x256);
     EXPECT_EQ(select_gemm_config(128, n, k), GemmConfig::kPingpong64x256);
-    EXPECT_EQ(select_gemm_config(129, n, k), GemmConfig::kCooperative128x128);
-    EXPECT_EQ(select_gemm_config(4096, n, k), GemmConfig::kCooperative128x128);
+    EXPECT_EQ(select_gemm_config(129, n, k), GemmConfig::kPingpong64x256);
+    EXPECT_EQ(select_gemm_config(4096, n, k), GemmConfig::kPingpong64x256);
   }
-  // n not a multiple of 256 (Qwen3-235B W2 output I... e.g. n = 1536 + 16): no 256-wide tile.
+  // n not a multiple of 256 (e.g. Qwen3-30B's W1, n = 1536 = 6 x 256 is fine; 1552 is not).
   EXPECT_EQ(select_gemm_config(64, 1552, 4096), GemmConfig::kCooperative128x128);
+  EXPECT_EQ(select_gemm_config(2048, 1552, 4096), GemmConfig::kCooperative128x128);
   EXPECT_THROW(select_gemm_config(64, 1000, 4096), Error);
   EXPECT_THROW(select_gemm_config(-1, 1024, 4096), Error);
 }
