@@ -9,6 +9,8 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmProblem& p, std:
   switch (config) {
     case plan::GemmConfig::kSwapAB128x32:
       return grouped_fp8_gemm_swapab_128x32(p, args, scratch, scratch_bytes, status, num_sms, stream);
+    case plan::GemmConfig::kSwapAB128x64:
+      return grouped_fp8_gemm_swapab_128x64(p, args, scratch, scratch_bytes, status, num_sms, stream);
     case plan::GemmConfig::kPingpong64x256:
       MOEKIT_CUDA_REQUIRE(p.n % 256 == 0, "pingpong-64x256 needs n % 256 == 0, got n = " + std::to_string(p.n));
       return grouped_fp8_gemm_pingpong_64x256(p, args, scratch, scratch_bytes, status, num_sms, stream);

@@ -42,6 +42,8 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmProblem& problem
 // One entry point per config (one CUTLASS instantiation per .cu file).
 void grouped_fp8_gemm_swapab_128x32(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*, int,
                                     cudaStream_t);
+void grouped_fp8_gemm_swapab_128x64(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*, int,
+                                    cudaStream_t);
 void grouped_fp8_gemm_pingpong_64x256(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*,
                                       int, cudaStream_t);
 void grouped_fp8_gemm_cooperative_128x128(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t,

@@ -9,6 +9,8 @@ const std::vector<GemmConfigInfo>& gemm_configs() {
   static const std::vector<GemmConfigInfo> all = {
       {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, true,
        "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side"},
+      {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, true,
+       "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
       {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, false,
        "m_e > 32, n % 256 == 0: pingpong overlaps one tile's epilogue with the other warpgroup's MMA"},
       {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, false,
@@ -43,6 +45,7 @@ GemmConfig select_gemm_config(std::int64_t expected_rows, std::int64_t n, std::i
                n, k);
   MOEKIT_CHECK(n % 16 == 0 && k % 16 == 0, "grouped FP8 GEMM needs n = {} and k = {} to be multiples of 16", n, k);
   if (expected_rows <= 32) return GemmConfig::kSwapAB128x32;
+  if (expected_rows <= 64) return GemmConfig::kSwapAB128x64;
   // Measured on an H200 (docs/PERF.md, DeepSeek-V3 shapes, E_local = 16): pingpong-64x256 beat
   // cooperative-128x128 at m_e = 64, 256 and 1024 (0.430 vs 0.436 ms at 256, 1.49 vs 1.63 ms at
   // 1024). Its 256-wide tile needs n % 256 == 0 to avoid a ragged last column tile.

@@ -10,7 +10,8 @@
 namespace moekit::plan {
 
 enum class GemmConfig : std::uint8_t {
-  kSwapAB128x32,        // D^T = W x A^T: weights fill the 128-row side, few tokens per expert
+  kSwapAB128x32,        // D^T = W x A^T: weights fill the 128-row side, m_e <= 32
+  kSwapAB128x64,        // the same with 64-token tiles: 32 < m_e <= 64
   kPingpong64x256,      // two consumer warpgroups alternate 64-row tiles: mid-sized m_e
   kCooperative128x128,  // both warpgroups share a 128-row tile: large m_e
 };

@@ -317,7 +317,7 @@ INSTANTIATE_TEST_SUITE_P(Models, BatchedExpertsGpu,
                                            Case{"deepseek-v3", 3, 64, QuantScheme::kPerTensor},
                                            Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kPerTokenPerChannel},
                                            Case{"mixtral-8x7b", 2, 160, QuantScheme::kPerTokenPerChannel},
-                      Case{"gpt-oss-120b", 3, 96, QuantScheme::kPerTokenPerChannel}),
+                                           Case{"gpt-oss-120b", 3, 96, QuantScheme::kPerTokenPerChannel}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            std::string n =
                                param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));

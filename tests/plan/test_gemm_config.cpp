@@ -8,7 +8,7 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, NamedListRoundTrips) {
-  ASSERT_EQ(gemm_configs().size(), 3u);
+  ASSERT_EQ(gemm_configs().size(), 4u);
   for (const auto& c : gemm_configs()) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
@@ -23,13 +23,15 @@ TEST(GemmConfig, SelectionFollowsRowsPerExpert) {
     EXPECT_EQ(select_gemm_config(0, n, k), GemmConfig::kSwapAB128x32);
     EXPECT_EQ(select_gemm_config(8, n, k), GemmConfig::kSwapAB128x32);
     EXPECT_EQ(select_gemm_config(32, n, k), GemmConfig::kSwapAB128x32);
-    EXPECT_EQ(select_gemm_config(33, n, k), GemmConfig::kPingpong64x256);
+    EXPECT_EQ(select_gemm_config(33, n, k), GemmConfig::kSwapAB128x64);
+    EXPECT_EQ(select_gemm_config(64, n, k), GemmConfig::kSwapAB128x64);
+    EXPECT_EQ(select_gemm_config(65, n, k), GemmConfig::kPingpong64x256);
     EXPECT_EQ(select_gemm_config(128, n, k), GemmConfig::kPingpong64x256);
     EXPECT_EQ(select_gemm_config(129, n, k), GemmConfig::kPingpong64x256);
     EXPECT_EQ(select_gemm_config(4096, n, k), GemmConfig::kPingpong64x256);
   }
   // n not a multiple of 256 (e.g. Qwen3-30B's W1, n = 1536 = 6 x 256 is fine; 1552 is not).
-  EXPECT_EQ(select_gemm_config(64, 1552, 4096), GemmConfig::kCooperative128x128);
+  EXPECT_EQ(select_gemm_config(65, 1552, 4096), GemmConfig::kCooperative128x128);
   EXPECT_EQ(select_gemm_config(2048, 1552, 4096), GemmConfig::kCooperative128x128);
   EXPECT_THROW(select_gemm_config(64, 1000, 4096), Error);
   EXPECT_THROW(select_gemm_config(-1, 1024, 4096), Error);
