@@ -254,6 +254,17 @@ int main(int argc, char** argv) {
                                        dev.num_sms, stream);
               },
               stream);
+          // The activation stage alone, per kernel variant (w1_out holds real values now).
+          const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
+          for (auto [kernel, name] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
+                                      std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"},
+                                      std::pair{cuda::ActivationKernel::kRowPerWarp, "row/warp"}}) {
+            const double us =
+                1e3 * median_ms(
+                          quick ? 5 : 20, [&] { cuda::activation_quant(p, ws, counts, dev.num_sms, stream, kernel); },
+                          stream);
+            std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", name, us, act_bytes_moved / (us * 1e3));
+          }
           std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
                       g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
                       2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);

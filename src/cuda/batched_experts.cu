@@ -126,7 +126,7 @@ __device__ __forceinline__ float act_value(Activation act, float g, float u) {
   }
 }
 
-// Per-token fast path: one warp per row, 8 rows per block in flight (a block per row exposed too
+// Per-token, one warp per row, 8 rows per block in flight (a block per row exposed too
 // little memory parallelism: ~30 us for 4096 rows of 2048). 16-byte loads of 8 gate and 8 up
 // values per lane, the row kept in registers (kChunks x 8 per lane) between the amax and the
 // quantization, a warp-shuffle amax, 8-byte stores.
@@ -179,6 +179,53 @@ __global__ void __launch_bounds__(kActThreads)
   }
 }
 
+// Per-token, one block per row: 16-byte loads of 8 gate and 8 up values per thread, the row's
+// values kept in registers (kChunks x 8 per thread) between the amax and the quantization, 8-byte
+// stores. NOTES: for I <= 256 * 8 * kChunks; swigluoai and per-tensor use activation_quant_kernel.
+template <int kChunks>
+__global__ void __launch_bounds__(kActThreads)
+    activation_quant_row_per_block(Activation act, bool gated, const __nv_bfloat16* __restrict__ w1_out,
+                                   const std::int32_t* __restrict__ expert_num_tokens, int E, int M, int N, int I,
+                                   __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
+  int e = 0, r = 0;
+  for (std::int64_t i = blockIdx.x; locate_row(expert_num_tokens, E, M, i, e, r); i += gridDim.x) {
+    const std::int64_t row_idx = static_cast<std::int64_t>(e) * M + r;
+    const __nv_bfloat16* row = w1_out + row_idx * N;
+    float v[kChunks][8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int c0 = (ch * kActThreads + static_cast<int>(threadIdx.x)) * 8;
+      if (c0 >= I) continue;
+      const uint4 graw = *reinterpret_cast<const uint4*>(row + c0);
+      const uint4 uraw = gated ? *reinterpret_cast<const uint4*>(row + I + c0) : graw;
+      const auto* g8 = reinterpret_cast<const __nv_bfloat16*>(&graw);
+      const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        v[ch][j] = act_value(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
+        amax = fmaxf(amax, fabsf(v[ch][j]));
+      }
+    }
+    amax = block_max(amax);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    if (threadIdx.x == 0) act_scale[row_idx] = scale;
+    __nv_fp8_e4m3* out = act_q + row_idx * I;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int c0 = (ch * kActThreads + static_cast<int>(threadIdx.x)) * 8;
+      if (c0 >= I) continue;
+      uint2 packed;
+      auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[ch][2 * j] / scale, v[ch][2 * j + 1] / scale), __NV_SATFINITE,
+                                          __NV_E4M3);
+      *reinterpret_cast<uint2*>(out + c0) = packed;
+    }
+  }
+}
+
 __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float* act_scale, int E_local) {
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (e >= E_local) return;
@@ -196,6 +243,63 @@ plan::GemmConfig default_gemm_config(const MoeProblem& p) {
   return c1 == c2 ? c1 : plan::GemmConfig::kCooperative128x128;
 }
 
+void activation_quant(const MoeProblem& p, const plan::BatchedFp8Workspace& ws, const std::int32_t* expert_num_tokens,
+                      int num_sms, cudaStream_t stream, ActivationKernel kernel) {
+  const bool per_tensor = p.quant == QuantScheme::kPerTensor;
+  const int E = static_cast<int>(p.E_local), M = static_cast<int>(p.M), N = static_cast<int>(p.N),
+            I = static_cast<int>(p.I());
+  // Per-tensor accumulates each expert's amax in act_scale itself (as bits), then converts it in
+  // place to the scale.
+  auto* amax = reinterpret_cast<unsigned int*>(ws.act_scale);
+  const int grid = num_sms * 8;  // persistent: 8 blocks of 256 threads per SM walk the valid rows
+  auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(ws.w1_out);
+  auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(ws.act_q);
+  const bool vec_ok = !per_tensor && p.activation != Activation::kSwigluOai;
+  if (kernel == ActivationKernel::kAuto)
+    kernel = vec_ok && I <= kActThreads * 8 * 4 ? ActivationKernel::kRowPerBlock : ActivationKernel::kGeneric;
+  MOEKIT_CUDA_REQUIRE(kernel == ActivationKernel::kGeneric || vec_ok,
+                      "the vectorized activation kernels take per-token scales and halves-layout activations");
+  const bool gated = is_gated(p.activation);
+  if (per_tensor) {
+    MOEKIT_CUDA_CHECK(cudaMemsetAsync(ws.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
+    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 0, true, w1_out, expert_num_tokens, E, M, N,
+                                                              I, act_q, ws.act_scale, amax);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 1, true, w1_out, expert_num_tokens, E, M, N,
+                                                              I, act_q, ws.act_scale, amax);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+    per_tensor_scales_kernel<<<(E + 127) / 128, 128, 0, stream>>>(amax, ws.act_scale, E);
+  } else if (kernel == ActivationKernel::kRowPerBlock) {
+    MOEKIT_CUDA_REQUIRE(I <= kActThreads * 8 * 4,
+                        "row-per-block activation kernel: I = " + std::to_string(I) + " exceeds 8192");
+    const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
+    auto launch = [&](auto k) {
+      k<<<grid, kActThreads, 0, stream>>>(p.activation, gated, w1_out, expert_num_tokens, E, M, N, I, act_q,
+                                          ws.act_scale);
+    };
+    if (chunks == 1)
+      launch(activation_quant_row_per_block<1>);
+    else if (chunks == 2)
+      launch(activation_quant_row_per_block<2>);
+    else
+      launch(activation_quant_row_per_block<4>);
+  } else if (kernel == ActivationKernel::kRowPerWarp) {
+    MOEKIT_CUDA_REQUIRE(I <= 32 * 8 * 16, "row-per-warp activation kernel: I = " + std::to_string(I) + " exceeds 4096");
+    auto launch = [&](auto k) {
+      k<<<grid, kActThreads, 0, stream>>>(p.activation, gated, w1_out, expert_num_tokens, E, M, N, I, act_q,
+                                          ws.act_scale);
+    };
+    if (I <= 32 * 8 * 8)
+      launch(activation_quant_per_token_vec<8>);
+    else
+      launch(activation_quant_per_token_vec<16>);
+  } else {
+    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 1, false, w1_out, expert_num_tokens, E, M,
+                                                              N, I, act_q, ws.act_scale, nullptr);
+  }
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
 void batched_fp8_experts(const MoeProblem& p, const DeviceExpertWeights& w, const std::uint8_t* a1q,
                          const float* a1q_scale, const std::int32_t* expert_num_tokens, std::uint16_t* output,
                          const plan::BatchedFp8Workspace& ws, plan::GemmConfig config, int num_sms,
@@ -205,8 +309,7 @@ void batched_fp8_experts(const MoeProblem& p, const DeviceExpertWeights& w, cons
                       "block-wise 1x128/128x128 scales are not in the Hopper experts yet: use per-token or per-tensor");
   MOEKIT_CUDA_REQUIRE(p.M <= 0x7FFFFFFF && p.E_local <= 65535, "M and E_local must fit the launch grid");
   const bool per_tensor = p.quant == QuantScheme::kPerTensor;
-  const int E = static_cast<int>(p.E_local), M = static_cast<int>(p.M), N = static_cast<int>(p.N),
-            I = static_cast<int>(p.I());
+  const int E = static_cast<int>(p.E_local);
   const std::int64_t args_bytes = p.E_local * plan::kGemmArgsBytesPerExpert;
   MOEKIT_CUDA_CHECK(cudaMemsetAsync(ws.status, 0, plan::kStatusWords * sizeof(std::int32_t), stream));
 
@@ -226,39 +329,7 @@ void batched_fp8_experts(const MoeProblem& p, const DeviceExpertWeights& w, cons
   g1.D = ws.w1_out;
   grouped_fp8_gemm(config, g1, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status, num_sms, stream);
 
-  // Activation + FP8 quantization, valid rows only. Per-tensor accumulates each expert's amax in
-  // act_scale itself (as bits), then converts it in place to the scale.
-  auto* amax = reinterpret_cast<unsigned int*>(ws.act_scale);
-  const int grid = num_sms * 8;  // persistent: 8 blocks of 256 threads per SM walk the valid rows
-  auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(ws.w1_out);
-  auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(ws.act_q);
-  if (per_tensor) {
-    MOEKIT_CUDA_CHECK(cudaMemsetAsync(ws.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
-    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 0, true, w1_out, expert_num_tokens, E, M, N,
-                                                              I, act_q, ws.act_scale, amax);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 1, true, w1_out, expert_num_tokens, E, M, N,
-                                                              I, act_q, ws.act_scale, amax);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-    per_tensor_scales_kernel<<<(E + 127) / 128, 128, 0, stream>>>(amax, ws.act_scale, E);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-  } else if (p.activation != Activation::kSwigluOai && I <= 32 * 8 * 16) {
-    const bool gated = is_gated(p.activation);
-    const int chunks = (I + 32 * 8 - 1) / (32 * 8);
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, kActThreads, 0, stream>>>(p.activation, gated, w1_out, expert_num_tokens, E, M, N, I, act_q,
-                                               ws.act_scale);
-    };
-    if (chunks <= 8)
-      launch(activation_quant_per_token_vec<8>);  // I <= 2048: 64 floats per lane
-    else
-      launch(activation_quant_per_token_vec<16>);  // I <= 4096: 128 floats per lane
-    MOEKIT_CUDA_CHECK_LAUNCH();
-  } else {
-    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 1, false, w1_out, expert_num_tokens, E, M,
-                                                              N, I, act_q, ws.act_scale, nullptr);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-  }
+  activation_quant(p, ws, expert_num_tokens, num_sms, stream, ActivationKernel::kAuto);
 
   // W2: (m_e x I) . (K x I)^T -> output (m_e x K) bf16, straight into the experts' output.
   GroupedGemmProblem g2 = g1;

@@ -35,6 +35,13 @@ void batched_fp8_experts(const MoeProblem& problem, const DeviceExpertWeights& w
                          const plan::BatchedFp8Workspace& ws, plan::GemmConfig config, int num_sms,
                          cudaStream_t stream);
 
+// The activation + FP8 quantization stage alone (valid rows only), for benchmarks and tests:
+// kAuto picks the measured best for the problem (docs/PERF.md).
+enum class ActivationKernel { kAuto, kGeneric, kRowPerBlock, kRowPerWarp };
+void activation_quant(const MoeProblem& problem, const plan::BatchedFp8Workspace& ws,
+                      const std::int32_t* expert_num_tokens, int num_sms, cudaStream_t stream,
+                      ActivationKernel kernel = ActivationKernel::kAuto);
+
 // The config the experts use by default for a problem: from the expected rows per expert.
 plan::GemmConfig default_gemm_config(const MoeProblem& problem);
 

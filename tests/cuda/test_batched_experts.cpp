@@ -351,6 +351,44 @@ TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
   check_stages(p, w, r, ref, {10, 0, 64}, pool, "count over M");
 }
 
+TEST(BatchedExpertsGpuContract, ActivationKernelsAgreeBitForBit) {
+  MOEKIT_REQUIRE_GPU();
+  // Every variant computes the same formulas and an exact max: identical codes and scales.
+  const MoeProblem p = problem_for("deepseek-v3", 3, 96, QuantScheme::kPerTokenPerChannel);
+  cpu::ThreadPool pool(4);
+  const cpu::ExpertWeights w = cpu::make_random_weights(p, 0, 12, pool);
+  GpuExperts gpu(p, w);
+  const auto counts = pattern_counts("ragged", p.E_local, p.M, 2);
+  const auto in = testing::make_batched_inputs(p, counts, 6);
+  const GpuRun base = gpu.run(in, plan::GemmConfig::kPingpong64x256);  // leaves w1_out in the workspace
+  DeviceBuffer<std::int32_t> dcounts(in.expert_num_tokens);
+  const auto& act = base.placed.region("act_q");
+  const auto& scale = base.placed.region("act_scale");
+  for (auto kernel :
+       {cuda::ActivationKernel::kGeneric, cuda::ActivationKernel::kRowPerBlock, cuda::ActivationKernel::kRowPerWarp}) {
+    MOEKIT_CUDA_CHECK(cudaMemset(gpu.ws().act_q, 0xFF, static_cast<std::size_t>(act.bytes)));
+    MOEKIT_CUDA_CHECK(cudaMemset(gpu.ws().act_scale, 0xFF, static_cast<std::size_t>(scale.bytes)));
+    cuda::activation_quant(p, gpu.ws(), dcounts.ptr, gpu.num_sms(), nullptr, kernel);
+    MOEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(act.bytes));
+    std::vector<float> sc(static_cast<std::size_t>(scale.bytes / 4));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(q.data(), gpu.ws().act_q, q.size(), cudaMemcpyDeviceToHost));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(sc.data(), gpu.ws().act_scale, sc.size() * 4, cudaMemcpyDeviceToHost));
+    const std::int64_t I = p.I();
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      const std::int64_t m = counts[static_cast<std::size_t>(e)];
+      for (std::int64_t r = 0; r < m; ++r) {
+        const std::size_t row = static_cast<std::size_t>(e * p.M + r);
+        EXPECT_EQ(std::memcmp(q.data() + row * I, base.workspace.data() + act.offset + row * I, I), 0)
+            << "kernel " << static_cast<int>(kernel) << " expert " << e << " row " << r;
+        float base_scale;
+        std::memcpy(&base_scale, base.workspace.data() + scale.offset + row * 4, 4);
+        EXPECT_EQ(sc[row], base_scale) << "kernel " << static_cast<int>(kernel) << " expert " << e << " row " << r;
+      }
+    }
+  }
+}
+
 TEST(BatchedExpertsGpuContract, CudaGraphReplayMatchesEagerRun) {
   MOEKIT_REQUIRE_GPU();
   const MoeProblem p = problem_for("deepseek-v3", 2, 64, QuantScheme::kPerTokenPerChannel);
