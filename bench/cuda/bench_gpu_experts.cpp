@@ -4,7 +4,8 @@
 // activation + quantization, W2 GEMM) per config, TFLOP/s on valid rows, the floor
 // max(flops / FP8 peak, (weight + activation bytes) / bandwidth), the ratio to it, and the time to
 // read the local experts' weights once. Writes JSON (argv[1]) for bench/torch_baseline.py.
-// Run: ./bench_gpu_experts out.json [--quick]
+// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e]  (--case: that case only, selected config;
+// for profiling under ncu)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -145,7 +146,16 @@ double cublaslt_fp8_tflops(cudaStream_t stream) {
 
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
-  const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  bool quick = false;
+  std::int64_t only_M = 0, only_m_e = 0;
+  for (int a = 2; a < argc; ++a) {
+    if (std::string(argv[a]) == "--quick") quick = true;
+    if (std::string(argv[a]) == "--case" && a + 2 < argc) {
+      only_M = std::stoll(argv[a + 1]);
+      only_m_e = std::stoll(argv[a + 2]);
+      quick = true;
+    }
+  }
   if (cuda::device_count() == 0) {
     std::printf("bench_gpu_experts: no CUDA device, nothing to measure\n");
     return 0;
@@ -172,6 +182,7 @@ int main(int argc, char** argv) {
               "weights", "x weights");
   bool first = true;
   for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
+    if (only_M != 0 && M != only_M) continue;
     MoeProblem p;
     p.format = ActivationFormat::kBatchedExperts;
     p.M = M;
@@ -218,7 +229,7 @@ int main(int argc, char** argv) {
     const cuda::DeviceExpertWeights dw{w1, w1s, w2, w2s};
     const double weight_bytes = double(E_local) * double(N * K + K * I);
     for (std::int64_t m_e : {std::int64_t{8}, std::int64_t{64}, std::int64_t{256}, std::int64_t{1024}}) {
-      if (m_e > M) continue;
+      if (m_e > M || (only_m_e != 0 && m_e != only_m_e)) continue;
       std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
       MOEKIT_CUDA_CHECK(cudaMemcpy(counts, c.data(), c.size() * 4, cudaMemcpyHostToDevice));
       const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
