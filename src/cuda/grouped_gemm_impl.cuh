@@ -27,11 +27,14 @@ namespace moekit::cuda::detail {
 
 using namespace cute;
 
-template <class TileShape_, class KernelSchedule, class EpilogueSchedule, bool kSwapAB_>
+template <class TileShape_, class KernelSchedule, class EpilogueSchedule, bool kSwapAB_,
+          class ClusterShape_ = Shape<_1, _1, _1>>
 struct GroupedFp8Gemm {
   static constexpr bool kSwapAB = kSwapAB_;
   using TileShape = TileShape_;
-  using ClusterShape = Shape<_1, _1, _1>;
+  // Cluster (2, 1, 1): two CTAs on adjacent M tiles of one expert share each weight tile through
+  // TMA multicast (half the L2 -> SM traffic for B).
+  using ClusterShape = ClusterShape_;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
