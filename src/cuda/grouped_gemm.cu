@@ -14,9 +14,6 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmProblem& p, std:
     case plan::GemmConfig::kPingpong64x256:
       MOEKIT_CUDA_REQUIRE(p.n % 256 == 0, "pingpong-64x256 needs n % 256 == 0, got n = " + std::to_string(p.n));
       return grouped_fp8_gemm_pingpong_64x256(p, args, scratch, scratch_bytes, status, num_sms, stream);
-    case plan::GemmConfig::kPingpong64x256Cluster2:
-      MOEKIT_CUDA_REQUIRE(p.n % 256 == 0, "pingpong-64x256-c2 needs n % 256 == 0, got n = " + std::to_string(p.n));
-      return grouped_fp8_gemm_pingpong_64x256_c2(p, args, scratch, scratch_bytes, status, num_sms, stream);
     case plan::GemmConfig::kCooperative128x128:
       return grouped_fp8_gemm_cooperative_128x128(p, args, scratch, scratch_bytes, status, num_sms, stream);
   }

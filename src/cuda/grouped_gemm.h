@@ -46,8 +46,6 @@ void grouped_fp8_gemm_swapab_128x64(const GroupedGemmProblem&, std::byte*, std::
                                     cudaStream_t);
 void grouped_fp8_gemm_pingpong_64x256(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*,
                                       int, cudaStream_t);
-void grouped_fp8_gemm_pingpong_64x256_c2(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*,
-                                         int, cudaStream_t);
 void grouped_fp8_gemm_cooperative_128x128(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t,
                                           std::int32_t*, int, cudaStream_t);
 

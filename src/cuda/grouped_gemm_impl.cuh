@@ -27,14 +27,11 @@ namespace moekit::cuda::detail {
 
 using namespace cute;
 
-template <class TileShape_, class KernelSchedule, class EpilogueSchedule, bool kSwapAB_,
-          class ClusterShape_ = Shape<_1, _1, _1>>
+template <class TileShape_, class KernelSchedule, class EpilogueSchedule, bool kSwapAB_>
 struct GroupedFp8Gemm {
   static constexpr bool kSwapAB = kSwapAB_;
   using TileShape = TileShape_;
-  // Cluster (2, 1, 1): two CTAs on adjacent M tiles of one expert share each weight tile through
-  // TMA multicast (half the L2 -> SM traffic for B).
-  using ClusterShape = ClusterShape_;
+  using ClusterShape = Shape<_1, _1, _1>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;

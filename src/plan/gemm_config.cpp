@@ -12,9 +12,7 @@ const std::vector<GemmConfigInfo>& gemm_configs() {
       {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, true,
        "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
       {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, false,
-       "64 < m_e < 512, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
-      {GemmConfig::kPingpong64x256Cluster2, "pingpong-64x256-c2", 64, 256, 128, false,
-       "m_e >= 512: pairs of CTAs on adjacent 64-row tiles share weight tiles by TMA multicast"},
+       "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
       {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, false,
        "m_e > 64 when n % 256 != 0: 128x128 tiles, both warpgroups on one tile"},
   };
@@ -51,9 +49,6 @@ GemmConfig select_gemm_config(std::int64_t expected_rows, std::int64_t n, std::i
   // Measured on an H200 (docs/PERF.md, DeepSeek-V3 shapes, E_local = 16): pingpong-64x256 beat
   // cooperative-128x128 at m_e = 64, 256 and 1024 (0.430 vs 0.436 ms at 256, 1.49 vs 1.63 ms at
   // 1024). Its 256-wide tile needs n % 256 == 0 to avoid a ragged last column tile.
-  // 2x1 clusters (weight tiles multicast to two adjacent 64-row tiles) won at m_e = 1024 (1.32 vs
-  // 1.37 ms) and lost at 256 (0.415 vs 0.385): only for long experts.
-  if (n % 256 == 0 && expected_rows >= 512) return GemmConfig::kPingpong64x256Cluster2;
   if (n % 256 == 0) return GemmConfig::kPingpong64x256;
   return GemmConfig::kCooperative128x128;
 }

@@ -10,11 +10,10 @@
 namespace moekit::plan {
 
 enum class GemmConfig : std::uint8_t {
-  kSwapAB128x32,            // D^T = W x A^T: weights fill the 128-row side, m_e <= 32
-  kSwapAB128x64,            // the same with 64-token tiles: 32 < m_e <= 64
-  kPingpong64x256,          // two consumer warpgroups alternate 64x256 tiles: 64 < m_e < 512
-  kPingpong64x256Cluster2,  // the same in 2x1 clusters sharing weight tiles: m_e >= 512
-  kCooperative128x128,      // both warpgroups on one 128x128 tile: m_e > 64 when n % 256 != 0
+  kSwapAB128x32,        // D^T = W x A^T: weights fill the 128-row side, m_e <= 32
+  kSwapAB128x64,        // the same with 64-token tiles: 32 < m_e <= 64
+  kPingpong64x256,      // two consumer warpgroups alternate 64x256 tiles: m_e > 64
+  kCooperative128x128,  // both warpgroups on one 128x128 tile: m_e > 64 when n % 256 != 0
 };
 
 struct GemmConfigInfo {
