@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "cpu/activation.h"
@@ -36,17 +37,18 @@ constexpr double kStageTolerance = 5e-3;
 constexpr double kRelTolerance = 3e-2;
 constexpr std::int64_t kGuardBytes = 4096;
 
-MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std::int64_t M, QuantScheme quant) {
+MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std::int64_t M, QuantScheme quant,
+                       std::optional<Activation> activation = std::nullopt) {
   const ModelConfig m = load_model(model_name);
   MoeProblem p;
   p.format = ActivationFormat::kBatchedExperts;
   p.M = M;
   p.K = m.hidden_size;
-  p.N = 2 * m.moe_intermediate_size;
+  p.activation = activation.value_or(m.activation);
+  p.N = is_gated(p.activation) ? 2 * m.moe_intermediate_size : m.moe_intermediate_size;
   p.topk = m.topk;
   p.E = m.num_experts;
   p.E_local = E_local;
-  p.activation = m.activation;
   p.quant = quant;
   p.max_tokens_per_rank = M;
   p.num_dispatchers = 1;
@@ -280,10 +282,12 @@ struct Case {
   std::string model;
   std::int64_t E_local, M;
   QuantScheme quant;
+  std::optional<Activation> activation = std::nullopt;  // default: the model's
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " E_local=" << c.E_local << " M=" << c.M << " " << quant_name(c.quant);
+  if (c.activation) *os << " " << activation_name(*c.activation);
 }
 
 class BatchedExpertsGpu : public ::testing::TestWithParam<Case> {};
@@ -291,7 +295,7 @@ class BatchedExpertsGpu : public ::testing::TestWithParam<Case> {};
 TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
   MOEKIT_REQUIRE_GPU();
   const Case c = GetParam();
-  const MoeProblem p = problem_for(c.model, c.E_local, c.M, c.quant);
+  const MoeProblem p = problem_for(c.model, c.E_local, c.M, c.quant, c.activation);
   cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const cpu::ExpertWeights w = cpu::make_random_weights(p, 0, 17, pool);
   GpuExperts gpu(p, w);
@@ -302,7 +306,8 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
     for (const auto& cfg : plan::gemm_configs()) {
       if (cfg.id == plan::GemmConfig::kPingpong64x256 && (p.N % 256 != 0 || p.K % 256 != 0)) continue;
       const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
-                              std::string(quant_name(p.quant)) + " " + pattern + " " + std::string(cfg.name);
+                              std::string(quant_name(p.quant)) + " " + std::string(activation_name(p.activation)) +
+                              " " + pattern + " " + std::string(cfg.name);
       const GpuRun r = gpu.run(in, cfg.id);
       const double rel = check_run(p, r, ref.output, counts, ctx);
       EXPECT_LT(rel, kRelTolerance) << ctx;
@@ -316,20 +321,25 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, BatchedExpertsGpu,
-                         ::testing::Values(Case{"deepseek-v3", 4, 256, QuantScheme::kPerTokenPerChannel},
-                                           Case{"deepseek-v3", 3, 64, QuantScheme::kPerTensor},
-                                           Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kPerTokenPerChannel},
-                                           Case{"mixtral-8x7b", 2, 160, QuantScheme::kPerTokenPerChannel},
-                                           Case{"gpt-oss-120b", 3, 96, QuantScheme::kPerTokenPerChannel}),
-                         [](const ::testing::TestParamInfo<Case>& param_info) {
-                           std::string n =
-                               param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
-                           std::replace_if(
-                               n.begin(), n.end(),
-                               [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, BatchedExpertsGpu,
+    ::testing::Values(Case{"deepseek-v3", 4, 256, QuantScheme::kPerTokenPerChannel},
+                      Case{"deepseek-v3", 3, 64, QuantScheme::kPerTensor},
+                      Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kPerTokenPerChannel},
+                      Case{"mixtral-8x7b", 2, 160, QuantScheme::kPerTokenPerChannel},
+                      Case{"gpt-oss-120b", 3, 96, QuantScheme::kPerTokenPerChannel},
+                      // The other activations, on Qwen3-30B shapes (K = 2048, I = 768).
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGelu},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGeluTanh},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kRelu2},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTensor, Activation::kSiluNoMul}),
+    [](const ::testing::TestParamInfo<Case>& param_info) {
+      std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
+      if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));
+      std::replace_if(
+          n.begin(), n.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+      return n;
+    });
 
 TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
   MOEKIT_REQUIRE_GPU();
