@@ -251,20 +251,17 @@ int main(int argc, char** argv) {
               static_cast<int>(E_local), N, K, counts, M, a1q, a1s, true, w1, w1s, true, ws.w1_out};
           cuda::GroupedGemmProblem g2{
               static_cast<int>(E_local), K, I, counts, M, ws.act_q, ws.act_scale, true, w2, w2s, true, out};
-          g1_ms = median_ms(
-              quick ? 5 : 20,
-              [&] {
-                cuda::grouped_fp8_gemm(cfg.id, g1, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status,
-                                       dev.num_sms, stream);
-              },
-              stream);
-          g2_ms = median_ms(
-              quick ? 5 : 20,
-              [&] {
-                cuda::grouped_fp8_gemm(cfg.id, g2, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status,
-                                       dev.num_sms, stream);
-              },
-              stream);
+          auto time_gemm = [&](const cuda::GroupedGemmProblem& g) {
+            return median_ms(
+                quick ? 5 : 20,
+                [&] {
+                  cuda::grouped_fp8_gemm(cfg.id, g, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status,
+                                         dev.num_sms, stream);
+                },
+                stream);
+          };
+          g1_ms = time_gemm(g1);
+          g2_ms = time_gemm(g2);
           std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
                       g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
                       2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
@@ -273,8 +270,7 @@ int main(int argc, char** argv) {
           // The activation stage alone, per kernel variant (w1_out holds real values now).
           const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
           for (auto [kernel, name] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
-                                      std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"},
-                                      std::pair{cuda::ActivationKernel::kRowPerWarp, "row/warp"}}) {
+                                      std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"}}) {
             const double us =
                 1e3 * median_ms(
                           quick ? 5 : 20, [&] { cuda::activation_quant(p, ws, counts, dev.num_sms, stream, kernel); },

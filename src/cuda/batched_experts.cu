@@ -129,59 +129,6 @@ __device__ __forceinline__ float act_value(Activation act, float g, float u) {
   }
 }
 
-// Per-token, one warp per row, 8 rows per block in flight (a block per row exposed too
-// little memory parallelism: ~30 us for 4096 rows of 2048). 16-byte loads of 8 gate and 8 up
-// values per lane, the row kept in registers (kChunks x 8 per lane) between the amax and the
-// quantization, a warp-shuffle amax, 8-byte stores.
-// NOTES: for I <= 4096 (registers); larger I, swigluoai and per-tensor use activation_quant_kernel.
-constexpr int kRowsPerBlock = kActThreads / 32;
-
-template <int kChunks>
-__global__ void __launch_bounds__(kActThreads)
-    activation_quant_per_token_vec(Activation act, bool gated, const __nv_bfloat16* __restrict__ w1_out,
-                                   const std::int32_t* __restrict__ expert_num_tokens, int E, int M, int N, int I,
-                                   __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  int e = 0, r = 0;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + warp;
-       locate_row(expert_num_tokens, E, M, i, e, r); i += static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock) {
-    const std::int64_t row_idx = static_cast<std::int64_t>(e) * M + r;
-    const __nv_bfloat16* row = w1_out + row_idx * N;
-    float v[kChunks][8];
-    float amax = 0.0f;
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch) {
-      const int c0 = (ch * 32 + lane) * 8;
-      if (c0 >= I) continue;
-      const uint4 graw = *reinterpret_cast<const uint4*>(row + c0);
-      const uint4 uraw = gated ? *reinterpret_cast<const uint4*>(row + I + c0) : graw;
-      const auto* g8 = reinterpret_cast<const __nv_bfloat16*>(&graw);
-      const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        v[ch][j] = act_value(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
-        amax = fmaxf(amax, fabsf(v[ch][j]));
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    if (lane == 0) act_scale[row_idx] = scale;
-    __nv_fp8_e4m3* out = act_q + row_idx * I;
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch) {
-      const int c0 = (ch * 32 + lane) * 8;
-      if (c0 >= I) continue;
-      uint2 packed;
-      auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[ch][2 * j] / scale, v[ch][2 * j + 1] / scale), __NV_SATFINITE,
-                                          __NV_E4M3);
-      *reinterpret_cast<uint2*>(out + c0) = packed;
-    }
-  }
-}
-
 // Per-token, one block per row: 16-byte loads of 8 gate and 8 up values per thread, the row's
 // values kept in registers (kChunks x 8 per thread) between the amax and the quantization, 8-byte
 // stores. NOTES: for I <= 256 * 8 * kChunks; swigluoai and per-tensor use activation_quant_kernel.
@@ -293,16 +240,6 @@ void activation_quant(const MoeProblem& p, const plan::BatchedFp8Workspace& ws, 
       launch(activation_quant_row_per_block<2>);
     else
       launch(activation_quant_row_per_block<4>);
-  } else if (kernel == ActivationKernel::kRowPerWarp) {
-    MOEKIT_CUDA_REQUIRE(I <= 32 * 8 * 16, "row-per-warp activation kernel: I = " + std::to_string(I) + " exceeds 4096");
-    auto launch = [&](auto k) {
-      k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, gated, w1_out, expert_num_tokens, E, M, N, I, act_q, ws.act_scale);
-    };
-    if (I <= 32 * 8 * 8)
-      launch(activation_quant_per_token_vec<8>);
-    else
-      launch(activation_quant_per_token_vec<16>);
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
                               stream>>>(p.activation, 1, false, w1_out, expert_num_tokens, E, M, N, I, act_q,

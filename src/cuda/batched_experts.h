@@ -37,7 +37,8 @@ void batched_fp8_experts(const MoeProblem& problem, const DeviceExpertWeights& w
 
 // The activation + FP8 quantization stage alone (valid rows only), for benchmarks and tests:
 // kAuto picks the measured best for the problem (docs/PERF.md).
-enum class ActivationKernel { kAuto, kGeneric, kRowPerBlock, kRowPerWarp };
+// (A warp-per-row variant measured slower at every m_e and was removed: docs/PERF.md v3.)
+enum class ActivationKernel { kAuto, kGeneric, kRowPerBlock };
 void activation_quant(const MoeProblem& problem, const plan::BatchedFp8Workspace& ws,
                       const std::int32_t* expert_num_tokens, int num_sms, cudaStream_t stream,
                       ActivationKernel kernel = ActivationKernel::kAuto);
