@@ -1,9 +1,11 @@
-// Benchmark of the Hopper batched FP8 experts (DeepSeek-V3 shapes, E_local = 16). Measures the
-// machine's ceilings first (device-to-device copy bandwidth; cuBLASLt FP8 GEMM 8192^3), then for
-// M in {2048, 8192} and m_e in {8, 64, 256, 1024}: median time of the whole experts step (W1 GEMM,
-// activation + quantization, W2 GEMM) per config, TFLOP/s on valid rows, the floor
-// max(flops / FP8 peak, (weight + activation bytes) / bandwidth), the ratio to it, and the time to
-// read the local experts' weights once. Writes JSON (argv[1]) for bench/torch_baseline.py.
+// Benchmark of the Hopper batched FP8 experts through the Experts seam (DeepSeek-V3 shapes,
+// E_local = 16), over a Workspace from plan_layer. Measures the machine's ceilings first
+// (device-to-device copy bandwidth; cuBLASLt FP8 GEMM 8192^3), then for M in {2048, 8192} and m_e in
+// {8, 64, 256, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
+// quantization, W2 GEMM) per config of the table (both GEMMs on it) and for the pair the runtime's
+// rule selects, TFLOP/s on valid rows, the floor max(flops / FP8 peak, (weight + activation bytes) /
+// bandwidth), the ratio to it, and the time to read the local experts' weights once. Writes JSON
+// (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e]  (--case: that case only, selected config;
 // for profiling under ncu)
 #include <cublasLt.h>
@@ -19,15 +21,14 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/experts.h"
-#include "cpu/quant.h"
-#include "cpu/random.h"
-#include "cuda/batched_experts.h"
+#include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device_info.h"
-#include "cuda/grouped_gemm.h"
+#include "cuda/launch.h"
 #include "moekit/model.h"
+#include "moekit/registry.h"
 #include "moekit/workspace.h"
+#include "synthetic/random.h"
 
 using namespace moekit;
 
@@ -66,7 +67,7 @@ double median_ms(int reps, F&& fn, cudaStream_t stream) {
 
 __attribute__((unused)) void fill_random_bytes(void* dev, std::size_t bytes, std::uint64_t seed, bool fp8) {
   std::vector<std::uint8_t> host(bytes);
-  cpu::SplitMix rng{seed};
+  synthetic::SplitMix rng = synthetic::stream(seed, synthetic::Purpose::kBytes, 0);
   for (auto& b : host) {
     b = static_cast<std::uint8_t>(rng.next());
     if (fp8 && (b & 0x7F) == 0x7F) b = 0x3C;  // no NaN codes
@@ -181,6 +182,8 @@ int main(int argc, char** argv) {
   std::printf("%6s %6s %-20s %9s %9s %9s %8s %9s %10s\n", "M", "m_e", "config", "ms", "TFLOP/s", "floor ms", "x floor",
               "weights", "x weights");
   bool first = true;
+  const auto memory = make_memory(Device::kCuda);
+  const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
   for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
     if (only_M != 0 && M != only_M) continue;
     MoeProblem p;
@@ -199,90 +202,88 @@ int main(int argc, char** argv) {
     const std::int64_t K = p.K, N = p.N, I = p.I();
     // Weights: random FP8 codes and scales of the right magnitude (timing does not need a
     // quantizer pass over 704 MiB on the host).
-    std::uint8_t *w1, *w2, *a1q;
-    float *w1s, *w2s, *a1s;
-    std::uint16_t* out;
-    std::int32_t* counts;
-    MOEKIT_CUDA_CHECK(cudaMalloc(&w1, E_local * N * K));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&w2, E_local * K * I));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&w1s, E_local * N * 4));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&w2s, E_local * K * 4));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&a1q, E_local * M * K));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&a1s, E_local * M * 4));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&out, E_local * M * K * 2));
-    MOEKIT_CUDA_CHECK(cudaMalloc(&counts, E_local * 4));
-    fill_random_bytes(w1, E_local * N * K, 11, true);
-    fill_random_bytes(w2, E_local * K * I, 12, true);
-    fill_random_bytes(a1q, E_local * M * K, 13, true);
+    DeviceBuffer w1(*memory, E_local * N * K, "W1"), w2(*memory, E_local * K * I, "W2");
+    DeviceBuffer w1s(*memory, E_local * N * 4, "W1 scales"), w2s(*memory, E_local * K * 4, "W2 scales");
+    fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
+    fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
+    Workspace ws(plan_layer(p, entry, 1), *memory);
+    fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13, true);
     {
       std::vector<float> s1(E_local * N, 1.0f / 448.0f), s2(E_local * K, 1.0f / 448.0f), sa(E_local * M, 1.0f / 16.0f);
-      MOEKIT_CUDA_CHECK(cudaMemcpy(w1s, s1.data(), s1.size() * 4, cudaMemcpyHostToDevice));
-      MOEKIT_CUDA_CHECK(cudaMemcpy(w2s, s2.data(), s2.size() * 4, cudaMemcpyHostToDevice));
-      MOEKIT_CUDA_CHECK(cudaMemcpy(a1s, sa.data(), sa.size() * 4, cudaMemcpyHostToDevice));
+      memory->from_host(w1s.get(), s1.data(), w1s.bytes(), nullptr);
+      memory->from_host(w2s.get(), s2.data(), w2s.bytes(), nullptr);
+      memory->from_host(ws.get<float>("a1q_scale"), sa.data(), static_cast<std::int64_t>(sa.size() * 4), nullptr);
     }
-    const WorkspacePlan plan = plan_workspace("batched-fp8", p);
-    void* ws_mem;
-    MOEKIT_CUDA_CHECK(cudaMalloc(&ws_mem, plan.total_bytes));
-    WorkspaceBuilder b("batched-fp8", p, ws_mem, plan.total_bytes);
-    const auto ws = plan::declare_batched_fp8(p, b);
-    b.finish();
-    const cuda::DeviceExpertWeights dw{w1, w1s, w2, w2s};
+    ExpertWeightsView view;
+    view.device = Device::kCuda;
+    view.quant = p.quant;
+    view.E_local = E_local;
+    view.N = N;
+    view.K = K;
+    view.I = I;
+    view.w1 = w1.as<std::uint8_t>();
+    view.w2 = w2.as<std::uint8_t>();
+    view.w1_scale = w1s.as<float>();
+    view.w2_scale = w2s.as<float>();
+    const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
+                             ws.get<float>("a1q_scale"),
+                             ws.get<std::int32_t>("expert_num_tokens"),
+                             nullptr,
+                             M,
+                             ws.get<std::uint16_t>("expert_output")};
     const double weight_bytes = double(E_local) * double(N * K + K * I);
     for (std::int64_t m_e : {std::int64_t{8}, std::int64_t{64}, std::int64_t{256}, std::int64_t{1024}}) {
       if (m_e > M || (only_m_e != 0 && m_e != only_m_e)) continue;
       std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
-      MOEKIT_CUDA_CHECK(cudaMemcpy(counts, c.data(), c.size() * 4, cudaMemcpyHostToDevice));
+      memory->from_host(ws.get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
       const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
       const double act_bytes = double(E_local) * double(m_e) * double(K + 2 * K);
       const double floor_ms = std::max(flops / (peak * 1e12), (weight_bytes + act_bytes) / (bw * 1e9)) * 1e3;
       const double weights_ms = weight_bytes / (bw * 1e9) * 1e3;
-      for (const auto& cfg : plan::gemm_configs()) {
-        if (quick && cfg.id != plan::select_gemm_config(m_e, N, K)) continue;
+      // The runtime's rule, per GEMM, for experts holding m_e rows.
+      const plan::ExpertsGemmConfigs selected{plan::select_gemm_config(m_e, N, K), plan::select_gemm_config(m_e, K, I)};
+      std::vector<plan::ExpertsGemmConfigs> sweep;
+      for (const auto& cfg : plan::kGemmConfigs)
+        if (plan::supports(cfg, N, K) && plan::supports(cfg, K, I) && (!quick || cfg.id == selected.w1))
+          sweep.push_back({cfg.id, cfg.id});
+      if (selected.w1 != selected.w2) sweep.push_back(selected);
+      for (const auto& configs : sweep) {
+        const auto experts = cuda::make_batched_experts({}, configs);
         const double ms = median_ms(
-            quick ? 5 : 20,
-            [&] { cuda::batched_fp8_experts(p, dw, a1q, a1s, counts, out, ws, cfg.id, dev.num_sms, stream); }, stream);
-        cuda::check_status(ws.status, stream, M);
-        const bool chosen = cfg.id == plan::select_gemm_config(m_e, N, K);
-        // Stage times of every config: each grouped GEMM alone (the rest is the activation kernel
-        // and launch gaps), so that W1 and W2 can be judged apart.
-        double g1_ms = 0, g2_ms = 0;
-        {
-          cuda::GroupedGemmProblem g1{
-              static_cast<int>(E_local), N, K, counts, M, a1q, a1s, true, w1, w1s, true, ws.w1_out};
-          cuda::GroupedGemmProblem g2{
-              static_cast<int>(E_local), K, I, counts, M, ws.act_q, ws.act_scale, true, w2, w2s, true, out};
-          auto time_gemm = [&](const cuda::GroupedGemmProblem& g) {
-            return median_ms(
-                quick ? 5 : 20,
-                [&] {
-                  cuda::grouped_fp8_gemm(cfg.id, g, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status,
-                                         dev.num_sms, stream);
-                },
-                stream);
-          };
-          g1_ms = time_gemm(g1);
-          g2_ms = time_gemm(g2);
-          std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
-                      g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
-                      2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
-        }
+            quick ? 5 : 20, [&] { experts->run(p, input, view, ws, stream); }, stream);
+        experts->check_status(ws, stream);
+        const bool chosen = configs.w1 == selected.w1 && configs.w2 == selected.w2;
+        const std::string name = configs.w1 == configs.w2 ? std::string(plan::gemm_config_info(configs.w1).name)
+                                                          : std::string(plan::gemm_config_info(configs.w1).name) + "/" +
+                                                                std::string(plan::gemm_config_info(configs.w2).name);
+        // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
+        // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
+        const cuda::BatchedExpertsLaunch l = cuda::make_launch(p, input, view, ws, dev.num_sms, configs);
+        cuda::launch_experts_prepare(l, stream);
+        auto time_gemm = [&](int which) {
+          return median_ms(
+              quick ? 5 : 20, [&] { cuda::launch_experts_gemm(l, which, stream); }, stream);
+        };
+        const double g1_ms = time_gemm(1), g2_ms = time_gemm(2);
+        std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
+                    g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
+                    2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
         if (chosen) {
           // The activation stage alone, per kernel variant (w1_out holds real values now).
           const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
-          for (auto [kernel, name] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
-                                      std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"}}) {
+          for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
+                                       std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"}}) {
             const double us =
                 1e3 * median_ms(
-                          quick ? 5 : 20, [&] { cuda::activation_quant(p, ws, counts, dev.num_sms, stream, kernel); },
-                          stream);
-            std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", name, us, act_bytes_moved / (us * 1e3));
+                          quick ? 5 : 20, [&] { cuda::launch_activation_quant(l, kernel, stream); }, stream);
+            std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", kname, us, act_bytes_moved / (us * 1e3));
           }
         }
         std::printf("%6lld %6lld %-20s %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n", static_cast<long long>(M),
-                    static_cast<long long>(m_e), std::string(cfg.name).c_str(), ms, flops / (ms * 1e-3) / 1e12,
-                    floor_ms, ms / floor_ms, weights_ms, ms / weights_ms, chosen ? "  <- selected" : "");
+                    static_cast<long long>(m_e), name.c_str(), ms, flops / (ms * 1e-3) / 1e12, floor_ms, ms / floor_ms,
+                    weights_ms, ms / weights_ms, chosen ? "  <- selected" : "");
         json += std::string(first ? "" : ",\n") + "    {\"M\": " + std::to_string(M) +
-                ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + std::string(cfg.name) +
+                ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                 "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
                 ", \"floor_ms\": " + std::to_string(floor_ms) + ", \"weights_read_ms\": " + std::to_string(weights_ms) +
                 ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) +
@@ -290,15 +291,6 @@ int main(int argc, char** argv) {
         first = false;
       }
     }
-    cudaFree(w1);
-    cudaFree(w2);
-    cudaFree(w1s);
-    cudaFree(w2s);
-    cudaFree(a1q);
-    cudaFree(a1s);
-    cudaFree(out);
-    cudaFree(counts);
-    cudaFree(ws_mem);
   }
   json += "\n  ]\n}\n";
   std::ofstream(out_path) << json;

@@ -1,5 +1,6 @@
-// moekit::Error: what every violated contract throws, with the file, the line, the values involved
-// and a hint on how to fix it; nothing asserts or aborts. The check macros are in moekit/check.h.
+// moekit::Error: what every violated contract throws. what() says what is wrong, the limit and the
+// fix, for the user; where() says the source file, line and check expression, for `--verbose` and
+// bug reports. Nothing asserts or aborts. The check macros are in moekit/check.h.
 #pragma once
 
 #include <stdexcept>
@@ -9,11 +10,16 @@ namespace moekit {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message, std::string where = {})
+      : std::runtime_error(message), where_(std::move(where)) {}
+  const std::string& where() const noexcept { return where_; }
+
+ private:
+  std::string where_;
 };
 
 namespace detail {
-// Formats "moekit: <msg> (<file>:<line>, check `<cond>`)" and throws moekit::Error.
+// Throws moekit::Error("moekit: <msg>") with where() = "<file>:<line>, check `<cond>`".
 [[noreturn]] void throw_error(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 

@@ -1,60 +1,68 @@
-// The MoE layer runner: route -> quantize -> dispatch -> experts -> combine, on one rank of a
-// communicator. It builds its local experts (seeded random weights), allocates the experts'
-// workspace once from the plan `moekit plan` prints, and chunks steps larger than
-// max_tokens_per_rank. Checked mode puts guard bands around every region, poisons workspace,
-// padding rows and outputs with NaN, and verifies after each step. Plain C++: bf16 is uint16_t bits.
+// The MoE layer as a composition: Router -> PrepareFinalize.prepare -> Experts.run ->
+// PrepareFinalize.finalize, on one stream, over one Workspace allocated once from the plan `moekit
+// plan` prints. It owns nothing else: the weights are the caller's (a validated view), seeded
+// synthetic ones come from src/synthetic/, and the float64 reference lives in src/check/.
+// Steps larger than max_tokens_per_rank run in chunks (every rank runs as many chunks).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <vector>
+#include <string>
 
 #include "moekit/communicator.h"
+#include "moekit/memory.h"
 #include "moekit/model.h"
 #include "moekit/problem.h"
+#include "moekit/weights.h"
 #include "moekit/workspace.h"
 
 namespace moekit {
 
 struct LayerOptions {
-  ActivationFormat format = ActivationFormat::kBatchedExperts;
+  Device device = Device::kCpu;
+  std::string experts = "batched-fp8";  // a registry name: batched-fp8 or standard-fp8
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::optional<Activation> activation;  // default: the model's
+  // Checked mode: guard bands around every region, workspace and outputs poisoned with NaN before
+  // each step, guards and outputs verified after it.
   bool checked = false;
   std::int64_t guard_bytes = 4096;
   int num_threads = 1;  // CPU threads of this rank
-  std::uint64_t seed = 1;
-  bool reference = false;  // also compute the float64 reference of every output (slow)
+};
+
+struct LayerWeights {
+  ExpertWeightsView experts;                       // this rank's E_local experts, on options.device
+  const float* e_score_correction_bias = nullptr;  // (E) on options.device, when the model has one
 };
 
 struct StepStats {
-  std::int64_t tokens = 0;       // this rank's tokens in the step
-  std::int64_t chunks = 0;       // collective chunks (the same on every rank)
-  std::int64_t expert_rows = 0;  // (token, expert) rows this rank's experts computed
-  double route_quant_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0, total_ms = 0;
-  // With LayerOptions::reference: sum over this rank's outputs of (out - ref)^2 and ref^2.
-  double ref_err_sq = 0, ref_norm_sq = 0;
+  std::int64_t tokens = 0;  // this rank's tokens in the step
+  std::int64_t chunks = 0;  // chunks (the same on every rank)
+  double route_ms = 0, prepare_ms = 0, experts_ms = 0, finalize_ms = 0, total_ms = 0;  // host time
 };
+
+// First global expert of this rank: rank * E_local with expert parallelism, 0 with ep == 1.
+std::int64_t first_local_expert(const ParallelConfig& parallel, const MoeProblem& problem, int rank);
 
 class MoeLayer {
  public:
-  MoeLayer(const ModelConfig& model, const ParallelConfig& parallel, const LayerOptions& options, Communicator& comm);
+  MoeLayer(const ModelConfig& model, const ParallelConfig& parallel, const LayerOptions& options,
+           const LayerWeights& weights, Communicator& comm);
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
 
   // hidden (num_tokens, K) bf16 and router_logits (num_tokens, E) fp32 of this rank's tokens ->
-  // output (num_tokens, K) bf16. Collective: every rank calls it (num_tokens may be 0).
-  void forward(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens, std::uint16_t* output);
+  // output (num_tokens, K) bf16, all on options.device. Collective: every rank calls it (num_tokens
+  // may be 0).
+  void forward(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens, std::uint16_t* output,
+               Stream stream = nullptr);
 
   const MoeProblem& problem() const;
   const WorkspacePlan& plan() const;               // what `moekit plan` prints for this layout
   std::int64_t allocated_workspace_bytes() const;  // plan().total_bytes, or more with guard bands
   const StepStats& last_step() const;
-  std::int64_t first_local_expert() const;
-  // The routing bias (DeepSeek-V3 e_score_correction_bias; empty otherwise), the same on every rank.
-  const std::vector<float>& routing_bias() const;
 
  private:
   struct Impl;

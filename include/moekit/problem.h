@@ -26,6 +26,7 @@ struct MoeProblem {
   std::int64_t num_dispatchers = 1;  // D
 
   std::int64_t I() const { return activation_out_dim(activation, N); }
+  bool operator==(const MoeProblem&) const = default;
   std::string describe() const;
 };
 

@@ -9,6 +9,11 @@
 
 namespace moekit {
 
+// Where a seam runs and its memory lives. kCuda: the current CUDA device of the calling thread.
+enum class Device : std::uint8_t { kCpu, kCuda };
+std::string_view device_name(Device device);
+Device parse_device(std::string_view name);
+
 enum class DType : std::uint8_t { kFp8E4m3, kBf16, kFp16, kFp32, kInt32, kInt64, kUint8, kPtr };
 
 // Bytes per element. kPtr is a device pointer (8 bytes on every supported target).

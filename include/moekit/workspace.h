@@ -1,34 +1,46 @@
-// The workspace contract as code. An experts implementation declares its workspace as named
-// regions (name, dtype, shape, lifetime, alias group) through a WorkspaceBuilder. The same
-// declaration serves the planner (count only: no base pointer) and the runtime (assigns pointers
-// into one allocation made once, at maximum size); there is no second source of truth.
+// The workspace contract as code. Each seam of a layer (experts, prepare/finalize, routing) declares
+// the memory it needs as named regions (name, dtype, shape, lifetime, alias group) through a
+// WorkspaceBuilder, in its own section. The same declaration serves the planner (count only: no
+// base pointer) and the runtime: a Workspace makes the one allocation at the plan's size, once, and
+// binds every region by name. There is no second source of truth.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "moekit/memory.h"
 #include "moekit/problem.h"
 #include "moekit/types.h"
 
 namespace moekit {
 
-// Pipeline stages of the experts; a region is live from the stage that first writes it to the
-// last stage that reads it (inclusive). Regions whose lifetimes intersect never share bytes.
+// Pipeline stages of a step; a region is live from the stage that first writes it to the last stage
+// that reads it (inclusive). Regions whose lifetimes intersect never share bytes.
 enum class Stage : std::uint8_t { kPrepare, kGemm1, kActivation, kGemm2, kFinalize };
 std::string_view stage_name(Stage stage);
 
 struct Region {
-  std::string name;
+  std::string name;  // unique in a plan
   DType dtype = DType::kUint8;
   std::vector<std::int64_t> shape;
   std::int64_t bytes = 0;
-  std::int64_t offset = 0;  // from the workspace base; -1 for buffers outside the workspace
+  std::int64_t offset = 0;  // from the workspace base
   Stage live_from = Stage::kPrepare;
   Stage live_to = Stage::kFinalize;
   std::string alias_group;  // regions of one group share bytes; empty: none
+  std::string section;      // the seam that declared it
   std::string what;         // one line: what it holds and why it has this shape
+};
+
+// The regions one seam declared, contiguous: [offset, offset + bytes), guard bands included.
+struct Section {
+  std::string name;   // "experts", "prepare-finalize", "routing"
+  std::string owner;  // the implementation, e.g. "batched-fp8 (cuda)"
+  std::int64_t offset = 0;
+  std::int64_t bytes = 0;
 };
 
 struct Guard {
@@ -37,18 +49,19 @@ struct Guard {
 };
 
 struct WorkspacePlan {
-  std::string backend;
-  ActivationFormat format = ActivationFormat::kBatchedExperts;
+  std::string name;        // what it plans, e.g. "batched-fp8 (cuda)"
   bool reference = false;  // a formula quoted for comparison, not something moekit allocates
   std::string note;
   MoeProblem problem;
-  std::vector<Region> regions;    // the workspace, in offset order
-  std::vector<Region> buffers;    // input/output the layer holds outside the workspace (offset -1)
+  std::vector<Region> regions;    // in offset order
+  std::vector<Section> sections;  // in offset order
   std::vector<Guard> guards;      // checked mode only
   std::int64_t total_bytes = 0;   // the one allocation, guards included when present
-  std::int64_t buffer_bytes = 0;  // sum of buffers
 
   const Region& region(std::string_view name) const;
+  const Region* find_region(std::string_view name) const;
+  const Section& section(std::string_view name) const;
+  std::int64_t section_bytes(std::string_view name) const;  // 0 when absent
 };
 
 struct RegionSpec {
@@ -66,19 +79,12 @@ class WorkspaceBuilder {
   static constexpr std::int64_t kAlignment = 256;
   static constexpr std::uint8_t kGuardByte = 0xA5;
 
-  // base == nullptr: count only. Otherwise pointers are assigned into [base, base + capacity),
-  // and a plan that does not fit raises moekit::Error. guard_bytes > 0 puts a guard band before
-  // the first region and after every region (checked mode).
-  WorkspaceBuilder(std::string backend, const MoeProblem& problem, void* base = nullptr, std::int64_t capacity = 0,
-                   std::int64_t guard_bytes = 0);
+  // guard_bytes > 0 puts a guard band before the first region and after every region (checked mode).
+  WorkspaceBuilder(std::string name, const MoeProblem& problem, std::int64_t guard_bytes = 0);
 
-  void* add(const RegionSpec& spec);
-  template <class T>
-  T* add_as(const RegionSpec& spec) {
-    return static_cast<T*>(add(spec));
-  }
-  // A buffer the layer holds outside the workspace (experts' input and output): listed, not placed.
-  void add_buffer(const RegionSpec& spec);
+  // Regions added from here on belong to section `name` (declared by `owner`), until the next one.
+  void begin_section(std::string name, std::string owner);
+  void add(const RegionSpec& spec);
 
   // Aliasing is declared: regions added between begin_alias and end_alias start at the group's
   // base; next_alternative() starts another sequence at the same base. The group is as large as
@@ -92,10 +98,9 @@ class WorkspaceBuilder {
 
  private:
   std::int64_t place(std::int64_t bytes);
+  void close_section();
 
   WorkspacePlan plan_;
-  std::byte* base_ = nullptr;
-  std::int64_t capacity_ = 0;
   std::int64_t guard_bytes_ = 0;
   std::int64_t cursor_ = 0;
   bool in_alias_ = false;
@@ -108,21 +113,54 @@ class WorkspaceBuilder {
 // Checked product of a shape and an element size: raises moekit::Error on 64-bit overflow.
 std::int64_t shape_bytes(const std::vector<std::int64_t>& shape, DType dtype, std::string_view what);
 
-// --- Backends ---------------------------------------------------------------------------------
-// moekit's own: "batched-fp8", "standard-fp8". References quoted from the upstream report:
-// "upstream-batched-cutlass-before-fix", "upstream-batched-cutlass-after-fix".
-struct BackendInfo {
-  std::string name;
-  ActivationFormat format;
-  bool reference;
-  std::string summary;
-};
-const std::vector<BackendInfo>& backends();
-const BackendInfo& backend_info(std::string_view name);
-// The plan of `backend` for `problem` (whose format must be the backend's), count only.
-WorkspacePlan plan_workspace(std::string_view backend, const MoeProblem& problem, std::int64_t guard_bytes = 0);
+// The one allocation of a plan on one device, its regions bound by name, and the problem it was
+// declared for. Seams read their regions with get<T>(name) (the dtype is checked against T).
+class Workspace {
+ public:
+  // Allocates plan.total_bytes once; a device that cannot satisfy it raises moekit::Error naming
+  // the plan's figure and the free memory.
+  Workspace(WorkspacePlan plan, Memory& memory);
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
 
-// The local experts' FP8 weights and their fp32 scales, in bytes (what sits beside the workspace).
-std::int64_t expert_weight_bytes(const MoeProblem& problem);
+  const WorkspacePlan& plan() const { return plan_; }
+  const MoeProblem& problem() const { return plan_.problem; }
+  Device device() const { return memory_.device(); }
+  Memory& memory() const { return memory_; }
+  std::int64_t bytes() const { return plan_.total_bytes; }
+  std::byte* base() const { return base_; }
+
+  // Raises moekit::Error when `problem` is not the one this workspace was declared for.
+  void require(const MoeProblem& problem, std::string_view who) const;
+
+  template <class T>
+  T* get(std::string_view name) const {
+    return static_cast<T*>(region_ptr(name, sizeof(T), accepts<T>));
+  }
+
+  // Checked mode: every region 0xFF (NaN in fp8, bf16 and fp32), every guard band its pattern.
+  void poison(Stream stream);
+  // Raises moekit::Error naming the region just before the first damaged guard band.
+  void verify_guards(Stream stream) const;
+
+ private:
+  // The C++ types a region of each dtype may be read as (bf16 and fp8 travel as their bits).
+  template <class T>
+  static bool accepts(DType d) {
+    if constexpr (std::is_same_v<T, std::byte>) return true;
+    if constexpr (std::is_same_v<T, float>) return d == DType::kFp32;
+    if constexpr (std::is_same_v<T, std::int32_t>) return d == DType::kInt32;
+    if constexpr (std::is_same_v<T, std::int64_t>) return d == DType::kInt64;
+    if constexpr (std::is_same_v<T, std::uint16_t>) return d == DType::kBf16 || d == DType::kFp16;
+    if constexpr (std::is_same_v<T, std::uint8_t>) return d == DType::kFp8E4m3 || d == DType::kUint8;
+    return false;
+  }
+  void* region_ptr(std::string_view name, std::size_t elem_size, bool (*accepts_dtype)(DType)) const;
+
+  WorkspacePlan plan_;
+  Memory& memory_;
+  std::byte* base_ = nullptr;
+};
 
 }  // namespace moekit

@@ -1,5 +1,7 @@
 // The moekit CLI's subcommands. Each registers its flags on a CLI11 app and returns an exit code;
-// the rendering functions are separate so tests can call them without a process.
+// the rendering functions are separate so tests can call them without a process. One vocabulary:
+// --device cpu|cuda is where a thing runs, --experts names an experts implementation of the
+// registry (batched-fp8, standard-fp8), --quant and --activation the numerics.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -22,17 +24,25 @@ std::string human_bytes(std::int64_t bytes);
 struct PlanRequest {
   std::string model = "deepseek-v3";
   ParallelConfig parallel{32, 32, 256, 0};
-  std::string activation;  // empty: the model's
+  std::string device = "cuda";  // whose declarations: what one GPU (or one CPU rank) allocates
+  std::string activation;       // empty: the model's
   std::string quant = "per-token";
-  std::vector<std::string> backends;  // empty: all
-  std::string gpu_memory;             // empty: not shown
+  std::vector<std::string> experts;  // empty: every implementation on the device and the references
+  std::string gpu_memory;            // empty: not shown
   std::string format = "table";
+};
+
+struct PlanEntry {
+  WorkspacePlan plan;
+  std::string config;            // the implementation's choices at capacity (GEMM configs)
+  std::int64_t workspace_bytes;  // the "experts" section: the figure the upstream report is about
+  std::int64_t buffer_bytes;     // the other sections: the experts' input/output, routing
+  std::int64_t weight_bytes;     // the local experts' FP8 weights + scales
 };
 
 struct PlanReport {
   ModelConfig model;
-  std::vector<WorkspacePlan> plans;
-  std::vector<std::int64_t> weight_bytes;  // per plan: the local experts' FP8 weights + scales
+  std::vector<PlanEntry> entries;
   std::int64_t gpu_memory = -1;
 };
 

@@ -1,7 +1,6 @@
-// The moekit command line: plan (workspace per GPU) and run (the layer on the CPU backend).
-// Exit codes: 0 success, 1 a moekit::Error (bad input: the message says what and how to fix it),
-// 3 a --check that failed its tolerance,
-// 2 a usage error.
+// The moekit command line: plan (the workspace per GPU) and run (the layer over N ranks).
+// Exit codes: 0 success, 1 a moekit::Error (bad input: the message says what, the limit and the
+// fix; --verbose adds where it was raised), 2 a usage error, 3 a --check that failed its tolerance.
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -11,7 +10,9 @@
 int main(int argc, char** argv) {
   CLI::App app{"moekit: the Mixture-of-Experts layer of expert-parallel inference"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "moekit 0.1.0");
+  app.set_version_flag("--version", "moekit 0.2.0");
+  bool verbose = false;
+  app.add_flag("--verbose", verbose, "On an error, also print where it was raised (file, line, check)");
   std::vector<std::function<int()>> commands;
   commands.push_back(moekit::cli::add_plan_command(app));
   commands.push_back(moekit::cli::add_run_command(app));
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     }
   } catch (const moekit::Error& e) {
     std::cerr << e.what() << "\n";
+    if (verbose && !e.where().empty()) std::cerr << "  (raised at " << e.where() << ")\n";
     return 1;
   }
   return 2;

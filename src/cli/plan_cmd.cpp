@@ -1,5 +1,7 @@
-// `moekit plan`: what each experts backend allocates per GPU for a model and a parallel layout,
-// region by region, beside the upstream reference formulas before and after their fix.
+// `moekit plan`: what one GPU (or CPU rank) allocates for a model and a parallel layout with each
+// experts implementation of the registry, section by section and region by region, from the same
+// declarations the layer allocates with, beside the upstream reference formulas before and after
+// their fix.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -9,6 +11,9 @@
 
 #include "cli/commands.h"
 #include "moekit/check.h"
+#include "moekit/registry.h"
+#include "moekit/weights.h"
+#include "plan/upstream.h"
 
 namespace moekit::cli {
 
@@ -65,17 +70,46 @@ std::string human_bytes(std::int64_t bytes) {
 PlanReport make_plan_report(const PlanRequest& req) {
   PlanReport report;
   report.model = load_model(req.model);
+  const Device device = parse_device(req.device);
   const Activation act = req.activation.empty() ? report.model.activation : parse_activation(req.activation);
   const QuantScheme quant = parse_quant(req.quant);
   if (!req.gpu_memory.empty()) report.gpu_memory = parse_bytes(req.gpu_memory);
-  for (const auto& info : backends()) {
-    if (!req.backends.empty() && std::find(req.backends.begin(), req.backends.end(), info.name) == req.backends.end())
+  std::vector<std::string> known;
+  auto wanted = [&](std::string_view name) {
+    known.emplace_back(name);
+    return req.experts.empty() || std::find(req.experts.begin(), req.experts.end(), name) != req.experts.end();
+  };
+  auto add = [&](WorkspacePlan plan, std::string config) {
+    const MoeProblem& p = plan.problem;
+    const std::int64_t experts = plan.section_bytes("experts");
+    const std::int64_t total = plan.total_bytes;
+    report.entries.push_back({std::move(plan), std::move(config), experts, total - experts, expert_weight_bytes(p)});
+  };
+  for (const auto& entry : experts_registry()) {
+    if (entry.device != device || !wanted(entry.name)) continue;
+    const MoeProblem problem = make_problem(report.model, req.parallel, entry.format, quant, act);
+    const auto experts = entry.make({});
+    const std::string why = experts->unsupported(problem);
+    if (!why.empty()) {
+      WorkspacePlan skipped;
+      skipped.name = fmt::format("{} ({})", entry.name, device_name(entry.device));
+      skipped.problem = problem;
+      skipped.note = "does not run this problem: " + why;
+      report.entries.push_back({std::move(skipped), "", -1, -1, expert_weight_bytes(problem)});
       continue;
-    const MoeProblem problem = make_problem(report.model, req.parallel, info.format, quant, act);
-    report.plans.push_back(plan_workspace(info.name, problem));
-    report.weight_bytes.push_back(expert_weight_bytes(problem));
+    }
+    add(plan_layer(problem, entry, req.parallel.ep),
+        experts->describe_config(problem, req.parallel.max_tokens_per_rank));
   }
-  for (const auto& name : req.backends) backend_info(name);  // unknown names are an error
+  for (const auto& ref : plan::upstream_references()) {
+    if (!wanted(ref.name)) continue;
+    const MoeProblem problem = make_problem(report.model, req.parallel, ActivationFormat::kBatchedExperts, quant, act);
+    add(plan::plan_upstream_reference(ref, problem), "");
+  }
+  for (const auto& name : req.experts)
+    MOEKIT_CHECK(std::find(known.begin(), known.end(), name) != known.end(),
+                 "--experts {}: not an experts implementation on {} nor a reference; valid names are {}", name,
+                 req.device, fmt::join(known, ", "));
   return report;
 }
 
@@ -83,6 +117,7 @@ namespace {
 
 nlohmann::json region_json(const Region& r) {
   return {{"name", r.name},
+          {"section", r.section},
           {"dtype", std::string(dtype_name(r.dtype))},
           {"shape", r.shape},
           {"bytes", r.bytes},
@@ -92,23 +127,30 @@ nlohmann::json region_json(const Region& r) {
           {"what", r.what}};
 }
 
+bool runs(const PlanEntry& e) {
+  return e.workspace_bytes >= 0;
+}
+
 }  // namespace
 
 nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
   nlohmann::json out;
   out["model"] = report.model.name;
+  out["device"] = req.device;
   out["parallel"] = {{"dp", req.parallel.dp},
                      {"ep", req.parallel.ep},
                      {"max_tokens_per_rank", req.parallel.max_tokens_per_rank},
                      {"num_dispatchers", req.parallel.dp}};
-  out["backends"] = nlohmann::json::array();
-  for (std::size_t i = 0; i < report.plans.size(); ++i) {
-    const WorkspacePlan& plan = report.plans[i];
+  out["plans"] = nlohmann::json::array();
+  for (const PlanEntry& e : report.entries) {
+    const WorkspacePlan& plan = e.plan;
     const MoeProblem& p = plan.problem;
-    nlohmann::json b = {{"name", plan.backend},
-                        {"format", std::string(format_name(plan.format))},
+    nlohmann::json b = {{"name", plan.name},
+                        {"format", std::string(format_name(p.format))},
                         {"reference", plan.reference},
+                        {"runs", runs(e)},
                         {"note", plan.note},
+                        {"config", e.config},
                         {"M", p.M},
                         {"N", p.N},
                         {"K", p.K},
@@ -119,18 +161,20 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
                         {"num_dispatchers", p.num_dispatchers},
                         {"activation", std::string(activation_name(p.activation))},
                         {"quant", std::string(quant_name(p.quant))},
+                        {"sections", nlohmann::json::array()},
                         {"regions", nlohmann::json::array()},
-                        {"buffers", nlohmann::json::array()},
                         {"total_bytes", plan.total_bytes},
-                        {"buffer_bytes", plan.buffer_bytes},
-                        {"expert_weight_bytes", report.weight_bytes[i]}};
+                        {"workspace_bytes", e.workspace_bytes},
+                        {"buffer_bytes", e.buffer_bytes},
+                        {"expert_weight_bytes", e.weight_bytes}};
+    for (const auto& s : plan.sections)
+      b["sections"].push_back({{"name", s.name}, {"owner", s.owner}, {"offset", s.offset}, {"bytes", s.bytes}});
     for (const auto& r : plan.regions) b["regions"].push_back(region_json(r));
-    for (const auto& r : plan.buffers) b["buffers"].push_back(region_json(r));
-    if (report.gpu_memory >= 0) {
+    if (report.gpu_memory >= 0 && runs(e)) {
       b["gpu_memory_bytes"] = report.gpu_memory;
-      b["gpu_memory_left_bytes"] = report.gpu_memory - report.weight_bytes[i] - plan.total_bytes - plan.buffer_bytes;
+      b["gpu_memory_left_bytes"] = report.gpu_memory - e.weight_bytes - plan.total_bytes;
     }
-    out["backends"].push_back(b);
+    out["plans"].push_back(b);
   }
   return out;
 }
@@ -138,44 +182,56 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
 std::string plan_table(const PlanRequest& req, const PlanReport& report) {
   std::string s;
   const ModelConfig& m = report.model;
-  s += fmt::format("moekit plan: {} (K={} I={} E={} topk={} act={}), dp={} ep={} max_tokens_per_rank={} quant={}\n",
-                   m.name, m.hidden_size, m.moe_intermediate_size, m.num_experts, m.topk,
-                   report.plans.empty() ? "-" : std::string(activation_name(report.plans[0].problem.activation)),
-                   req.parallel.dp, req.parallel.ep, req.parallel.max_tokens_per_rank, req.quant);
-  for (std::size_t i = 0; i < report.plans.size(); ++i) {
-    const WorkspacePlan& plan = report.plans[i];
+  const std::string act =
+      report.entries.empty() ? "-" : std::string(activation_name(report.entries[0].plan.problem.activation));
+  s += fmt::format(
+      "moekit plan: {} (K={} I={} E={} topk={} act={}), dp={} ep={} max_tokens_per_rank={} quant={}, per {}\n", m.name,
+      m.hidden_size, m.moe_intermediate_size, m.num_experts, m.topk, act, req.parallel.dp, req.parallel.ep,
+      req.parallel.max_tokens_per_rank, req.quant, req.device == "cuda" ? "GPU" : "CPU rank");
+  for (const PlanEntry& e : report.entries) {
+    const WorkspacePlan& plan = e.plan;
     const MoeProblem& p = plan.problem;
     const std::string m_text = p.format == ActivationFormat::kBatchedExperts
                                    ? fmt::format("M = {} = max_tokens_per_rank {} x num_dispatchers {}", p.M,
                                                  p.max_tokens_per_rank, p.num_dispatchers)
                                    : fmt::format("M = max_tokens_per_rank = {}", p.M);
-    s += fmt::format("\n== {}{} [{} format, E_local = {}, {}]\n   {}\n", plan.backend,
-                     plan.reference ? " (REFERENCE, not allocated by moekit)" : "", format_name(plan.format), p.E_local,
+    s += fmt::format("\n== {}{} [{} format, E_local = {}, {}]\n   {}\n", plan.name,
+                     plan.reference ? " (REFERENCE, not allocated by moekit)" : "", format_name(p.format), p.E_local,
                      m_text, plan.note);
-    s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  {:<22} {}\n", "region", "dtype", "shape", "size", "live", "what");
-    for (const auto& r : plan.regions) {
-      const std::string live = fmt::format("{}..{}{}", stage_name(r.live_from), stage_name(r.live_to),
-                                           r.alias_group.empty() ? "" : " @" + r.alias_group);
-      s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  {:<22} {}\n", r.name, dtype_name(r.dtype),
-                       fmt::format("[{}]", fmt::join(r.shape, ", ")), human_bytes(r.bytes), live, r.what);
+    if (!runs(e)) continue;
+    if (!e.config.empty()) s += fmt::format("   config: {}\n", e.config);
+    for (const auto& sec : plan.sections) {
+      s += fmt::format("   -- {} ({}): {}\n", sec.name, sec.owner, human_bytes(sec.bytes));
+      s +=
+          fmt::format("   {:<20} {:<9} {:<22} {:>12}  {:<22} {}\n", "region", "dtype", "shape", "size", "live", "what");
+      for (const auto& r : plan.regions) {
+        if (r.section != sec.name) continue;
+        const std::string live = fmt::format("{}..{}{}", stage_name(r.live_from), stage_name(r.live_to),
+                                             r.alias_group.empty() ? "" : " @" + r.alias_group);
+        s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  {:<22} {}\n", r.name, dtype_name(r.dtype),
+                         fmt::format("[{}]", fmt::join(r.shape, ", ")), human_bytes(r.bytes), live, r.what);
+      }
     }
-    s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  ({} bytes, one allocation)\n", "WORKSPACE TOTAL", "", "",
-                     human_bytes(plan.total_bytes), plan.total_bytes);
-    for (const auto& r : plan.buffers)
-      s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  outside the workspace: {}\n", r.name, dtype_name(r.dtype),
-                       fmt::format("[{}]", fmt::join(r.shape, ", ")), human_bytes(r.bytes), r.what);
+    s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  ({} bytes, the experts' workspace)\n", "WORKSPACE TOTAL", "", "",
+                     human_bytes(e.workspace_bytes), e.workspace_bytes);
+    s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  ({} bytes in one allocation with the buffers)\n", "LAYER TOTAL",
+                     "", "", human_bytes(plan.total_bytes), plan.total_bytes);
   }
   s += fmt::format("\n{:<42} {:<9} {:>8} {:>12} {:>12} {:>14}{}\n", "summary (per GPU)", "format", "M", "workspace",
                    "buffers", "local weights", report.gpu_memory >= 0 ? "      GPU left" : "");
-  for (std::size_t i = 0; i < report.plans.size(); ++i) {
-    const WorkspacePlan& plan = report.plans[i];
+  for (const PlanEntry& e : report.entries) {
+    const WorkspacePlan& plan = e.plan;
+    if (!runs(e)) {
+      s += fmt::format("{:<42} {:<9} {:>8} {:>12}\n", plan.name, format_name(plan.problem.format), plan.problem.M,
+                       "does not run");
+      continue;
+    }
     std::string left;
     if (report.gpu_memory >= 0)
-      left = fmt::format(
-          " {:>13}", human_bytes(report.gpu_memory - report.weight_bytes[i] - plan.total_bytes - plan.buffer_bytes));
-    s += fmt::format("{:<42} {:<9} {:>8} {:>12} {:>12} {:>14}{}\n", plan.backend + (plan.reference ? " (ref)" : ""),
-                     format_name(plan.format), plan.problem.M, human_bytes(plan.total_bytes),
-                     human_bytes(plan.buffer_bytes), human_bytes(report.weight_bytes[i]), left);
+      left = fmt::format(" {:>13}", human_bytes(report.gpu_memory - e.weight_bytes - plan.total_bytes));
+    s += fmt::format("{:<42} {:<9} {:>8} {:>12} {:>12} {:>14}{}\n", plan.name + (plan.reference ? " (ref)" : ""),
+                     format_name(plan.problem.format), plan.problem.M, human_bytes(e.workspace_bytes),
+                     human_bytes(e.buffer_bytes), human_bytes(e.weight_bytes), left);
   }
   if (report.gpu_memory >= 0)
     s += fmt::format("GPU left = {} - local experts' FP8 weights - workspace - buffers\n",
@@ -185,7 +241,8 @@ std::string plan_table(const PlanRequest& req, const PlanReport& report) {
 
 std::function<int()> add_plan_command(CLI::App& app) {
   auto req = std::make_shared<PlanRequest>();
-  CLI::App* cmd = app.add_subcommand("plan", "Print the per-GPU workspace of each experts backend, region by region");
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Print what one GPU (or CPU rank) allocates with each experts implementation, region by region");
   cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
   cmd->add_option("--dp", req->parallel.dp, "Data-parallel ranks (= num_dispatchers)")->capture_default_str();
   cmd->add_option("--ep", req->parallel.ep, "Expert-parallel ranks")->capture_default_str();
@@ -194,11 +251,15 @@ std::function<int()> add_plan_command(CLI::App& app) {
   cmd->add_option("--local-experts", req->parallel.local_experts,
                   "Experts held per rank (0: experts / ep; more with EPLB redundant experts)")
       ->capture_default_str();
+  cmd->add_option("--device", req->device, "cuda (what one GPU allocates) or cpu")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--activation", req->activation,
                   "silu, gelu, gelu_tanh, swigluoai, relu2, silu_no_mul (default: the model's)");
   cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
-  cmd->add_option("--backend", req->backends, "Only these backends (repeatable; default: all)");
-  cmd->add_option("--gpu-memory", req->gpu_memory, "GPU memory, e.g. 141GiB: adds what is left per backend");
+  cmd->add_option("--experts", req->experts,
+                  "Only these experts implementations or references (repeatable; default: all)");
+  cmd->add_option("--gpu-memory", req->gpu_memory, "GPU memory, e.g. 141GiB: adds what is left per plan");
   cmd->add_option("--format", req->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

@@ -1,20 +1,23 @@
-// `moekit run`: one MoE layer over N ranks on the CPU backend with seeded random weights and
-// tokens; prints per-step time, tokens/s, the workspace bytes (equal to `moekit plan`) and, with
-// --check, the relative error against the float64 reference. Ranks are threads of this process
-// (--comm in-process) or MPI processes (mpirun -np N moekit run ...).
+// `moekit run`: one MoE layer over N ranks with seeded synthetic weights and tokens, on the CPU or
+// a GPU (--device); prints per-step time and its stages, tokens/s, the workspace (equal to `moekit
+// plan`) and, with --check, the relative error against the float64 reference (src/check/). Ranks
+// are threads of this process (--comm in-process) or MPI processes (mpirun -np N moekit run ...).
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
+#include "check/reference.h"
 #include "cli/commands.h"
-#include "cpu/numerics.h"
-#include "cpu/random.h"
+#include "cuda/backend.h"
 #include "moekit/check.h"
 #include "moekit/layer.h"
+#include "moekit/registry.h"
+#include "synthetic/synthetic.h"
 
 namespace moekit::cli {
 namespace {
@@ -25,9 +28,9 @@ struct RunRequest {
   std::int64_t ep = 0;  // 0: dp
   std::int64_t tokens_per_rank = 16;
   std::int64_t max_tokens_per_rank = 0;  // 0: tokens_per_rank
-  std::int64_t experts = 0;              // 0: the model's
-  std::string backend = "cpu";
-  std::string format = "batched";
+  std::int64_t num_experts = 0;          // 0: the model's
+  std::string device = "auto";
+  std::string experts = "batched-fp8";
   std::string quant = "per-token";
   std::string activation;
   std::int64_t steps = 2;
@@ -38,125 +41,204 @@ struct RunRequest {
   double tolerance = 1e-2;
 };
 
-// Sums each entry over all ranks (every rank gets the sums).
-std::vector<double> all_sum(Communicator& comm, const std::vector<double>& local) {
-  const auto P = static_cast<std::size_t>(comm.size());
-  const auto n = static_cast<std::int64_t>(local.size() * sizeof(double));
-  std::vector<double> send(local.size() * P), recv(local.size() * P);
-  std::vector<std::int64_t> bytes(P, n), offs(P);
-  for (std::size_t r = 0; r < P; ++r) {
-    std::copy(local.begin(), local.end(), send.begin() + static_cast<std::ptrdiff_t>(r * local.size()));
-    offs[r] = static_cast<std::int64_t>(r) * n;
-  }
-  comm.all_to_all_v(send.data(), bytes, offs, recv.data(), bytes, offs);
-  std::vector<double> sum(local.size(), 0.0);
-  for (std::size_t r = 0; r < P; ++r)
-    for (std::size_t i = 0; i < local.size(); ++i) sum[i] += recv[r * local.size() + i];
-  return sum;
+// What the ranks of one run leave for the check: every rank's outputs in global token order, and
+// the weights it built (the reference reads them instead of building them again).
+struct RunResults {
+  std::mutex mutex;
+  std::vector<std::uint16_t> output;
+  std::vector<synthetic::HostExpertWeights> weights;
+};
+
+Device choose_device(const std::string& requested, ActivationFormat format, std::int64_t ep) {
+  if (requested != "auto") return parse_device(requested);
+  const bool gpu_layer = cuda::available() && find_router(Device::kCuda) != nullptr &&
+                         find_prepare_finalize(Device::kCuda, format, ep) != nullptr;
+  return gpu_layer ? Device::kCuda : Device::kCpu;
 }
 
-int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm, int threads_per_rank) {
+// The layer's inputs and weights on its device: the host values, or device copies of them.
+struct DeviceInputs {
+  std::vector<DeviceBuffer> buffers;
+  const void* put(Memory& memory, const void* host, std::int64_t bytes, const char* what) {
+    if (memory.device() == Device::kCpu || bytes == 0) return host;
+    buffers.emplace_back(memory, bytes, what);
+    memory.from_host(buffers.back().get(), host, bytes, nullptr);
+    return buffers.back().get();
+  }
+};
+
+int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm, int threads_per_rank,
+             RunResults& results) {
   const bool root = comm.rank() == 0;
-  ParallelConfig par{
+  const ParallelConfig par{
       req.dp, req.ep == 0 ? req.dp : req.ep,
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   LayerOptions opt;
-  opt.format = parse_format(req.format);
+  opt.experts = req.experts;
   opt.quant = parse_quant(req.quant);
   if (!req.activation.empty()) opt.activation = parse_activation(req.activation);
   opt.checked = req.check;
-  opt.reference = req.check;
   opt.num_threads = threads_per_rank;
-  opt.seed = req.seed;
-  if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded random experts...\n";
-  MoeLayer layer(model, par, opt, comm);
-  const MoeProblem& p = layer.problem();
+  const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
+  opt.device = choose_device(req.device, entry.format, par.ep);
+  const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
+  if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
 
-  // This rank's tokens: global token g = rank * T + t, drawn from its own stream.
+  // Seeded synthetic weights and tokens: global expert and token indices, so any layout draws the
+  // same values. This rank's tokens are global tokens [rank * T, (rank + 1) * T).
+  cpu::ThreadPool pool(threads_per_rank);
+  synthetic::HostExpertWeights host_weights =
+      synthetic::make_expert_weights(p, first_local_expert(par, p, comm.rank()), req.seed, pool);
+  const std::vector<float> bias =
+      model.has_score_correction_bias ? synthetic::make_routing_bias(p.E, req.seed) : std::vector<float>{};
   const std::int64_t T = req.tokens_per_rank, K = p.K, E = p.E;
-  std::vector<std::uint16_t> hidden(static_cast<std::size_t>(T * K)), out(static_cast<std::size_t>(T * K));
-  std::vector<float> logits(static_cast<std::size_t>(T * E));
-  for (std::int64_t t = 0; t < T; ++t) {
-    const auto g = static_cast<std::uint64_t>(comm.rank() * T + t);
-    cpu::SplitMix h = cpu::stream(req.seed, 4, g), l = cpu::stream(req.seed, 5, g);
-    for (std::int64_t c = 0; c < K; ++c) hidden[static_cast<std::size_t>(t * K + c)] = cpu::bf16_encode(h.normal());
-    for (std::int64_t e = 0; e < E; ++e) logits[static_cast<std::size_t>(t * E + e)] = 2.0f * l.normal();
+  const synthetic::Tokens tokens = synthetic::make_tokens(K, E, comm.rank() * T, T, req.seed);
+
+  const std::unique_ptr<Memory> memory = make_memory(opt.device);
+  DeviceInputs dev;
+  ExpertWeightsView view = host_weights.view();
+  view.device = opt.device;
+  view.w1 = static_cast<const std::uint8_t*>(
+      dev.put(*memory, view.w1, static_cast<std::int64_t>(host_weights.w1.size()), "W1"));
+  view.w2 = static_cast<const std::uint8_t*>(
+      dev.put(*memory, view.w2, static_cast<std::int64_t>(host_weights.w2.size()), "W2"));
+  view.w1_scale = static_cast<const float*>(
+      dev.put(*memory, view.w1_scale, static_cast<std::int64_t>(4 * host_weights.w1_scale.size()), "W1 scales"));
+  view.w2_scale = static_cast<const float*>(
+      dev.put(*memory, view.w2_scale, static_cast<std::int64_t>(4 * host_weights.w2_scale.size()), "W2 scales"));
+  const auto* bias_ptr = static_cast<const float*>(
+      bias.empty() ? nullptr : dev.put(*memory, bias.data(), static_cast<std::int64_t>(4 * bias.size()), "bias"));
+  const auto* hidden = static_cast<const std::uint16_t*>(dev.put(*memory, tokens.hidden.data(), 2 * T * K, "hidden"));
+  const auto* logits = static_cast<const float*>(dev.put(*memory, tokens.logits.data(), 4 * T * E, "logits"));
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
+  DeviceBuffer out_dev;
+  std::uint16_t* output = out.data();
+  if (opt.device != Device::kCpu && T > 0) {
+    out_dev = DeviceBuffer(*memory, 2 * T * K, "output");
+    output = out_dev.as<std::uint16_t>();
   }
 
+  MoeLayer layer(model, par, opt, {view, bias_ptr}, comm);
+  const MoeProblem& lp = layer.problem();
   if (root) {
     std::cout << fmt::format(
-        "moekit run: {} backend=cpu comm={} ranks={} dp={} ep={} E={} E_local={} K={} I={} topk={} act={} quant={} "
-        "format={}\n",
-        model.name, comm.name(), comm.size(), par.dp, par.ep, p.E, p.E_local, p.K, p.I(), p.topk,
-        activation_name(p.activation), quant_name(p.quant), format_name(p.format));
+        "moekit run: {} device={}{} experts={} comm={} ranks={} dp={} ep={} E={} E_local={} K={} I={} topk={} act={} "
+        "quant={} format={}\n",
+        model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts, comm.name(),
+        comm.size(), par.dp, par.ep, lp.E, lp.E_local, lp.K, lp.I(), lp.topk, activation_name(lp.activation),
+        quant_name(lp.quant), format_name(lp.format));
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
-                             par.max_tokens_per_rank, p.M, threads_per_rank);
+                             par.max_tokens_per_rank, lp.M, threads_per_rank);
     std::cout << fmt::format(
-        "workspace per rank: {} bytes ({}), = moekit plan {} for this layout{}\n", layer.plan().total_bytes,
-        human_bytes(layer.plan().total_bytes), layer.plan().backend,
+        "workspace per rank: experts {} bytes ({}), layer {} bytes ({}) = moekit plan --device {} --experts {} for "
+        "this layout{}\n",
+        layer.plan().section_bytes("experts"), human_bytes(layer.plan().section_bytes("experts")),
+        layer.plan().total_bytes, human_bytes(layer.plan().total_bytes), device_name(opt.device), req.experts,
         req.check ? fmt::format("; allocated {} bytes with guard bands", layer.allocated_workspace_bytes()) : "");
   }
-  double last_err = 0;
   for (std::int64_t step = 0; step < req.steps; ++step) {
     comm.barrier();
-    layer.forward(hidden.data(), logits.data(), T, out.data());
+    layer.forward(hidden, logits, T, output);
     const StepStats& s = layer.last_step();
     const double step_ms = comm.all_reduce_max(s.total_ms);
-    const auto sums = all_sum(comm, {s.ref_err_sq, s.ref_norm_sq, static_cast<double>(s.expert_rows)});
-    if (root) {
-      std::string line = fmt::format(
-          "step {:>3}: {:9.2f} ms  {:10.1f} tokens/s  (rank 0: route+quant {:.2f}, dispatch {:.2f}, experts {:.2f}, "
-          "combine {:.2f} ms; {} expert rows in all)",
-          step, step_ms, static_cast<double>(T * comm.size()) / (step_ms / 1e3), s.route_quant_ms, s.dispatch_ms,
-          s.experts_ms, s.combine_ms, static_cast<std::int64_t>(sums[2]));
-      if (req.check) {
-        last_err = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : 0.0;
-        line += fmt::format("  rel err vs float64 {:.3e}", last_err);
-      }
-      std::cout << line << "\n" << std::flush;
+    if (root)
+      std::cout << fmt::format(
+                       "step {:>3}: {:9.2f} ms  {:10.1f} tokens/s  (rank 0: route {:.2f}, prepare {:.2f}, experts "
+                       "{:.2f}, finalize {:.2f} ms)\n",
+                       step, step_ms, static_cast<double>(T * comm.size()) / (step_ms / 1e3), s.route_ms, s.prepare_ms,
+                       s.experts_ms, s.finalize_ms)
+                << std::flush;
+  }
+  if (!req.check) return 0;
+  if (output != out.data()) memory->to_host(out.data(), output, 2 * T * K, nullptr);
+  // Every rank's outputs and weights to the check: in-process ranks share memory; MPI ranks send
+  // their outputs to rank 0, whose bank builds the other ranks' experts again.
+  const auto P = static_cast<std::size_t>(comm.size());
+  const std::int64_t bytes = 2 * T * K;
+  std::vector<std::int64_t> send_bytes(P, 0), send_off(P, 0), recv_bytes(P, 0), recv_off(P, 0);
+  send_bytes[0] = bytes;
+  if (root)
+    for (std::size_t r = 0; r < P; ++r) {
+      recv_bytes[r] = bytes;
+      recv_off[r] = static_cast<std::int64_t>(r) * bytes;
     }
-  }
-  if (req.check && root) {
-    const bool ok = last_err <= req.tolerance;
-    std::cout << fmt::format(
-        "check: relative error {:.3e} {} tolerance {:.1e}; guard bands intact, no NaN in outputs\n", last_err,
-        ok ? "<=" : ">", req.tolerance);
-    return ok ? 0 : 3;
-  }
+  std::vector<std::uint16_t> all(root ? P * out.size() : 0);
+  comm.all_to_all_v(out.data(), send_bytes, send_off, all.data(), recv_bytes, recv_off);
+  std::lock_guard<std::mutex> lock(results.mutex);
+  if (root) results.output = std::move(all);
+  results.weights.push_back(std::move(host_weights));
   return 0;
 }
 
+int check_run(const RunRequest& req, const ModelConfig& model, RunResults& results, int threads) {
+  const ParallelConfig par{
+      req.dp, req.ep == 0 ? req.dp : req.ep,
+      req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
+  const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
+  const MoeProblem p = make_problem(model, par, entry.format, parse_quant(req.quant),
+                                    req.activation.empty() ? model.activation : parse_activation(req.activation));
+  cpu::ThreadPool pool(threads);
+  synthetic::ExpertBank bank(p, req.seed, pool);
+  for (const auto& w : results.weights) bank.adopt(w);
+  const std::vector<float> bias =
+      model.has_score_correction_bias ? synthetic::make_routing_bias(p.E, req.seed) : std::vector<float>{};
+  check::LayerReference reference(
+      model, p, bias.empty() ? nullptr : bias.data(), [&](std::int64_t e) { return bank.expert(e); }, pool);
+  const std::int64_t T = req.tokens_per_rank;
+  for (std::int64_t r = 0; r < req.dp; ++r) {
+    const synthetic::Tokens t = synthetic::make_tokens(p.K, p.E, r * T, T, req.seed);
+    reference.add(t.hidden.data(), t.logits.data(), T, par.max_tokens_per_rank, results.output.data() + r * T * p.K);
+  }
+  const check::LayerError& err = reference.error();
+  const bool ok = err.relative() <= req.tolerance && err.nan_outputs == 0;
+  std::cout << fmt::format(
+      "check: relative error vs float64 {:.3e} {} tolerance {:.1e}; {} NaN outputs; guard bands intact\n",
+      err.relative(), err.relative() <= req.tolerance ? "<=" : ">", req.tolerance, err.nan_outputs);
+  return ok ? 0 : 3;
+}
+
 int run_command(const RunRequest& req) {
-  MOEKIT_CHECK(req.backend == "cpu", "backend '{}' is not available in `moekit run` yet: use --backend cpu",
-               req.backend);
   MOEKIT_CHECK(req.tokens_per_rank >= 0, "--tokens-per-rank = {} must be >= 0", req.tokens_per_rank);
   MOEKIT_CHECK(req.steps >= 1, "--steps = {} must be >= 1", req.steps);
+  if (req.device != "auto") parse_device(req.device);  // a bad name fails before any work
   ModelConfig model = load_model(req.model);
-  if (req.experts > 0) model.num_experts = req.experts;
+  if (req.num_experts > 0) model.num_experts = req.num_experts;
   std::string comm_kind = req.comm;
   if (comm_kind == "auto") comm_kind = std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "in-process";
-  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = req.threads > 0 ? req.threads : hw;
+  RunResults results;
+  int rc = 0;
+  bool root = true;
   if (comm_kind == "mpi") {
     auto comm = make_mpi_communicator();
-    return run_rank(req, model, *comm, std::max(1, threads / comm->size()));
+    MOEKIT_CHECK(comm->size() == req.dp, "mpirun started {} processes but --dp = {}: pass --dp {}", comm->size(),
+                 req.dp, comm->size());
+    rc = run_rank(req, model, *comm, std::max(1, threads / comm->size()), results);
+    root = comm->rank() == 0;
+  } else {
+    MOEKIT_CHECK(comm_kind == "in-process", "--comm = '{}' must be auto, in-process or mpi", comm_kind);
+    MOEKIT_CHECK(req.dp >= 1 && req.dp <= 256, "--dp = {} must be in [1, 256] for in-process ranks", req.dp);
+    run_in_process(static_cast<int>(req.dp), [&](Communicator& comm) {
+      const int r = run_rank(req, model, comm, std::max(1, threads / static_cast<int>(req.dp)), results);
+      if (comm.rank() == 0) rc = r;
+    });
   }
-  MOEKIT_CHECK(comm_kind == "in-process", "--comm = '{}' must be auto, in-process or mpi", comm_kind);
-  MOEKIT_CHECK(req.dp >= 1 && req.dp <= 256, "--dp = {} must be in [1, 256] for in-process ranks", req.dp);
-  int rc = 0;
-  run_in_process(static_cast<int>(req.dp), [&](Communicator& comm) {
-    const int r = run_rank(req, model, comm, std::max(1, threads / static_cast<int>(req.dp)));
-    if (comm.rank() == 0) rc = r;
-  });
-  return rc;
+  if (rc != 0 || !req.check || !root) return rc;
+  return check_run(req, model, results, threads);
 }
 
 }  // namespace
 
 std::function<int()> add_run_command(CLI::App& app) {
   auto req = std::make_shared<RunRequest>();
-  CLI::App* cmd = app.add_subcommand("run", "Run the MoE layer over N ranks with seeded random weights and tokens");
+  CLI::App* cmd = app.add_subcommand("run", "Run the MoE layer over N ranks with seeded synthetic weights and tokens");
   cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
+  cmd->add_option("--device", req->device, "auto (cuda when the layer runs on a present GPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--experts", req->experts, "Experts implementation: batched-fp8 or standard-fp8")
+      ->capture_default_str();
   cmd->add_option("--dp", req->dp, "Data-parallel ranks (in-process threads, or the mpirun size)")
       ->capture_default_str();
   cmd->add_option("--ep", req->ep, "Expert-parallel ranks: dp (default, 0) or 1")->capture_default_str();
@@ -165,14 +247,13 @@ std::function<int()> add_run_command(CLI::App& app) {
   cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank,
                   "Chunk capacity (0: tokens-per-rank); larger steps are chunked")
       ->capture_default_str();
-  cmd->add_option("--experts", req->experts, "Override the model's routed experts (0: keep) to keep runs short")
+  cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep) to keep runs short")
       ->capture_default_str();
-  cmd->add_option("--backend", req->backend, "cpu")->capture_default_str();
-  cmd->add_option("--format", req->format, "batched or standard")->capture_default_str();
   cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
   cmd->add_option("--activation", req->activation, "Override the model's activation");
   cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
-  cmd->add_flag("--check", req->check, "Checked mode + float64 reference: guard bands, NaN poisoning, error");
+  cmd->add_flag("--check", req->check,
+                "Checked mode (guard bands, NaN poisoning) and the float64 reference of the outputs");
   cmd->add_option("--tolerance", req->tolerance, "Relative error allowed by --check")->capture_default_str();
   cmd->add_option("--seed", req->seed, "Seed of weights, tokens and logits")->capture_default_str();
   cmd->add_option("--threads", req->threads, "CPU threads in all (0: hardware threads)")->capture_default_str();

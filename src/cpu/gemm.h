@@ -9,11 +9,13 @@
 
 #include <cstdint>
 
-#include "cpu/numerics.h"
 #include "cpu/thread_pool.h"
 #include "moekit/types.h"
+#include "numerics/fp8.h"
 
 namespace moekit::cpu {
+
+using namespace numerics;
 
 struct Fp8GemmArgs {
   std::int64_t M = 0, N = 0, K = 0;

@@ -1,5 +1,5 @@
 // FP8 e4m3fn quantization on the CPU: one fp32 scale per group (tensor, row/channel, 1x128 slice,
-// 128x128 block), scale = amax / 448, q = fp8_encode(x / scale). Two passes per group: amax, encode.
+// 128x128 block), scale = fp8_scale(amax), q = fp8_encode(x / scale). Two passes per group: amax, encode.
 // The GPU quantization kernels are checked against this bit for bit (same division, same rounding).
 #include "cpu/quant.h"
 
@@ -17,16 +17,6 @@ inline float to_float(float x) {
 }
 inline float to_float(bf16_t x) {
   return bf16_decode(x);
-}
-
-// NOTES: amax == 0 (an all-zero group, e.g. a padding row) gets scale 1 so that x / scale stays 0
-// instead of 0 / 0 = NaN; its codes are all zero and dequantize to zero whatever the scale.
-inline float scale_of(float amax) {
-  return amax > 0.0f ? amax / kFp8Max : 1.0f;
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
 }
 
 // Largest |x| over [x, x + len). std::max(m, nan) keeps m, so NaNs do not poison the scale.
@@ -61,14 +51,14 @@ void quantize_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, 
     case QuantScheme::kPerTensor: {
       float amax = 0.0f;
       for (std::int64_t r = 0; r < rows; ++r) amax = std::max(amax, amax_of(x + r * ldx, cols));
-      const float scale = scale_of(amax);
+      const float scale = fp8_scale(amax);
       scales[0] = scale;
       for (std::int64_t r = 0; r < rows; ++r) encode(x + r * ldx, cols, scale, q + r * ldq);
       return;
     }
     case QuantScheme::kPerTokenPerChannel: {
       for (std::int64_t r = 0; r < rows; ++r) {
-        const float scale = scale_of(amax_of(x + r * ldx, cols));
+        const float scale = fp8_scale(amax_of(x + r * ldx, cols));
         scales[r] = scale;
         encode(x + r * ldx, cols, scale, q + r * ldq);
       }
@@ -81,7 +71,7 @@ void quantize_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, 
           const std::int64_t c0 = g * kQuantBlock;
           const std::int64_t len = std::min(kQuantBlock, cols - c0);  // the last group may be shorter
           const T* xg = x + r * ldx + c0;
-          const float scale = scale_of(amax_of(xg, len));
+          const float scale = fp8_scale(amax_of(xg, len));
           scales[r * groups_per_row + g] = scale;
           encode(xg, len, scale, q + r * ldq + c0);
         }
@@ -93,31 +83,6 @@ void quantize_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, 
 }
 
 }  // namespace
-
-std::int64_t activation_scale_count(QuantScheme quant, std::int64_t rows, std::int64_t cols) {
-  MOEKIT_CHECK(rows >= 0 && cols > 0, "activation_scale_count: shape ({}, {}) needs rows >= 0 and cols > 0", rows,
-               cols);
-  switch (quant) {
-    case QuantScheme::kPerTensor: return 1;
-    case QuantScheme::kPerTokenPerChannel: return rows;
-    case QuantScheme::kBlock128: return rows * ceil_div(cols, kQuantBlock);
-  }
-  MOEKIT_FAIL("activation_scale_count: unknown quantization scheme {}", static_cast<int>(quant));
-}
-
-std::int64_t activation_scales_per_row(QuantScheme quant, std::int64_t cols) {
-  return quant == QuantScheme::kPerTensor ? 0 : activation_scale_count(quant, 1, cols);
-}
-
-std::int64_t weight_scale_count(QuantScheme quant, std::int64_t n, std::int64_t k) {
-  MOEKIT_CHECK(n > 0 && k > 0, "weight_scale_count: weight shape ({}, {}) needs n > 0 and k > 0", n, k);
-  switch (quant) {
-    case QuantScheme::kPerTensor: return 1;
-    case QuantScheme::kPerTokenPerChannel: return n;
-    case QuantScheme::kBlock128: return ceil_div(n, kQuantBlock) * ceil_div(k, kQuantBlock);
-  }
-  MOEKIT_FAIL("weight_scale_count: unknown quantization scheme {}", static_cast<int>(quant));
-}
 
 void quantize_activation(QuantScheme quant, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
                          fp8_t* q, std::int64_t ldq, float* scales) {
@@ -158,7 +123,7 @@ void quantize_weight(QuantScheme quant, const float* w, std::int64_t n, std::int
           }
         }
         float* block_scales = scales + (n0 / kQuantBlock) * kb_count;
-        for (std::int64_t kb = 0; kb < kb_count; ++kb) block_scales[kb] = scale_of(amax[static_cast<std::size_t>(kb)]);
+        for (std::int64_t kb = 0; kb < kb_count; ++kb) block_scales[kb] = fp8_scale(amax[static_cast<std::size_t>(kb)]);
         for (std::int64_t row = n0; row < n1; ++row) {
           for (std::int64_t kb = 0; kb < kb_count; ++kb) {
             const std::int64_t c0 = kb * kQuantBlock;
@@ -176,28 +141,16 @@ double dequant_activation(QuantScheme quant, const fp8_t* q, std::int64_t ldq, c
                           std::int64_t r, std::int64_t c) {
   MOEKIT_CHECK(r >= 0 && c >= 0 && c < cols, "dequant_activation: element ({}, {}) is outside rows x {} columns", r, c,
                cols);
-  std::int64_t scale_idx = 0;
-  switch (quant) {
-    case QuantScheme::kPerTensor: scale_idx = 0; break;
-    case QuantScheme::kPerTokenPerChannel: scale_idx = r; break;
-    case QuantScheme::kBlock128: scale_idx = r * ceil_div(cols, kQuantBlock) + c / kQuantBlock; break;
-  }
-  return static_cast<double>(fp8_decode(q[r * ldq + c])) * static_cast<double>(scales[scale_idx]);
+  return static_cast<double>(fp8_decode(q[r * ldq + c])) *
+         static_cast<double>(scales[activation_scale_index(quant, r, c, cols)]);
 }
 
 double dequant_weight(QuantScheme quant, const fp8_t* q, const float* scales, std::int64_t k, std::int64_t n_idx,
                       std::int64_t k_idx) {
   MOEKIT_CHECK(n_idx >= 0 && k_idx >= 0 && k_idx < k, "dequant_weight: element ({}, {}) is outside n x {} weight",
                n_idx, k_idx, k);
-  std::int64_t scale_idx = 0;
-  switch (quant) {
-    case QuantScheme::kPerTensor: scale_idx = 0; break;
-    case QuantScheme::kPerTokenPerChannel: scale_idx = n_idx; break;
-    case QuantScheme::kBlock128:
-      scale_idx = (n_idx / kQuantBlock) * ceil_div(k, kQuantBlock) + k_idx / kQuantBlock;
-      break;
-  }
-  return static_cast<double>(fp8_decode(q[n_idx * k + k_idx])) * static_cast<double>(scales[scale_idx]);
+  return static_cast<double>(fp8_decode(q[n_idx * k + k_idx])) *
+         static_cast<double>(scales[weight_scale_index(quant, n_idx, k_idx, k)]);
 }
 
 }  // namespace moekit::cpu

@@ -1,26 +1,19 @@
-// FP8 quantization on the CPU for each scheme; fp32 scales with x ~= fp8_decode(q) * scale.
-// Dynamic scales: scale = amax / 448 over the group (amax == 0 gives scale 1), q = fp8_encode(x / scale).
-// Scale layouts (the GEMMs read the same):
-//   activations (rows, cols):  kPerTensor: scales[0];  kPerTokenPerChannel: scales[r];
-//                              kBlock128: scales[r * ceil(cols/128) + c/128]  (1x128 groups)
-//   weights (n, k), k contiguous: kPerTensor: scales[0];  kPerTokenPerChannel: scales[n] (per channel);
-//                              kBlock128: scales[(n/128) * ceil(k/128) + k/128]  (128x128 blocks)
+// FP8 quantization on the CPU for each scheme; fp32 scales with x ~= fp8_decode(q) * scale, the
+// scale rule of numerics/fp8.h and the layouts of numerics/scales.h (the GEMMs read the same).
 #pragma once
 
 #include <cstdint>
 
-#include "cpu/numerics.h"
 #include "moekit/types.h"
+#include "numerics/fp8.h"
+#include "numerics/scales.h"
 
 namespace moekit::cpu {
 
-std::int64_t activation_scale_count(QuantScheme quant, std::int64_t rows, std::int64_t cols);
-std::int64_t weight_scale_count(QuantScheme quant, std::int64_t n, std::int64_t k);
-// Scales owned by each activation row: 1 per token, ceil(cols/128) per 1x128 groups, 0 per-tensor
-// (its one scale belongs to the whole tensor).
-std::int64_t activation_scales_per_row(QuantScheme quant, std::int64_t cols);
+using namespace numerics;
 
-// x: (rows, cols) with row stride ldx elements; q: row stride ldq bytes.
+// x: (rows, cols) with row stride ldx elements; q: row stride ldq bytes; scales:
+// activation_scale_count(quant, rows, cols) floats.
 void quantize_activation(QuantScheme quant, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
                          fp8_t* q, std::int64_t ldq, float* scales);
 void quantize_activation(QuantScheme quant, const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,

@@ -12,31 +12,6 @@
 namespace moekit::cpu {
 namespace {
 
-// The contract route() relies on; routing_config() checks it too, so a hand-built config (tests,
-// tools) gets the same messages as one read from a model.
-void validate(const RoutingConfig& c) {
-  MOEKIT_CHECK(c.num_experts >= 1, "routing: num_experts = {} must be >= 1", c.num_experts);
-  MOEKIT_CHECK(c.topk >= 1 && c.topk <= c.num_experts,
-               "routing: topk = {} must be in [1, num_experts = {}]; lower num_experts_per_tok", c.topk, c.num_experts);
-  MOEKIT_CHECK(c.n_group >= 1 && c.num_experts % c.n_group == 0,
-               "routing: n_group = {} must be >= 1 and divide num_experts = {}", c.n_group, c.num_experts);
-  MOEKIT_CHECK(c.topk_group >= 1 && c.topk_group <= c.n_group, "routing: topk_group = {} must be in [1, n_group = {}]",
-               c.topk_group, c.n_group);
-  MOEKIT_CHECK(c.topk <= c.topk_group * (c.num_experts / c.n_group),
-               "routing: topk = {} exceeds the {} experts of the topk_group = {} chosen groups of {}; raise "
-               "topk_group or lower topk",
-               c.topk, c.topk_group * (c.num_experts / c.n_group), c.topk_group, c.num_experts / c.n_group);
-  // NOTES: group-limited routing is only defined for DeepSeek's sigmoid + correction-bias scheme;
-  // a softmax router with groups would silently ignore them, so refuse instead.
-  MOEKIT_CHECK(c.grouped || c.n_group == 1,
-               "routing: n_group = {} needs grouped (sigmoid, noaux_tc) routing; softmax routers take n_group = 1",
-               c.n_group);
-  MOEKIT_CHECK(!c.grouped || c.scoring == Scoring::kSigmoid,
-               "routing: grouped routing needs sigmoid scoring (DeepSeek-V3 noaux_tc), got softmax");
-  MOEKIT_CHECK(std::isfinite(c.routed_scaling_factor) && c.routed_scaling_factor > 0,
-               "routing: routed_scaling_factor = {} must be finite and > 0", c.routed_scaling_factor);
-}
-
 // Selection order: higher score first, equal scores to the lower expert index. Strict weak order,
 // so std::partial_sort gives the same result as a full stable sort would.
 template <typename T>
@@ -139,7 +114,7 @@ void route_token(const RoutingConfig& cfg, const float* x, std::int64_t t, const
 template <typename T>
 void route_impl(const RoutingConfig& cfg, const float* logits, std::int64_t num_tokens, const float* bias,
                 std::int32_t* topk_ids, T* topk_weights) {
-  validate(cfg);
+  validate_routing(cfg);
   MOEKIT_CHECK(num_tokens >= 0, "routing: num_tokens = {} must be >= 0", num_tokens);
   if (num_tokens == 0) return;
   MOEKIT_CHECK(logits != nullptr && topk_ids != nullptr && topk_weights != nullptr,
@@ -164,24 +139,6 @@ void route_impl(const RoutingConfig& cfg, const float* logits, std::int64_t num_
 }
 
 }  // namespace
-
-RoutingConfig routing_config(const ModelConfig& model) {
-  RoutingConfig c;
-  c.num_experts = model.num_experts;
-  c.topk = model.topk;
-  c.scoring = model.scoring;
-  c.renormalize = model.norm_topk_prob;
-  // DeepSeek-V3 and Kimi-K2 (noaux_tc) are the sigmoid routers; Kimi-K2 is grouped with one group.
-  c.grouped = model.scoring == Scoring::kSigmoid;
-  c.n_group = model.n_group;
-  c.topk_group = model.topk_group;
-  c.routed_scaling_factor = model.routed_scaling_factor;
-  MOEKIT_CHECK(c.grouped || (c.n_group == 1 && c.topk_group == 1),
-               "model '{}': softmax routing takes n_group = 1 and topk_group = 1, got n_group = {}, topk_group = {}",
-               model.name, c.n_group, c.topk_group);
-  validate(c);
-  return c;
-}
 
 void route(const RoutingConfig& config, const float* logits, std::int64_t num_tokens, const float* bias,
            std::int32_t* topk_ids, float* topk_weights) {

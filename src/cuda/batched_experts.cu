@@ -1,58 +1,128 @@
-// Batched FP8 experts on Hopper. Napkin math for DeepSeek-V3, E_local = 16, m_e = 256:
+// The batched FP8 experts' kernels on Hopper: a1q (E_local, M, K) FP8 with its scales and
+// expert_num_tokens in device memory -> output (E_local, M, K) bf16, valid rows only:
+//   prepare (one block: reads expert_num_tokens once, validates, writes row_offsets and both GEMMs'
+//   arguments) -> grouped FP8 GEMM with W1 -> activation fused with FP8 quantization -> grouped FP8
+//   GEMM with W2 written straight into the output.
+// No host synchronization: a step replays from a CUDA graph. Padding rows are never read into a
+// result and never written. Napkin math for DeepSeek-V3, E_local = 16, m_e = 256:
 // 2 * 16 * 256 * (4096*7168 + 7168*2048) = 361 GFLOP -> 0.29 ms at ~1250 TFLOP/s; weights
 // 16 * 44 MiB = 704 MiB -> 0.18 ms at ~4 TB/s. The activation kernel touches only valid rows:
 // 16 * 256 * (4096 * 2 + 2048) bytes = 42 MB, ~10 us.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <cub/block/block_scan.cuh>
 #include <string>
 
-#include "cuda/batched_experts.h"
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/launch.h"
+#include "numerics/activation.h"
+#include "numerics/fp8.h"
+#include "numerics/scales.h"
 
 namespace moekit::cuda {
 namespace {
 
+using numerics::DeviceMath;
+
 constexpr int kActThreads = 256;
+constexpr int kPrepareThreads = 1024;
 
-// NOTES: __fdividef (rcp + mul) instead of IEEE division: the activation stage was ALU-bound
-// (ncu: ALU 65% busy, 570 GB/s of 4.2 TB/s). It moves silu by an ulp or two against the host's
-// x / (1 + exp(-x)), as expf already does; the tests bound the FP8 codes that flip.
-__device__ __forceinline__ float silu(float x) {
-  return __fdividef(x, 1.0f + expf(-x));
-}
+// --- prepare --------------------------------------------------------------------------------------
 
-// The activation of output column c of one W1 row, exactly the CPU formulas (cpu/activation.h).
-__device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat16* row, int I, int c) {
-  switch (act) {
-    case Activation::kSilu: return silu(__bfloat162float(row[c])) * __bfloat162float(row[I + c]);
-    case Activation::kGelu: {
-      const float g = __bfloat162float(row[c]);
-      return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * __bfloat162float(row[I + c]);
-    }
-    case Activation::kGeluTanh: {
-      const float g = __bfloat162float(row[c]);
-      const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-      return 0.5f * g * (1.0f + tanhf(inner)) * __bfloat162float(row[I + c]);
-    }
-    case Activation::kSwigluOai: {
-      const float g = fminf(__bfloat162float(row[2 * c]), 7.0f);
-      const float u = fminf(fmaxf(__bfloat162float(row[2 * c + 1]), -7.0f), 7.0f);
-      return (u + 1.0f) * g * (1.0f / (1.0f + expf(-1.702f * g)));
-    }
-    case Activation::kRelu2: {
-      const float x = fmaxf(__bfloat162float(row[c]), 0.0f);
-      return x * x;
-    }
-    case Activation::kSiluNoMul: return silu(__bfloat162float(row[c]));
+// One GEMM's per-group operands, for the prepare kernel.
+struct GemmOperands {
+  std::byte* args;
+  const std::uint8_t* A;  // group g at A + g * cap * k
+  const float* sa;        // per row (g * cap + row) or per group (g)
+  const std::uint8_t* B;  // group g at B + g * n * k
+  const float* sb;        // per column (g * n + col) or per group (g)
+  std::uint16_t* D;       // group g at D + g * cap * n
+  int n, k;
+  bool swap_ab;
+};
+
+__device__ void write_group_args(const GemmOperands& op, int groups, int g, int m, int cap, bool per_row) {
+  const GroupedGemmArrays a = GroupedGemmArrays::at(op.args, groups);
+  const std::int64_t cap64 = cap;
+  const void* tokens = op.A + g * cap64 * op.k;
+  const void* weights = op.B + static_cast<std::int64_t>(g) * op.n * op.k;
+  const float* sa = per_row ? op.sa + g * cap64 : op.sa + g;
+  const float* sb = per_row ? op.sb + static_cast<std::int64_t>(g) * op.n : op.sb + g;
+  a.ptr_D[g] = op.D + g * cap64 * op.n;
+  a.stride_A[g] = op.k;
+  a.stride_B[g] = op.k;
+  a.stride_D[g] = op.n;
+  int* shape = a.shapes + 3 * g;
+  if (op.swap_ab) {
+    // Kernel problem (n, m, k): A = weights (n x k row-major), B = tokens (k x m column-major).
+    shape[0] = op.n;
+    shape[1] = m;
+    a.ptr_A[g] = weights;
+    a.ptr_B[g] = tokens;
+    a.ptr_col[g] = sb;
+    a.ptr_row[g] = sa;
+  } else {
+    shape[0] = m;
+    shape[1] = op.n;
+    a.ptr_A[g] = tokens;
+    a.ptr_B[g] = weights;
+    a.ptr_col[g] = sa;
+    a.ptr_row[g] = sb;
   }
-  return 0.0f;
+  shape[2] = op.k;
 }
 
-__device__ __forceinline__ int valid_rows(const std::int32_t* expert_num_tokens, int e, int M) {
-  const int m = expert_num_tokens[e];
-  return (m >= 0 && m <= M) ? m : 0;  // out-of-range counts are flagged by the GEMM's argument kernel
+// The one read of expert_num_tokens. A count outside [0, M] sets the status flag (first one wins),
+// and that expert runs with 0 rows in both GEMMs and the activation: nothing past M is touched.
+__global__ void __launch_bounds__(kPrepareThreads)
+    prepare_kernel(const std::int32_t* __restrict__ counts, int E, int M, bool per_row, GemmOperands w1,
+                   GemmOperands w2, std::int32_t* __restrict__ row_offsets, std::int32_t* __restrict__ status) {
+  using Scan = cub::BlockScan<int, kPrepareThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int base = 0; base < E; base += kPrepareThreads) {
+    const int g = base + static_cast<int>(threadIdx.x);
+    int m = 0;
+    if (g < E) {
+      m = counts[g];
+      if (m < 0 || m > M) {
+        if (atomicCAS(status + kStatusBadCount, 0, 1) == 0) {
+          status[kStatusBadCount + 1] = g;
+          status[kStatusBadCount + 2] = m;
+        }
+        m = 0;
+      }
+      write_group_args(w1, E, g, m, M, per_row);
+      write_group_args(w2, E, g, m, M, per_row);
+    }
+    int offset = 0, total = 0;
+    Scan(scan).ExclusiveSum(m, offset, total);
+    if (g < E) row_offsets[g] = carry + offset;
+    __syncthreads();
+    if (threadIdx.x == 0) carry += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) row_offsets[E] = carry;
+}
+
+// --- activation + FP8 -------------------------------------------------------------------------------
+
+// Expert and row of the i-th valid row: a binary search over row_offsets (E_local + 1 ints, cached).
+__device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_offsets, int E, int i, int& e, int& r) {
+  int lo = 0, hi = E - 1;  // the last expert whose first row is <= i
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (__ldg(row_offsets + mid) <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  e = lo;
+  r = i - __ldg(row_offsets + lo);
 }
 
 __device__ float block_max(float v) {
@@ -66,32 +136,23 @@ __device__ float block_max(float v) {
   return m;
 }
 
-// Row (e, r) of the i-th valid row, experts in order; false past the last valid row. O(E_local)
-// reads of expert_num_tokens (cached), against the row's K-wide work.
-__device__ __forceinline__ bool locate_row(const std::int32_t* expert_num_tokens, int E, int M, std::int64_t i, int& e,
-                                           int& r) {
-  for (e = 0; e < E; ++e) {
-    const int m = valid_rows(expert_num_tokens, e, M);
-    if (i < m) {
-      r = static_cast<int>(i);
-      return true;
-    }
-    i -= m;
-  }
-  return false;
+__device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat16* row, int I, int c) {
+  return numerics::activation_value<float, DeviceMath>(act, __bfloat162float(row[numerics::gate_column(act, I, c)]),
+                                                       __bfloat162float(row[numerics::up_column(act, I, c)]));
 }
 
 // A persistent grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
-// Per-token: amax of the row -> scale = amax / 448 -> FP8 of x / scale. Per-tensor: pass 0 only
-// raises the expert's amax (as int bits: non-negative floats order like their bits); pass 1
-// quantizes with amax / 448.
+// Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
+// expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
 __global__ void __launch_bounds__(kActThreads)
     activation_quant_kernel(Activation act, int pass, bool per_tensor, const __nv_bfloat16* __restrict__ w1_out,
-                            const std::int32_t* __restrict__ expert_num_tokens, int E, int M, int N, int I,
+                            const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
                             __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                             unsigned int* __restrict__ expert_amax) {
-  int e = 0, r = 0;
-  for (std::int64_t i = blockIdx.x; locate_row(expert_num_tokens, E, M, i, e, r); i += gridDim.x) {
+  const int total = __ldg(row_offsets + E);
+  for (int i = blockIdx.x; i < total; i += gridDim.x) {
+    int e = 0, r = 0;
+    locate_row(row_offsets, E, i, e, r);
     const std::int64_t row_idx = static_cast<std::int64_t>(e) * M + r;
     const __nv_bfloat16* row = w1_out + row_idx * N;
     float amax = 0.0f;
@@ -105,7 +166,7 @@ __global__ void __launch_bounds__(kActThreads)
     } else {
       amax = __uint_as_float(expert_amax[e]);
     }
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;  // as cpu/quant.h: division, no reciprocal
+    const float scale = numerics::fp8_scale(amax);
     if (!per_tensor && threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;
     for (int c = threadIdx.x; c < I; c += kActThreads)
@@ -113,32 +174,19 @@ __global__ void __launch_bounds__(kActThreads)
   }
 }
 
-// Value of a halves-layout gated activation (gate g, up u) or a non-gated one (u unused): the
-// formulas of activation_at, on registers.
-__device__ __forceinline__ float act_value(Activation act, float g, float u) {
-  switch (act) {
-    case Activation::kSilu: return silu(g) * u;
-    case Activation::kGelu: return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
-    case Activation::kGeluTanh: return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
-    case Activation::kRelu2: {
-      const float x = fmaxf(g, 0.0f);
-      return x * x;
-    }
-    case Activation::kSiluNoMul: return silu(g);
-    default: return 0.0f;  // swigluoai (interleaved) takes the generic kernel
-  }
-}
-
 // Per-token, one block per row: 16-byte loads of 8 gate and 8 up values per thread, the row's
 // values kept in registers (kChunks x 8 per thread) between the amax and the quantization, 8-byte
-// stores. NOTES: for I <= 256 * 8 * kChunks; swigluoai and per-tensor use activation_quant_kernel.
+// stores. NOTES: for I <= 256 * 8 * kChunks and halves-layout activations; swigluoai (interleaved)
+// and per-tensor take activation_quant_kernel.
 template <int kChunks>
 __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(Activation act, bool gated, const __nv_bfloat16* __restrict__ w1_out,
-                                   const std::int32_t* __restrict__ expert_num_tokens, int E, int M, int N, int I,
+                                   const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
                                    __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
-  int e = 0, r = 0;
-  for (std::int64_t i = blockIdx.x; locate_row(expert_num_tokens, E, M, i, e, r); i += gridDim.x) {
+  const int total = __ldg(row_offsets + E);
+  for (int i = blockIdx.x; i < total; i += gridDim.x) {
+    int e = 0, r = 0;
+    locate_row(row_offsets, E, i, e, r);
     const std::int64_t row_idx = static_cast<std::int64_t>(e) * M + r;
     const __nv_bfloat16* row = w1_out + row_idx * N;
     float v[kChunks][8];
@@ -153,12 +201,12 @@ __global__ void __launch_bounds__(kActThreads)
       const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        v[ch][j] = act_value(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
+        v[ch][j] = numerics::activation_value<float, DeviceMath>(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
         amax = fmaxf(amax, fabsf(v[ch][j]));
       }
     }
     amax = block_max(amax);
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float scale = numerics::fp8_scale(amax);
     if (threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;
 #pragma unroll
@@ -179,60 +227,91 @@ __global__ void __launch_bounds__(kActThreads)
 __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float* act_scale, int E_local) {
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (e >= E_local) return;
-  const float amax = __uint_as_float(expert_amax[e]);
-  act_scale[e] = amax > 0.0f ? amax / 448.0f : 1.0f;
+  act_scale[e] = numerics::fp8_scale(__uint_as_float(expert_amax[e]));
+}
+
+GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
+  const MoeProblem& p = l.problem;
+  const plan::GemmConfig config = which == 1 ? l.configs.w1 : l.configs.w2;
+  GemmOperands op;
+  op.swap_ab = plan::gemm_config_info(config).swap_ab;
+  if (which == 1) {  // (m_e x K) . (N x K)^T -> w1_out (m_e x N)
+    op = {l.gemm_args_w1,     l.a1q,    l.a1q_scale,           l.weights.w1,
+          l.weights.w1_scale, l.w1_out, static_cast<int>(p.N), static_cast<int>(p.K),
+          op.swap_ab};
+  } else {  // (m_e x I) . (K x I)^T -> output (m_e x K), straight into the experts' output
+    op = {l.gemm_args_w2,     l.act_q,  l.act_scale,           l.weights.w2,
+          l.weights.w2_scale, l.output, static_cast<int>(p.K), static_cast<int>(p.I()),
+          op.swap_ab};
+  }
+  return op;
 }
 
 }  // namespace
 
-plan::GemmConfig default_gemm_config(const MoeProblem& p) {
-  const std::int64_t rows = plan::expected_rows_per_expert(p.M, p.topk, p.E);
-  // One config for both GEMMs: it must fit both n = N (W1) and n = K (W2).
-  const plan::GemmConfig c1 = plan::select_gemm_config(rows, p.N, p.K);
-  const plan::GemmConfig c2 = plan::select_gemm_config(rows, p.K, p.I());
-  return c1 == c2 ? c1 : plan::GemmConfig::kCooperative128x128;
+void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const MoeProblem& p = l.problem;
+  MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.status, 0, kStatusWords * sizeof(std::int32_t), stream));
+  prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(l.expert_num_tokens, static_cast<int>(p.E_local),
+                                                    static_cast<int>(p.M), p.quant != QuantScheme::kPerTensor,
+                                                    operands(l, 1), operands(l, 2), l.row_offsets, l.status);
+  MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
-void activation_quant(const MoeProblem& p, const plan::BatchedFp8Workspace& ws, const std::int32_t* expert_num_tokens,
-                      int num_sms, cudaStream_t stream, ActivationKernel kernel) {
+void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream) {
+  const MoeProblem& p = l.problem;
+  GroupedGemmLaunch g;
+  g.args = which == 1 ? l.gemm_args_w1 : l.gemm_args_w2;
+  g.groups = static_cast<int>(p.E_local);
+  g.n = which == 1 ? p.N : p.K;
+  g.k = which == 1 ? p.K : p.I();
+  g.scales_per_row = p.quant != QuantScheme::kPerTensor;
+  g.scratch = l.gemm_scratch;
+  g.scratch_bytes = kGemmScratchBytes;
+  g.num_sms = l.num_sms;
+  grouped_fp8_gemm(which == 1 ? l.configs.w1 : l.configs.w2, g, stream);
+}
+
+void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const MoeProblem& p = l.problem;
   const bool per_tensor = p.quant == QuantScheme::kPerTensor;
   const int E = static_cast<int>(p.E_local), M = static_cast<int>(p.M), N = static_cast<int>(p.N),
             I = static_cast<int>(p.I());
   // Per-tensor accumulates each expert's amax in act_scale itself (as bits), then converts it in
   // place to the scale.
-  auto* amax = reinterpret_cast<unsigned int*>(ws.act_scale);
+  auto* amax = reinterpret_cast<unsigned int*>(l.act_scale);
   // Persistent grids of exactly one wave (ncu: a 1.33-wave grid left a partial wave idle): the
   // blocks that fit on every SM at once, each walking valid rows.
-  auto one_wave = [&](const void* kernel) {
+  auto one_wave = [&](const void* k) {
     int per_sm = 0;
-    MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kActThreads, 0));
-    return std::max(1, per_sm) * num_sms;
+    MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kActThreads, 0));
+    return std::max(1, per_sm) * l.num_sms;
   };
-  auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(ws.w1_out);
-  auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(ws.act_q);
+  auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(l.w1_out);
+  auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(l.act_q);
   const bool vec_ok = !per_tensor && p.activation != Activation::kSwigluOai;
   if (kernel == ActivationKernel::kAuto)
     kernel = vec_ok && I <= kActThreads * 8 * 4 ? ActivationKernel::kRowPerBlock : ActivationKernel::kGeneric;
   MOEKIT_CUDA_REQUIRE(kernel == ActivationKernel::kGeneric || vec_ok,
-                      "the vectorized activation kernels take per-token scales and halves-layout activations");
-  const bool gated = is_gated(p.activation);
+                      "the vectorized activation kernel takes per-token scales and halves-layout activations");
   if (per_tensor) {
-    MOEKIT_CUDA_CHECK(cudaMemsetAsync(ws.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
+    MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
     const int grid = one_wave(reinterpret_cast<const void*>(activation_quant_kernel));
-    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 0, true, w1_out, expert_num_tokens, E, M, N,
-                                                              I, act_q, ws.act_scale, amax);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-    activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, 1, true, w1_out, expert_num_tokens, E, M, N,
-                                                              I, act_q, ws.act_scale, amax);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-    per_tensor_scales_kernel<<<(E + 127) / 128, 128, 0, stream>>>(amax, ws.act_scale, E);
+    for (int pass = 0; pass < 2; ++pass) {
+      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, pass, true, w1_out, l.row_offsets, E, M,
+                                                                N, I, act_q, l.act_scale, amax);
+      MOEKIT_CUDA_CHECK_LAUNCH();
+    }
+    per_tensor_scales_kernel<<<(E + 127) / 128, 128, 0, stream>>>(amax, l.act_scale, E);
   } else if (kernel == ActivationKernel::kRowPerBlock) {
     MOEKIT_CUDA_REQUIRE(I <= kActThreads * 8 * 4,
                         "row-per-block activation kernel: I = " + std::to_string(I) + " exceeds 8192");
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     auto launch = [&](auto k) {
       k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, gated, w1_out, expert_num_tokens, E, M, N, I, act_q, ws.act_scale);
+          p.activation, is_gated(p.activation), w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
     };
     if (chunks == 1)
       launch(activation_quant_row_per_block<1>);
@@ -242,63 +321,30 @@ void activation_quant(const MoeProblem& p, const plan::BatchedFp8Workspace& ws, 
       launch(activation_quant_row_per_block<4>);
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
-                              stream>>>(p.activation, 1, false, w1_out, expert_num_tokens, E, M, N, I, act_q,
-                                        ws.act_scale, nullptr);
+                              stream>>>(p.activation, 1, false, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale,
+                                        nullptr);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
-void batched_fp8_experts(const MoeProblem& p, const DeviceExpertWeights& w, const std::uint8_t* a1q,
-                         const float* a1q_scale, const std::int32_t* expert_num_tokens, std::uint16_t* output,
-                         const plan::BatchedFp8Workspace& ws, plan::GemmConfig config, int num_sms,
-                         cudaStream_t stream) {
-  MOEKIT_CUDA_REQUIRE(p.format == ActivationFormat::kBatchedExperts, "batched_fp8_experts needs the batched format");
-  MOEKIT_CUDA_REQUIRE(p.quant != QuantScheme::kBlock128,
-                      "block-wise 1x128/128x128 scales are not in the Hopper experts yet: use per-token or per-tensor");
-  MOEKIT_CUDA_REQUIRE(p.M <= 0x7FFFFFFF && p.E_local <= 65535, "M and E_local must fit the launch grid");
-  const bool per_tensor = p.quant == QuantScheme::kPerTensor;
-  const int E = static_cast<int>(p.E_local);
-  const std::int64_t args_bytes = p.E_local * plan::kGemmArgsBytesPerExpert;
-  MOEKIT_CUDA_CHECK(cudaMemsetAsync(ws.status, 0, plan::kStatusWords * sizeof(std::int32_t), stream));
-
-  // W1: (m_e x K) . (N x K)^T -> w1_out (m_e x N) bf16.
-  GroupedGemmProblem g1;
-  g1.groups = E;
-  g1.n = p.N;
-  g1.k = p.K;
-  g1.rows = expert_num_tokens;
-  g1.capacity = p.M;
-  g1.A = a1q;
-  g1.sa = a1q_scale;
-  g1.sa_per_row = !per_tensor;
-  g1.B = w.w1;
-  g1.sb = w.w1_scales;
-  g1.sb_per_col = !per_tensor;
-  g1.D = ws.w1_out;
-  grouped_fp8_gemm(config, g1, ws.gemm_args, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status, num_sms, stream);
-
-  activation_quant(p, ws, expert_num_tokens, num_sms, stream, ActivationKernel::kAuto);
-
-  // W2: (m_e x I) . (K x I)^T -> output (m_e x K) bf16, straight into the experts' output.
-  GroupedGemmProblem g2 = g1;
-  g2.n = p.K;
-  g2.k = p.I();
-  g2.A = ws.act_q;
-  g2.sa = ws.act_scale;
-  g2.B = w.w2;
-  g2.sb = w.w2_scales;
-  g2.D = output;
-  grouped_fp8_gemm(config, g2, ws.gemm_args + args_bytes, ws.gemm_scratch, plan::kGemmScratchBytes, ws.status, num_sms,
-                   stream);
+void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
+  MOEKIT_CUDA_REQUIRE(
+      l.problem.format == ActivationFormat::kBatchedExperts && l.problem.quant != QuantScheme::kBlock128,
+      "launch_batched_experts: batched format, per-token or per-tensor scales");
+  launch_experts_prepare(l, stream);
+  launch_experts_gemm(l, 1, stream);
+  launch_activation_quant(l, ActivationKernel::kAuto, stream);
+  launch_experts_gemm(l, 2, stream);
 }
 
-void check_status(const std::int32_t* status, cudaStream_t stream, std::int64_t M) {
-  std::int32_t host[plan::kStatusWords] = {};
+void check_experts_status(const std::int32_t* status, std::int64_t M, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  std::int32_t host[kStatusWords] = {};
   MOEKIT_CUDA_CHECK(cudaMemcpyAsync(host, status, sizeof(host), cudaMemcpyDeviceToHost, stream));
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MOEKIT_CUDA_REQUIRE(host[kStatusBadRows] == 0,
-                      "expert_num_tokens[" + std::to_string(host[kStatusBadRows + 1]) + "] = " +
-                          std::to_string(host[kStatusBadRows + 2]) + " is outside [0, M = " + std::to_string(M) +
+  MOEKIT_CUDA_REQUIRE(host[kStatusBadCount] == 0,
+                      "expert_num_tokens[" + std::to_string(host[kStatusBadCount + 1]) + "] = " +
+                          std::to_string(host[kStatusBadCount + 2]) + " is outside [0, M = " + std::to_string(M) +
                           "]: that expert was skipped (nothing written past its buffer); fix the dispatch's counts");
 }
 

@@ -1,52 +1,75 @@
-// Grouped FP8 GEMM on Hopper, one group per local expert, sized on the device from the experts'
-// row counts (no host synchronization, so a step can be captured in a CUDA graph):
+// Grouped FP8 GEMM on Hopper, one group per local expert, its per-group arguments built on the
+// device (no host synchronization, so a step can be captured in a CUDA graph):
 //   D[g] (m_g x n) = bf16((A[g] (m_g x k) . B[g]^T) * sa[g][row] * sb[g][col])
 // A row-major (lda = k), B (n x k) row-major (a weight, k contiguous), D row-major (ldd = n); fp32
-// accumulation. Rows >= m_g of A are never read into a result and rows >= m_g of D never written.
-// No CUTLASS type appears here; src/cuda/grouped_gemm_<config>.cu instantiate it.
+// accumulation. With swap A/B the kernel computes D^T = B . A^T (weights on its 128-row side); D^T
+// column-major is D row-major, so the memory contract is the same. No CUTLASS type appears here:
+// src/cuda/grouped_gemm_<config>.cu instantiate the kernel for each row of the config table and
+// check that CUTLASS's argument types have the layout below.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/launch.h"
 #include "plan/gemm_config.h"
 
 namespace moekit::cuda {
 
-struct GroupedGemmProblem {
-  int groups = 0;
-  std::int64_t n = 0, k = 0;
-  const std::int32_t* rows = nullptr;  // device: m_g; outside [0, capacity] -> 0 rows and a status flag
-  std::int64_t capacity = 0;           // rows each group's A and D hold (M)
-  const std::uint8_t* A = nullptr;     // fp8 e4m3, group g at A + g * capacity * k
-  const float* sa = nullptr;           // per row (g * capacity + row) or per group (g) when !sa_per_row
-  bool sa_per_row = true;
-  const std::uint8_t* B = nullptr;  // fp8 e4m3, group g at B + g * n * k
-  const float* sb = nullptr;        // per column (g * n + col) or per group (g) when !sb_per_col
-  bool sb_per_col = true;
-  std::uint16_t* D = nullptr;  // bf16, group g at D + g * capacity * n
+// The per-group argument arrays of one GEMM, struct-of-arrays inside its gemm_args region: eight
+// 8-byte arrays (pointers; strides, the leading dimension of each operand) then the problem shapes,
+// three ints (m, n, k) per group as the kernel sees them (swapped: (n, m, k)).
+struct GroupedGemmArrays {
+  const void** ptr_A;
+  const void** ptr_B;
+  void** ptr_D;
+  const float** ptr_col;  // scales along the kernel's M (rows of its A)
+  const float** ptr_row;  // scales along the kernel's N (columns of its D)
+  std::int64_t* stride_A;
+  std::int64_t* stride_B;
+  std::int64_t* stride_D;
+  int* shapes;
+
+  static constexpr std::int64_t kBytesPerGroup = 8 * 8 + 3 * 4;
+  static_assert(kBytesPerGroup <= kGemmArgsBytesPerGroup, "grouped GEMM arguments exceed kGemmArgsBytesPerGroup");
+
+#if defined(__CUDACC__)
+  __host__ __device__
+#endif
+      static GroupedGemmArrays
+      at(std::byte* region, int groups) {
+    auto array = [&](int j) { return region + static_cast<std::int64_t>(j) * groups * 8; };
+    GroupedGemmArrays a;
+    a.ptr_A = reinterpret_cast<const void**>(array(0));
+    a.ptr_B = reinterpret_cast<const void**>(array(1));
+    a.ptr_D = reinterpret_cast<void**>(array(2));
+    a.ptr_col = reinterpret_cast<const float**>(array(3));
+    a.ptr_row = reinterpret_cast<const float**>(array(4));
+    a.stride_A = reinterpret_cast<std::int64_t*>(array(5));
+    a.stride_B = reinterpret_cast<std::int64_t*>(array(6));
+    a.stride_D = reinterpret_cast<std::int64_t*>(array(7));
+    a.shapes = reinterpret_cast<int*>(array(8));
+    return a;
+  }
 };
 
-// Status words (the plan's `status` region): [0] = 1 when a row count was out of range, [1] = its
-// group, [2] = its value. Cleared by the caller before a step, read after it.
-inline constexpr int kStatusBadRows = 0;
-
-// `args` is this GEMM's slice of the plan's gemm_args region (groups * kGemmArgsBytesPerExpert
-// bytes); `scratch` is the plan's gemm_scratch region. Raises moekit::Error when CUTLASS asks for
-// more scratch than the plan reserved or cannot run the problem.
-void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmProblem& problem, std::byte* args, std::byte* scratch,
-                      std::int64_t scratch_bytes, std::int32_t* status, int num_sms, cudaStream_t stream);
+// Runs one grouped GEMM whose arguments are already in `args` (a GroupedGemmArrays region of
+// `groups` groups). `scales_per_row`: sa and sb are vectors (per token / per channel) or one scalar
+// per group (per-tensor). Raises moekit::Error when CUTLASS asks for more scratch than the plan
+// reserved or cannot run the problem.
+struct GroupedGemmLaunch {
+  std::byte* args = nullptr;
+  int groups = 0;
+  std::int64_t n = 0, k = 0;  // the logical GEMM's (checked against the config table)
+  bool scales_per_row = true;
+  std::byte* scratch = nullptr;
+  std::int64_t scratch_bytes = 0;
+  int num_sms = 0;
+};
+void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& launch, void* stream);
 
 // One entry point per config (one CUTLASS instantiation per .cu file).
-void grouped_fp8_gemm_swapab_128x32(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*, int,
-                                    cudaStream_t);
-void grouped_fp8_gemm_swapab_128x64(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*, int,
-                                    cudaStream_t);
-void grouped_fp8_gemm_pingpong_64x256(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t, std::int32_t*,
-                                      int, cudaStream_t);
-void grouped_fp8_gemm_cooperative_128x128(const GroupedGemmProblem&, std::byte*, std::byte*, std::int64_t,
-                                          std::int32_t*, int, cudaStream_t);
+template <plan::GemmConfig kConfig>
+void grouped_fp8_gemm_instance(const GroupedGemmLaunch& launch, void* stream);
 
 }  // namespace moekit::cuda

@@ -1,18 +1,7 @@
-// Grouped FP8 GEMM, config cooperative-128x128: both consumer warpgroups on one 128x128x128 tile.
-// For experts with many rows (m_e > 128). One CUTLASS instantiation (DESIGN: one per .cu file).
+// Grouped FP8 GEMM, config cooperative-128x128 (its tile, schedule and swap: the row of plan/gemm_config.h).
+// One CUTLASS instantiation (DESIGN: one per .cu file; ~1.5 min and ~4 GB to compile).
 #include "cuda/grouped_gemm_impl.cuh"
 
 namespace moekit::cuda {
-
-using Cooperative128x128 =
-    detail::GroupedFp8Gemm<cute::Shape<cute::_128, cute::_128, cute::_128>,
-                           cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum,
-                           cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, false>;
-
-void grouped_fp8_gemm_cooperative_128x128(const GroupedGemmProblem& p, std::byte* args, std::byte* scratch,
-                                          std::int64_t scratch_bytes, std::int32_t* status, int num_sms,
-                                          cudaStream_t stream) {
-  detail::run_grouped_fp8_gemm<Cooperative128x128>(p, args, scratch, scratch_bytes, status, num_sms, stream);
-}
-
+MOEKIT_GROUPED_GEMM_INSTANCE(plan::GemmConfig::kCooperative128x128)
 }  // namespace moekit::cuda

@@ -1,12 +1,13 @@
-// The CUTLASS 4.2 sm90 pointer-array grouped FP8 GEMM behind grouped_gemm.h, as a template that
-// each src/cuda/grouped_gemm_<config>.cu instantiates once. Epilogue (EVT): D = bf16(sb * (sa *
+// The CUTLASS 4.2 sm90 pointer-array grouped FP8 GEMM behind grouped_gemm.h, as a template over a
+// row of the config table (plan/gemm_config.h): its tile, schedule and swap come from the table.
+// Each src/cuda/grouped_gemm_<config>.cu instantiates it once. Epilogue (EVT): D = bf16(sb * (sa *
 // acc)) with sa and sb broadcast per row / per column, or per group (per-tensor), from per-group
-// pointer arrays. Swap-A/B computes D^T = B . A^T so that the weights fill the 128-row side when
-// experts hold few tokens; D^T column-major is D row-major, so the memory contract is the same.
+// pointer arrays.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 
 #include "cuda/check.h"
@@ -21,16 +22,22 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "plan/experts_workspace.h"
 
 namespace moekit::cuda::detail {
 
 using namespace cute;
 
-template <class TileShape_, class KernelSchedule, class EpilogueSchedule, bool kSwapAB_>
+template <plan::GemmConfig kConfig>
 struct GroupedFp8Gemm {
-  static constexpr bool kSwapAB = kSwapAB_;
-  using TileShape = TileShape_;
+  static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
+  static constexpr bool kSwapAB = kInfo.swap_ab;
+  static constexpr bool kPingpong = kInfo.schedule == plan::GemmSchedule::kPingpong;
+  using TileShape = Shape<Int<kInfo.tile_m>, Int<kInfo.tile_n>, Int<kInfo.tile_k>>;
+  using KernelSchedule =
+      cute::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum,
+                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>;
+  using EpilogueSchedule = cute::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
   using ClusterShape = Shape<_1, _1, _1>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
@@ -74,99 +81,42 @@ struct GroupedFp8Gemm {
   using StrideD = typename GemmKernel::InternalStrideD;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
-  // The per-group argument arrays, laid out struct-of-arrays in the plan's gemm_args slice: slot
-  // j of each array lives at args + j * groups * kSlot.
-  static constexpr std::int64_t kSlot = 32;
-  static_assert(sizeof(Shape3) <= kSlot && sizeof(StrideA) <= kSlot && sizeof(StrideB) <= kSlot &&
-                    sizeof(StrideD) <= kSlot,
-                "a per-group argument exceeds its 32-byte slot");
-  static constexpr int kArrays = 8;  // shapes, A, B, D, col scales, row scales, stride_A, stride_B|stride_D
-  static_assert(kArrays * kSlot <= plan::kGemmArgsBytesPerExpert,
-                "per-group GEMM arguments exceed the plan's kGemmArgsBytesPerExpert");
+  // The device prepare step writes GroupedGemmArrays without CUTLASS: shapes as 3 ints, each
+  // stride as its one dynamic int64 (the leading dimension). Checked here at compile time (sizes)
+  // and once at run time (values, in layout_matches()).
+  static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
+                "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
 
-  struct Arrays {
-    Shape3* shapes;
-    const ElementA** ptr_A;
-    const ElementB** ptr_B;
-    ElementD** ptr_D;
-    const float** ptr_col;  // ColScale: per kernel-M row
-    const float** ptr_row;  // RowScale: per kernel-N column
-    StrideA* stride_A;
-    StrideB* stride_B;
-    StrideD* stride_D;
-  };
-
-  static Arrays arrays(std::byte* args, int groups) {
-    auto at = [&](int j) { return args + static_cast<std::int64_t>(j) * groups * kSlot; };
-    Arrays a;
-    a.shapes = reinterpret_cast<Shape3*>(at(0));
-    a.ptr_A = reinterpret_cast<const ElementA**>(at(1));
-    a.ptr_B = reinterpret_cast<const ElementB**>(at(2));
-    a.ptr_D = reinterpret_cast<ElementD**>(at(3));
-    a.ptr_col = reinterpret_cast<const float**>(at(4));
-    a.ptr_row = reinterpret_cast<const float**>(at(5));
-    a.stride_A = reinterpret_cast<StrideA*>(at(6));
-    // stride_B and stride_D share slot 7: each is <= 16 bytes and gets half of it.
-    a.stride_B = reinterpret_cast<StrideB*>(at(7));
-    a.stride_D = reinterpret_cast<StrideD*>(at(7) + static_cast<std::int64_t>(groups) * 16);
-    return a;
+  static bool layout_matches() {
+    const Shape3 s{7, 11, 13};
+    const int ints[3] = {7, 11, 13};
+    // (cap, k) tokens / (n, k) weights: leading dimension k; D: leading dimension n.
+    const int cap = 5, n = 48, k = 96;
+    const StrideA sa =
+        cutlass::make_cute_packed_stride(StrideA{}, kSwapAB ? make_shape(n, k, 1) : make_shape(cap, k, 1));
+    const StrideB sb =
+        cutlass::make_cute_packed_stride(StrideB{}, kSwapAB ? make_shape(cap, k, 1) : make_shape(n, k, 1));
+    const StrideD sd =
+        cutlass::make_cute_packed_stride(StrideD{}, kSwapAB ? make_shape(n, cap, 1) : make_shape(cap, n, 1));
+    std::int64_t a = 0, b = 0, d = 0;
+    std::memcpy(&a, &sa, 8);
+    std::memcpy(&b, &sb, 8);
+    std::memcpy(&d, &sd, 8);
+    return std::memcmp(&s, ints, sizeof(ints)) == 0 && a == k && b == k && d == n;
   }
-  static_assert(sizeof(StrideB) <= 16 && sizeof(StrideD) <= 16, "stride_B / stride_D exceed their half slot");
 };
 
-// One thread per group: the problem shape and pointers of group g, from its row count on the device.
 template <class G>
-__global__ void build_grouped_args(GroupedGemmProblem p, typename G::Arrays a, std::int32_t* status) {
-  const int g = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (g >= p.groups) return;
-  int m = p.rows[g];
-  if (m < 0 || m > p.capacity) {
-    // Never written past the buffer: the group runs with 0 rows, and the host raises the error.
-    if (atomicCAS(status + kStatusBadRows, 0, 1) == 0) {
-      status[kStatusBadRows + 1] = g;
-      status[kStatusBadRows + 2] = m;
-    }
-    m = 0;
-  }
-  const int n = static_cast<int>(p.n), k = static_cast<int>(p.k), cap = static_cast<int>(p.capacity);
-  const auto* tokens = reinterpret_cast<const typename G::ElementA*>(p.A + static_cast<std::int64_t>(g) * cap * k);
-  const auto* weights = reinterpret_cast<const typename G::ElementB*>(p.B + static_cast<std::int64_t>(g) * n * k);
-  const float* sa = p.sa_per_row ? p.sa + static_cast<std::int64_t>(g) * cap : p.sa + g;
-  const float* sb = p.sb_per_col ? p.sb + static_cast<std::int64_t>(g) * n : p.sb + g;
-  a.ptr_D[g] = reinterpret_cast<typename G::ElementD*>(p.D + static_cast<std::int64_t>(g) * cap * n);
-  if constexpr (G::kSwapAB) {
-    // Kernel problem (n, m, k): A = weights (n x k row-major), B = tokens (k x m column-major).
-    a.shapes[g] = typename G::Shape3{n, m, k};
-    a.ptr_A[g] = reinterpret_cast<const typename G::ElementA*>(weights);
-    a.ptr_B[g] = reinterpret_cast<const typename G::ElementB*>(tokens);
-    a.ptr_col[g] = sb;
-    a.ptr_row[g] = sa;
-    a.stride_A[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(n, k, 1));
-    a.stride_B[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(cap, k, 1));
-    a.stride_D[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(n, cap, 1));
-  } else {
-    a.shapes[g] = typename G::Shape3{m, n, k};
-    a.ptr_A[g] = tokens;
-    a.ptr_B[g] = weights;
-    a.ptr_col[g] = sa;
-    a.ptr_row[g] = sb;
-    a.stride_A[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(cap, k, 1));
-    a.stride_B[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(n, k, 1));
-    a.stride_D[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(cap, n, 1));
-  }
-}
-
-template <class G>
-void run_grouped_fp8_gemm(const GroupedGemmProblem& p, std::byte* args, std::byte* scratch, std::int64_t scratch_bytes,
-                          std::int32_t* status, int num_sms, cudaStream_t stream) {
-  MOEKIT_CUDA_REQUIRE(p.groups >= 1 && p.n > 0 && p.k > 0 && p.capacity >= 0,
-                      "grouped_fp8_gemm: groups, n and k must be positive");
-  MOEKIT_CUDA_REQUIRE(p.n % 16 == 0 && p.k % 16 == 0, "grouped_fp8_gemm: n = " + std::to_string(p.n) +
-                                                          " and k = " + std::to_string(p.k) +
-                                                          " must be multiples of 16 (16-byte TMA rows)");
-  const typename G::Arrays a = G::arrays(args, p.groups);
-  build_grouped_args<G><<<(p.groups + 127) / 128, 128, 0, stream>>>(p, a, status);
-  MOEKIT_CUDA_CHECK_LAUNCH();
+void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
+  static const bool layout_ok = G::layout_matches();
+  MOEKIT_CUDA_REQUIRE(layout_ok,
+                      std::string("grouped_fp8_gemm ") + std::string(G::kInfo.name) +
+                          ": CUTLASS's argument layout differs from GroupedGemmArrays (cuda/grouped_gemm.h)");
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && plan::supports(G::kInfo, l.n, l.k),
+                      std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) + " does not run n = " +
+                          std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
+  const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
 
   using Gemm = typename G::Gemm;
   typename Gemm::Arguments arguments;
@@ -175,28 +125,31 @@ void run_grouped_fp8_gemm(const GroupedGemmProblem& p, std::byte* args, std::byt
   auto& row_args = fusion.op_0;
   auto& col_args = fusion.op_1.op_0;
   row_args.ptr_row = a.ptr_row;
-  row_args.dRow = {_0{}, G::kSwapAB ? p.sa_per_row : p.sb_per_col, _0{}};
+  row_args.dRow = {_0{}, l.scales_per_row, _0{}};
   col_args.ptr_col = a.ptr_col;
-  col_args.dCol = {G::kSwapAB ? p.sb_per_col : p.sa_per_row, _0{}, _0{}};
+  col_args.dCol = {l.scales_per_row, _0{}, _0{}};
 
   cutlass::KernelHardwareInfo hw;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&hw.device_id));
-  hw.sm_count = num_sms;
-  arguments = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                       {p.groups, a.shapes, nullptr},  // shapes on the device only
-                                       {a.ptr_A, a.stride_A, a.ptr_B, a.stride_B},
-                                       {fusion, nullptr, nullptr, a.ptr_D, a.stride_D},
-                                       hw};
+  hw.sm_count = l.num_sms;
+  arguments = typename Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr},  // shapes on the device only
+      {reinterpret_cast<const typename G::ElementA**>(a.ptr_A), reinterpret_cast<typename G::StrideA*>(a.stride_A),
+       reinterpret_cast<const typename G::ElementB**>(a.ptr_B), reinterpret_cast<typename G::StrideB*>(a.stride_B)},
+      {fusion, nullptr, nullptr, reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+       reinterpret_cast<typename G::StrideD*>(a.stride_D)},
+      hw};
   const std::size_t need = Gemm::get_workspace_size(arguments);
-  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= scratch_bytes,
+  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
                       "grouped_fp8_gemm: CUTLASS needs " + std::to_string(need) + " bytes of workspace, the plan's " +
-                          "gemm_scratch holds " + std::to_string(scratch_bytes) +
-                          ": raise plan::kGemmScratchBytes (and its contract test)");
+                          "gemm_scratch holds " + std::to_string(l.scratch_bytes) +
+                          ": raise cuda::kGemmScratchBytes (and its contract test)");
   Gemm gemm;
   const cutlass::Status can = gemm.can_implement(arguments);
   MOEKIT_CUDA_REQUIRE(can == cutlass::Status::kSuccess,
                       std::string("grouped_fp8_gemm: CUTLASS cannot run this problem: ") + cutlassGetStatusString(can));
-  const cutlass::Status init = gemm.initialize(arguments, scratch, stream);
+  const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
   MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess,
                       std::string("grouped_fp8_gemm: initialize failed: ") + cutlassGetStatusString(init));
   const cutlass::Status run = gemm.run(stream);
@@ -206,3 +159,10 @@ void run_grouped_fp8_gemm(const GroupedGemmProblem& p, std::byte* args, std::byt
 }
 
 }  // namespace moekit::cuda::detail
+
+// The one line each grouped_gemm_<config>.cu holds, inside namespace moekit::cuda.
+#define MOEKIT_GROUPED_GEMM_INSTANCE(CONFIG)                                                                 \
+  template <>                                                                                                \
+  void grouped_fp8_gemm_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                    \
+    detail::run_grouped_fp8_gemm<detail::GroupedFp8Gemm<CONFIG>>(launch, static_cast<cudaStream_t>(stream)); \
+  }

@@ -6,7 +6,7 @@
 namespace moekit::detail {
 
 void throw_error(const char* file, int line, const char* cond, const std::string& msg) {
-  throw Error(fmt::format("moekit: {} ({}:{}, check `{}`)", msg, file, line, cond));
+  throw Error("moekit: " + msg, fmt::format("{}:{}, check `{}`", file, line, cond));
 }
 
 }  // namespace moekit::detail

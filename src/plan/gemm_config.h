@@ -1,37 +1,74 @@
-// The short, named list of grouped FP8 GEMM tile configurations of the Hopper experts, and the pure
-// function that picks one from the problem. One CUTLASS instantiation per config, one .cu file each
-// (src/cuda/grouped_gemm_<name>.cu). Printable, unit-tested on the CPU.
+// The one table of grouped FP8 GEMM tile configurations of the Hopper experts: name, tile, schedule,
+// swap A/B, the shapes each supports and the rows per expert it is chosen for. The CUTLASS
+// instances (src/cuda/grouped_gemm_<name>.cu: one per .cu file) take their tile and schedule from
+// it, the selector, the benchmark, the tests and `moekit plan` read it. Plain C++, constexpr, so
+// nvcc reads the same table.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
-#include <vector>
+
+#include "moekit/problem.h"
 
 namespace moekit::plan {
 
-enum class GemmConfig : std::uint8_t {
-  kSwapAB128x32,        // D^T = W x A^T: weights fill the 128-row side, m_e <= 32
-  kSwapAB128x64,        // the same with 64-token tiles: 32 < m_e <= 64
-  kPingpong64x256,      // two consumer warpgroups alternate 64x256 tiles: m_e > 64
-  kCooperative128x128,  // both warpgroups on one 128x128 tile: m_e > 64 when n % 256 != 0
-};
+enum class GemmConfig : std::uint8_t { kSwapAB128x32, kSwapAB128x64, kPingpong64x256, kCooperative128x128 };
+enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 
 struct GemmConfigInfo {
   GemmConfig id;
   std::string_view name;
   int tile_m, tile_n, tile_k;  // CTA tile in the kernel's own (possibly swapped) M, N, K
-  bool swap_ab;
+  GemmSchedule schedule;       // cooperative: both consumer warpgroups on one tile; pingpong: alternate tiles
+  bool swap_ab;                // D^T = W . A^T: weights on the 128-row side, tokens on tile_n
+  int n_multiple;              // supports GEMMs whose n (output columns) is a multiple of this
+  std::int64_t max_rows;       // chosen for experts expected to hold <= max_rows rows (-1: any)
   std::string_view why;
 };
 
-const std::vector<GemmConfigInfo>& gemm_configs();
-const GemmConfigInfo& gemm_config_info(GemmConfig config);
+// In selection order: the first row that supports (n, k) and whose max_rows covers the expected
+// rows per expert is chosen. Measured on an H200 (docs/PERF.md, DeepSeek-V3 shapes, E_local = 16):
+// pingpong-64x256 beat cooperative-128x128 at m_e = 64, 256 and 1024 (0.430 vs 0.436 ms at 256,
+// 1.49 vs 1.63 ms at 1024).
+inline constexpr GemmConfigInfo kGemmConfigs[] = {
+    {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32,
+     "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side"},
+    {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64,
+     "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
+    {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1,
+     "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
+    {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
+     "m_e > 64 when n % 256 != 0: 128x128 tiles, both warpgroups on one tile"},
+};
+inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
+
+constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
+  for (const auto& c : kGemmConfigs)
+    if (c.id == config) return c;
+  return kGemmConfigs[0];  // unreachable for a valid enum (every enumerator has a row: tested)
+}
+
+// Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple.
+constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k) {
+  return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0;
+}
+
 GemmConfig parse_gemm_config(std::string_view name);
 
-// Picks the config for GEMMs of shape (rows per expert, n, k). `expected_rows` is what one expert is
-// expected to receive: the host never reads expert_num_tokens (that would need a synchronization),
-// so it is M * topk / E for uniform routing.
+// The config for a GEMM of (rows per expert, n, k). Raises moekit::Error when no config supports
+// (n, k), naming them.
 GemmConfig select_gemm_config(std::int64_t expected_rows, std::int64_t n, std::int64_t k);
-std::int64_t expected_rows_per_expert(std::int64_t M, std::int64_t topk, std::int64_t E);
+
+// Rows one expert is expected to receive when `tokens` tokens (over all dispatchers) pick topk of
+// E experts uniformly. The host never reads expert_num_tokens (that would need a synchronization).
+std::int64_t expected_rows_per_expert(std::int64_t tokens, std::int64_t topk, std::int64_t E);
+
+// The two GEMMs of the batched experts, each with its own config.
+struct ExpertsGemmConfigs {
+  GemmConfig w1;  // (m_e x K) . (N x K)^T
+  GemmConfig w2;  // (m_e x I) . (K x I)^T
+};
+// For a step of `tokens_per_rank` tokens on every dispatcher (M / D at capacity).
+ExpertsGemmConfigs select_experts_gemm_configs(const MoeProblem& problem, std::int64_t tokens_per_rank);
 
 }  // namespace moekit::plan

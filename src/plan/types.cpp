@@ -28,6 +28,11 @@ std::string_view name_of(Enum value, const std::array<std::pair<std::string_view
   MOEKIT_FAIL("enum value {} has no name", static_cast<int>(value));
 }
 
+constexpr std::array<std::pair<std::string_view, Device>, 2> kDevices{{
+    {"cpu", Device::kCpu},
+    {"cuda", Device::kCuda},
+}};
+
 constexpr std::array<std::pair<std::string_view, ActivationFormat>, 2> kFormats{{
     {"standard", ActivationFormat::kStandard},
     {"batched", ActivationFormat::kBatchedExperts},
@@ -49,6 +54,14 @@ constexpr std::array<std::pair<std::string_view, QuantScheme>, 3> kQuants{{
 }};
 
 }  // namespace
+
+std::string_view device_name(Device device) {
+  return name_of(device, kDevices);
+}
+
+Device parse_device(std::string_view name) {
+  return parse_named(name, kDevices, "device");
+}
 
 std::int64_t dtype_size(DType dtype) {
   switch (dtype) {

@@ -1,9 +1,10 @@
-// WorkspaceBuilder: places named regions at aligned offsets (count-only or into a real
-// allocation), declared aliasing, and guard bands for checked mode.
+// WorkspaceBuilder: places named regions at aligned offsets, section by section, with declared
+// aliasing and guard bands for checked mode. Workspace: the one allocation of a plan, bound by name.
 #include "moekit/workspace.h"
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "moekit/check.h"
 
@@ -41,28 +42,58 @@ std::int64_t shape_bytes(const std::vector<std::int64_t>& shape, DType dtype, st
   return bytes;
 }
 
-const Region& WorkspacePlan::region(std::string_view name) const {
+// --- WorkspacePlan ------------------------------------------------------------------------------
+
+const Region* WorkspacePlan::find_region(std::string_view region_name) const {
   for (const auto& r : regions)
-    if (r.name == name) return r;
-  for (const auto& r : buffers)
-    if (r.name == name) return r;
-  MOEKIT_FAIL("workspace plan of {} has no region '{}'", backend, name);
+    if (r.name == region_name) return &r;
+  return nullptr;
 }
 
-WorkspaceBuilder::WorkspaceBuilder(std::string backend, const MoeProblem& problem, void* base, std::int64_t capacity,
-                                   std::int64_t guard_bytes)
-    : base_(static_cast<std::byte*>(base)), capacity_(capacity), guard_bytes_(guard_bytes) {
+const Region& WorkspacePlan::region(std::string_view region_name) const {
+  const Region* r = find_region(region_name);
+  MOEKIT_CHECK(r != nullptr, "workspace plan of {} has no region '{}'", name, region_name);
+  return *r;
+}
+
+const Section& WorkspacePlan::section(std::string_view section_name) const {
+  for (const auto& s : sections)
+    if (s.name == section_name) return s;
+  MOEKIT_FAIL("workspace plan of {} has no section '{}'", name, section_name);
+}
+
+std::int64_t WorkspacePlan::section_bytes(std::string_view section_name) const {
+  for (const auto& s : sections)
+    if (s.name == section_name) return s.bytes;
+  return 0;
+}
+
+// --- WorkspaceBuilder ---------------------------------------------------------------------------
+
+WorkspaceBuilder::WorkspaceBuilder(std::string name, const MoeProblem& problem, std::int64_t guard_bytes)
+    : guard_bytes_(guard_bytes) {
   MOEKIT_CHECK(guard_bytes >= 0 && guard_bytes % kAlignment == 0, "guard_bytes = {} must be a multiple of {}",
                guard_bytes, kAlignment);
-  MOEKIT_CHECK(base == nullptr || reinterpret_cast<std::uintptr_t>(base) % kAlignment == 0,
-               "workspace base {} must be {}-byte aligned", base, kAlignment);
-  plan_.backend = std::move(backend);
-  plan_.format = problem.format;
+  plan_.name = std::move(name);
   plan_.problem = problem;
   if (guard_bytes_ > 0) {
     plan_.guards.push_back({0, guard_bytes_});
     cursor_ = guard_bytes_;
   }
+}
+
+void WorkspaceBuilder::close_section() {
+  if (!plan_.sections.empty())
+    plan_.sections.back().bytes = align_up(cursor_, kAlignment) - plan_.sections.back().offset;
+}
+
+void WorkspaceBuilder::begin_section(std::string name, std::string owner) {
+  MOEKIT_CHECK(!in_alias_, "section '{}' opened inside alias group '{}'", name, alias_group_);
+  for (const auto& s : plan_.sections) MOEKIT_CHECK(s.name != name, "section '{}' declared twice", name);
+  close_section();
+  cursor_ = align_up(cursor_, kAlignment);
+  // The first section owns the leading guard band too: sections tile the whole allocation.
+  plan_.sections.push_back({std::move(name), std::move(owner), plan_.sections.empty() ? 0 : cursor_, 0});
 }
 
 std::int64_t WorkspaceBuilder::place(std::int64_t bytes) {
@@ -79,8 +110,12 @@ std::int64_t WorkspaceBuilder::place(std::int64_t bytes) {
   return offset;
 }
 
-void* WorkspaceBuilder::add(const RegionSpec& spec) {
+void WorkspaceBuilder::add(const RegionSpec& spec) {
   MOEKIT_CHECK(!finished_, "region '{}' added after finish()", spec.name);
+  MOEKIT_CHECK(!plan_.sections.empty(), "region '{}' added before any section: call begin_section first", spec.name);
+  MOEKIT_CHECK(plan_.find_region(spec.name) == nullptr, "region '{}' declared twice (sections '{}' and '{}')",
+               spec.name, plan_.find_region(spec.name) ? plan_.find_region(spec.name)->section : "",
+               plan_.sections.back().name);
   MOEKIT_CHECK(spec.live_from <= spec.live_to, "region '{}' is live from {} to {}: backwards", spec.name,
                stage_name(spec.live_from), stage_name(spec.live_to));
   Region r;
@@ -92,28 +127,9 @@ void* WorkspaceBuilder::add(const RegionSpec& spec) {
   r.live_from = spec.live_from;
   r.live_to = spec.live_to;
   r.alias_group = in_alias_ ? alias_group_ : std::string();
+  r.section = plan_.sections.back().name;
   r.what = spec.what;
-  plan_.regions.push_back(r);
-  if (base_ == nullptr) return nullptr;
-  MOEKIT_CHECK(r.offset + r.bytes <= capacity_,
-               "workspace of {} bytes is too small for region '{}' at offset {} ({} bytes): allocate the plan's "
-               "total_bytes",
-               capacity_, r.name, r.offset, r.bytes);
-  return base_ + r.offset;
-}
-
-void WorkspaceBuilder::add_buffer(const RegionSpec& spec) {
-  Region r;
-  r.name = spec.name;
-  r.dtype = spec.dtype;
-  r.shape = spec.shape;
-  r.bytes = shape_bytes(spec.shape, spec.dtype, spec.name);
-  r.offset = -1;
-  r.live_from = spec.live_from;
-  r.live_to = spec.live_to;
-  r.what = spec.what;
-  plan_.buffer_bytes += r.bytes;
-  plan_.buffers.push_back(r);
+  plan_.regions.push_back(std::move(r));
 }
 
 void WorkspaceBuilder::begin_alias(std::string group) {
@@ -145,14 +161,64 @@ void WorkspaceBuilder::set_reference(std::string note) {
 
 WorkspacePlan WorkspaceBuilder::finish() {
   MOEKIT_CHECK(!in_alias_, "alias group '{}' was not closed", alias_group_);
+  MOEKIT_CHECK(!finished_, "finish() called twice");
   finished_ = true;
+  close_section();
   std::stable_sort(plan_.regions.begin(), plan_.regions.end(),
                    [](const Region& a, const Region& b) { return a.offset < b.offset; });
   plan_.total_bytes = align_up(cursor_, kAlignment);
-  if (base_ != nullptr)
-    MOEKIT_CHECK(plan_.total_bytes <= capacity_, "workspace of {} bytes is smaller than the plan's {} bytes", capacity_,
-                 plan_.total_bytes);
-  return plan_;
+  return std::move(plan_);
+}
+
+// --- Workspace ----------------------------------------------------------------------------------
+
+Workspace::Workspace(WorkspacePlan plan, Memory& memory) : plan_(std::move(plan)), memory_(memory) {
+  MOEKIT_CHECK(!plan_.reference, "'{}' is a reference formula, not a plan moekit allocates", plan_.name);
+  if (plan_.total_bytes > 0)
+    base_ = static_cast<std::byte*>(memory_.allocate(plan_.total_bytes, "the workspace of " + plan_.name));
+}
+
+Workspace::~Workspace() {
+  if (base_ != nullptr) memory_.deallocate(base_);
+}
+
+void Workspace::require(const MoeProblem& problem, std::string_view who) const {
+  MOEKIT_CHECK(problem == plan_.problem,
+               "{} was asked to run {} on a workspace planned for {}: build the workspace from this problem's plan",
+               who, problem.describe(), plan_.problem.describe());
+}
+
+void* Workspace::region_ptr(std::string_view name, std::size_t elem_size, bool (*accepts_dtype)(DType)) const {
+  const Region* r = plan_.find_region(name);
+  MOEKIT_CHECK(r != nullptr, "the workspace of {} has no region '{}' (its declaration did not add it)", plan_.name,
+               name);
+  MOEKIT_CHECK(accepts_dtype(r->dtype), "region '{}' holds {}, read as a {}-byte type that is not one", name,
+               dtype_name(r->dtype), elem_size);
+  return base_ + r->offset;
+}
+
+void Workspace::poison(Stream stream) {
+  for (const auto& r : plan_.regions) memory_.fill(base_ + r.offset, 0xFF, r.bytes, stream);
+  for (const auto& g : plan_.guards) memory_.fill(base_ + g.offset, WorkspaceBuilder::kGuardByte, g.bytes, stream);
+}
+
+void Workspace::verify_guards(Stream stream) const {
+  if (plan_.guards.empty()) return;
+  std::vector<std::uint8_t> host;
+  for (const auto& g : plan_.guards) {
+    host.resize(static_cast<std::size_t>(g.bytes));
+    memory_.to_host(host.data(), base_ + g.offset, g.bytes, stream);
+    for (std::int64_t i = 0; i < g.bytes; ++i) {
+      if (host[static_cast<std::size_t>(i)] == WorkspaceBuilder::kGuardByte) continue;
+      std::string near = "the start of the workspace";
+      for (const auto& r : plan_.regions)
+        if (r.offset + r.bytes <= g.offset) near = "region '" + r.name + "' (" + r.section + ")";
+      MOEKIT_FAIL(
+          "checked mode: the guard band at offset {} (+{}) of the {} workspace was overwritten, just after {}: a "
+          "kernel wrote outside its region",
+          g.offset, i, plan_.name, near);
+    }
+  }
 }
 
 }  // namespace moekit

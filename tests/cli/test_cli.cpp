@@ -24,36 +24,57 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   const PlanReport report = make_plan_report(req);
   const nlohmann::json j = plan_json(req, report);
   EXPECT_EQ(j["model"], "deepseek-v3");
-  ASSERT_EQ(j["backends"].size(), 4u);
-  std::map<std::string, std::int64_t> totals;
-  for (const auto& b : j["backends"]) {
-    for (const char* key : {"name", "format", "M", "regions", "total_bytes", "gpu_memory_left_bytes"})
+  EXPECT_EQ(j["device"], "cuda");
+  ASSERT_EQ(j["plans"].size(), 3u);  // batched-fp8 (cuda) and the two references
+  std::map<std::string, std::int64_t> workspace;
+  for (const auto& b : j["plans"]) {
+    for (const char* key : {"name", "format", "M", "sections", "regions", "total_bytes", "workspace_bytes",
+                            "buffer_bytes", "gpu_memory_left_bytes", "config"})
       EXPECT_TRUE(b.contains(key)) << key;
+    std::int64_t sections = 0;
+    for (const auto& s : b["sections"]) sections += s["bytes"].get<std::int64_t>();
+    EXPECT_EQ(sections, b["total_bytes"].get<std::int64_t>());
     for (const auto& r : b["regions"]) {
-      for (const char* key : {"name", "dtype", "shape", "bytes", "offset"}) EXPECT_TRUE(r.contains(key)) << key;
+      for (const char* key : {"name", "section", "dtype", "shape", "bytes", "offset"})
+        EXPECT_TRUE(r.contains(key)) << key;
       EXPECT_LE(r["offset"].get<std::int64_t>() + r["bytes"].get<std::int64_t>(), b["total_bytes"].get<std::int64_t>());
     }
-    totals[b["name"]] = b["total_bytes"];
+    workspace[b["name"]] = b["workspace_bytes"];
+    EXPECT_EQ(b["workspace_bytes"].get<std::int64_t>() + b["buffer_bytes"].get<std::int64_t>(),
+              b["total_bytes"].get<std::int64_t>());
     EXPECT_EQ(b["gpu_memory_left_bytes"].get<std::int64_t>(),
-              (141LL << 30) - b["expert_weight_bytes"].get<std::int64_t>() - b["total_bytes"].get<std::int64_t>() -
-                  b["buffer_bytes"].get<std::int64_t>());
+              (141LL << 30) - b["expert_weight_bytes"].get<std::int64_t>() - b["total_bytes"].get<std::int64_t>());
   }
-  EXPECT_EQ(totals["upstream-batched-cutlass-before-fix"], 112LL << 30);
-  EXPECT_EQ(totals["upstream-batched-cutlass-after-fix"], 7LL << 29);
-  EXPECT_LT(totals["batched-fp8"], 2LL << 30);
-  EXPECT_EQ(j["backends"][0]["M"], 8192);
+  EXPECT_EQ(workspace["upstream-batched-cutlass-before-fix"], 112LL << 30);
+  EXPECT_EQ(workspace["upstream-batched-cutlass-after-fix"], 7LL << 29);
+  EXPECT_LT(workspace["batched-fp8 (cuda)"], 2LL << 30);
+  EXPECT_EQ(j["plans"][0]["M"], 8192);
+  EXPECT_EQ(j["plans"][0]["config"], "GEMMs for ~256 rows per expert: W1 pingpong-64x256, W2 pingpong-64x256");
 
   const std::string table = plan_table(req, report);
   EXPECT_NE(table.find("112.00 GiB"), std::string::npos) << table;
   EXPECT_NE(table.find("3.50 GiB"), std::string::npos) << table;
   EXPECT_NE(table.find("w1_out"), std::string::npos) << table;
+  EXPECT_NE(table.find("W1 pingpong-64x256"), std::string::npos) << table;
 }
 
-TEST(Cli, BackendFilterAndUnknownBackend) {
+TEST(Cli, DevicesAndExpertsFilter) {
   PlanRequest req;
-  req.backends = {"batched-fp8"};
-  EXPECT_EQ(make_plan_report(req).plans.size(), 1u);
-  req.backends = {"nope"};
+  req.experts = {"batched-fp8"};
+  EXPECT_EQ(make_plan_report(req).entries.size(), 1u);
+  req.device = "cpu";
+  req.experts = {};
+  req.parallel = {1, 1, 64, 0};
+  const PlanReport cpu = make_plan_report(req);
+  ASSERT_EQ(cpu.entries.size(), 4u);  // batched-fp8, standard-fp8 and the references
+  EXPECT_EQ(cpu.entries[1].plan.name, "standard-fp8 (cpu)");
+  // On the GPU, block128 is refused by the batched experts with the reason, not planned.
+  req.device = "cuda";
+  req.quant = "block128";
+  const PlanReport block = make_plan_report(req);
+  EXPECT_EQ(block.entries[0].workspace_bytes, -1);
+  EXPECT_NE(block.entries[0].plan.note.find("block-wise"), std::string::npos);
+  req.experts = {"nope"};
   EXPECT_THROW(make_plan_report(req), Error);
 }
 

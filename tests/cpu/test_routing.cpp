@@ -1,6 +1,7 @@
 // Routing on the CPU: route (fp32) against route_ref (fp64) for every preset, DeepSeek-V3's grouped
 // rule against an independent brute force, the tie rules, and bad input rejected with the value named.
 #include "cpu/routing.h"
+#include "moekit/router.h"
 
 #include <gtest/gtest.h>
 

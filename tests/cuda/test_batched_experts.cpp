@@ -1,29 +1,35 @@
-// The Hopper batched FP8 experts against the CPU backend (itself checked against float64) on fresh
-// random data: DeepSeek-V3, Qwen3-235B-A22B and Mixtral-8x7B shapes; m_e patterns all zero, one
-// expert full (m_e = M), uniform, random skew and sizes no tile divides; every config. The
-// workspace is the plan's, allocated with guard bands; every region and padding row is poisoned
-// with NaN; the guards must survive, padding rows of the output stay unwritten, no NaN reaches a
-// valid row. Two runs are bit-identical, a CUDA graph replay too; counts over M are an error.
+// The Hopper batched FP8 experts, through the Experts seam over a Workspace from plan_layer,
+// against the CPU experts (themselves checked against float64) on fresh random data, stage by stage:
+// DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, gpt-oss and Qwen3-30B shapes, every activation; m_e
+// patterns all zero, one expert full (m_e = M), uniform, random skew and sizes no tile divides; every
+// config the table says supports the shapes. The workspace carries guard bands; every region and
+// padding row is poisoned with NaN; the guards must survive, padding rows of the output stay
+// unwritten, no NaN reaches a valid row. Two runs are bit-identical, a CUDA graph replay too; counts
+// over M are an error that writes nothing.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <thread>
 
 #include "cpu/activation.h"
-#include "cpu/experts.h"
 #include "cpu/gemm.h"
 #include "cpu/quant.h"
-#include "cuda/batched_experts.h"
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/launch.h"
 #include "gpu_test_util.h"
 #include "moekit/check.h"
-#include "moekit/workspace.h"
+#include "moekit/registry.h"
+#include "synthetic/synthetic.h"
 
 namespace moekit {
 namespace {
 
-using testing::DeviceBuffer;
+using numerics::bf16_decode;
 
 // Tolerances, from the recipe:
 // - Each stage alone (W1 GEMM into bf16, W2 GEMM from the GPU's own FP8 activation): bf16 output
@@ -56,75 +62,89 @@ MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std:
   return p;
 }
 
+plan::ExpertsGemmConfigs both(plan::GemmConfig c) {
+  return {c, c};
+}
+
 struct GpuRun {
-  std::vector<std::uint16_t> output;
-  std::vector<std::uint8_t> workspace;  // whole allocation, guards included
+  std::vector<std::uint16_t> output;    // the expert_output region
+  std::vector<std::uint8_t> workspace;  // the whole allocation, guards included
   WorkspacePlan placed;
 };
 
+// The CUDA experts over one guarded Workspace on the GPU, with the experts' input regions filled
+// from the host.
 class GpuExperts {
  public:
-  GpuExperts(const MoeProblem& p, const cpu::ExpertWeights& w)
+  GpuExperts(const MoeProblem& p, const synthetic::HostExpertWeights& w)
       : p_(p),
-        w1_(w.w1),
-        w1s_(w.w1_scales),
-        w2_(w.w2),
-        w2s_(w.w2_scales),
-        placed_(plan_workspace("batched-fp8", p, kGuardBytes)),
-        ws_mem_(static_cast<std::size_t>(placed_.total_bytes)),
-        out_(static_cast<std::size_t>(p.E_local * p.M * p.K)) {
-    WorkspaceBuilder b("batched-fp8", p, ws_mem_.ptr, placed_.total_bytes, kGuardBytes);
-    ws_ = plan::declare_batched_fp8(p, b);
-    b.finish();
-    info_ = cuda::device_info(0);
+        memory_(make_memory(Device::kCuda)),
+        w1_(upload(w.w1)),
+        w1s_(upload(w.w1_scale)),
+        w2_(upload(w.w2)),
+        w2s_(upload(w.w2_scale)),
+        ws_(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1, kGuardBytes), *memory_) {
+    view_ = w.view();
+    view_.device = Device::kCuda;
+    view_.w1 = w1_.as<std::uint8_t>();
+    view_.w2 = w2_.as<std::uint8_t>();
+    view_.w1_scale = w1s_.as<float>();
+    view_.w2_scale = w2s_.as<float>();
   }
 
-  // Poisons workspace regions and the output with 0xFF (NaN), guards with their pattern.
-  void poison() {
-    std::vector<std::uint8_t> host(static_cast<std::size_t>(placed_.total_bytes), 0xFF);
-    for (const auto& g : placed_.guards) std::fill_n(host.begin() + g.offset, g.bytes, WorkspaceBuilder::kGuardByte);
-    MOEKIT_CUDA_CHECK(cudaMemcpy(ws_mem_.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
-    MOEKIT_CUDA_CHECK(cudaMemset(out_.ptr, 0xFF, out_.count * sizeof(std::uint16_t)));
+  // Poisons the workspace (regions NaN, guards their pattern), then writes the inputs.
+  ExpertsInput load(const testing::BatchedInputs& in) {
+    ws_.poison(nullptr);
+    put("a1q", in.a1q.data(), static_cast<std::int64_t>(in.a1q.size()));
+    put("a1q_scale", in.a1q_scale.data(), static_cast<std::int64_t>(in.a1q_scale.size() * 4));
+    put("expert_num_tokens", in.expert_num_tokens.data(), static_cast<std::int64_t>(in.expert_num_tokens.size() * 4));
+    return {ws_.get<std::uint8_t>("a1q"),
+            ws_.get<float>("a1q_scale"),
+            ws_.get<std::int32_t>("expert_num_tokens"),
+            nullptr,
+            p_.max_tokens_per_rank,
+            ws_.get<std::uint16_t>("expert_output")};
   }
 
-  void launch(const testing::BatchedInputs& in, DeviceBuffer<std::uint8_t>& a1q, DeviceBuffer<float>& scale,
-              DeviceBuffer<std::int32_t>& counts, plan::GemmConfig config, cudaStream_t stream) {
-    cuda::batched_fp8_experts(p_, weights(), a1q.ptr, scale.ptr, counts.ptr, out_.ptr, ws_, config, info_.num_sms,
-                              stream);
-    (void)in;
+  GpuRun run(const testing::BatchedInputs& in, plan::ExpertsGemmConfigs configs, bool expect_status_ok = true) {
+    const ExpertsInput input = load(in);
+    const auto experts = cuda::make_batched_experts({}, configs);
+    experts->run(p_, input, view_, ws_, nullptr);
+    if (expect_status_ok) experts->check_status(ws_, nullptr);
+    return download();
   }
 
-  GpuRun run(const testing::BatchedInputs& in, plan::GemmConfig config, bool expect_status_ok = true) {
-    DeviceBuffer<std::uint8_t> a1q(in.a1q);
-    DeviceBuffer<float> scale(in.a1q_scale);
-    DeviceBuffer<std::int32_t> counts(in.expert_num_tokens);
-    poison();
-    launch(in, a1q, scale, counts, config, nullptr);
-    MOEKIT_CUDA_CHECK(cudaGetLastError());
-    if (expect_status_ok) cuda::check_status(ws_.status, nullptr, p_.M);
-    MOEKIT_CUDA_CHECK(cudaDeviceSynchronize());
-    GpuRun r{out_.download(), {}, placed_};
-    r.workspace.resize(static_cast<std::size_t>(placed_.total_bytes));
-    MOEKIT_CUDA_CHECK(cudaMemcpy(r.workspace.data(), ws_mem_.ptr, r.workspace.size(), cudaMemcpyDeviceToHost));
+  GpuRun download() {
+    GpuRun r;
+    r.placed = ws_.plan();
+    r.workspace.resize(static_cast<std::size_t>(ws_.bytes()));
+    memory_->to_host(r.workspace.data(), ws_.base(), ws_.bytes(), nullptr);
+    const Region& out = r.placed.region("expert_output");
+    r.output.resize(static_cast<std::size_t>(out.bytes / 2));
+    std::memcpy(r.output.data(), r.workspace.data() + out.offset, static_cast<std::size_t>(out.bytes));
     return r;
   }
 
-  cuda::DeviceExpertWeights weights() const { return {w1_.ptr, w1s_.ptr, w2_.ptr, w2s_.ptr}; }
-  const plan::BatchedFp8Workspace& ws() const { return ws_; }
-  std::uint16_t* out() const { return out_.ptr; }
-  int num_sms() const { return info_.num_sms; }
+  const ExpertWeightsView& weights() const { return view_; }
+  Workspace& workspace() { return ws_; }
 
  private:
+  template <class T>
+  DeviceBuffer upload(const std::vector<T>& host) {
+    DeviceBuffer b(*memory_, static_cast<std::int64_t>(host.size() * sizeof(T)), "test weights");
+    memory_->from_host(b.get(), host.data(), b.bytes(), nullptr);
+    return b;
+  }
+  void put(const char* region, const void* host, std::int64_t bytes) {
+    ASSERT_LE(bytes, ws_.plan().region(region).bytes) << region;
+    memory_->from_host(ws_.get<std::byte>(region), host, bytes, nullptr);
+  }
+
   MoeProblem p_;
-  DeviceBuffer<std::uint8_t> w1_;
-  DeviceBuffer<float> w1s_;
-  DeviceBuffer<std::uint8_t> w2_;
-  DeviceBuffer<float> w2s_;
-  WorkspacePlan placed_;
-  DeviceBuffer<std::uint8_t> ws_mem_;
-  DeviceBuffer<std::uint16_t> out_;
-  plan::BatchedFp8Workspace ws_;
-  cuda::DeviceInfo info_;
+  std::unique_ptr<Memory> memory_;
+  DeviceBuffer w1_, w1s_, w2_, w2s_;
+  Workspace ws_;
+  ExpertWeightsView view_;
 };
 
 struct CpuResult {
@@ -132,18 +152,21 @@ struct CpuResult {
   std::vector<std::uint16_t> w1_out;  // (E_local, M, N)
 };
 
-CpuResult cpu_oracle(const MoeProblem& p, const cpu::ExpertWeights& w, const testing::BatchedInputs& in,
+CpuResult cpu_oracle(const MoeProblem& p, const synthetic::HostExpertWeights& w, const testing::BatchedInputs& in,
                      cpu::ThreadPool& pool) {
-  const WorkspacePlan plan = plan_workspace("batched-fp8", p);
-  std::vector<std::byte> mem(static_cast<std::size_t>(plan.total_bytes + 256));
-  auto* base = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(mem.data()) + 255) / 256 * 256);
-  WorkspaceBuilder b("batched-fp8", p, base, plan.total_bytes);
-  const auto ws = plan::declare_batched_fp8(p, b);
+  const auto memory = make_memory(Device::kCpu);
+  const auto& entry = find_experts("batched-fp8", Device::kCpu);
+  Workspace ws(plan_layer(p, entry, 1), *memory);
+  ws.poison(nullptr);
+  const auto experts = entry.make({&pool, nullptr});
+  auto* out = ws.get<std::uint16_t>("expert_output");
+  experts->run(p,
+               {in.a1q.data(), in.a1q_scale.data(), in.expert_num_tokens.data(), nullptr, p.max_tokens_per_rank, out},
+               w.view(), ws, nullptr);
   CpuResult r;
-  r.output.assign(static_cast<std::size_t>(p.E_local * p.M * p.K), 0xFFFF);
-  cpu::batched_experts(p, w, in.a1q.data(), in.a1q_scale.data(), in.expert_num_tokens.data(), r.output.data(), ws,
-                       pool);
-  r.w1_out.assign(ws.w1_out, ws.w1_out + p.E_local * p.M * p.N);
+  r.output.assign(out, out + p.E_local * p.M * p.K);
+  const auto* w1 = ws.get<std::uint16_t>("w1_out");
+  r.w1_out.assign(w1, w1 + p.E_local * p.M * p.N);
   return r;
 }
 
@@ -155,7 +178,7 @@ double rel_err_valid(const MoeProblem& p, const std::uint16_t* a, const std::uin
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m < 0 || m > p.M) continue;
     for (std::int64_t i = e * p.M * width; i < (e * p.M + m) * width; ++i) {
-      const double x = cpu::bf16_decode(a[i]), y = cpu::bf16_decode(b[i]);
+      const double x = bf16_decode(a[i]), y = bf16_decode(b[i]);
       err += (x - y) * (x - y);
       norm += y * y;
     }
@@ -166,7 +189,7 @@ double rel_err_valid(const MoeProblem& p, const std::uint16_t* a, const std::uin
 // Stage by stage: the GPU's W1 output against the CPU's; the GPU's activation codes against the
 // CPU activation + quantization of the GPU's own W1 output; the GPU's output against the CPU W2
 // GEMM of the GPU's own activation. Each isolates one kernel from the requantization flips.
-void check_stages(const MoeProblem& p, const cpu::ExpertWeights& w, const GpuRun& r, const CpuResult& ref,
+void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, const GpuRun& r, const CpuResult& ref,
                   const std::vector<std::int32_t>& counts, cpu::ThreadPool& pool, const std::string& ctx) {
   const std::int64_t N = p.N, K = p.K, I = p.I(), M = p.M;
   const auto* gpu_w1 = reinterpret_cast<const std::uint16_t*>(r.workspace.data() + r.placed.region("w1_out").offset);
@@ -204,13 +227,13 @@ void check_stages(const MoeProblem& p, const cpu::ExpertWeights& w, const GpuRun
     g.a_scales = gs;
     g.B = w.w2.data() + e * K * I;
     g.ldb = I;
-    g.b_scales = w.w2_scales.data() + e * w.w2_scale_stride;
+    g.b_scales = w.w2_scale.data() + e * w.view().w2_scale_stride();
     g.D_bf16 = gemm2.data();
     g.ldd = K;
     cpu::fp8_gemm(g, pool);
     for (std::int64_t i = 0; i < m * K; ++i) {
-      const double x = cpu::bf16_decode(r.output[static_cast<std::size_t>(e * M * K + i)]);
-      const double y = cpu::bf16_decode(gemm2[static_cast<std::size_t>(i)]);
+      const double x = bf16_decode(r.output[static_cast<std::size_t>(e * M * K + i)]);
+      const double y = bf16_decode(gemm2[static_cast<std::size_t>(i)]);
       err2 += (x - y) * (x - y);
       norm2 += y * y;
     }
@@ -244,7 +267,7 @@ double check_run(const MoeProblem& p, const GpuRun& r, const std::vector<std::ui
           written_padding += r.output[i] != 0xFFFF;
           continue;
         }
-        const double g = cpu::bf16_decode(r.output[i]), c_ref = cpu::bf16_decode(ref[i]);
+        const double g = bf16_decode(r.output[i]), c_ref = bf16_decode(ref[i]);
         if (std::isnan(g)) ++nan_valid;
         err += (g - c_ref) * (g - c_ref);
         norm += c_ref * c_ref;
@@ -256,27 +279,7 @@ double check_run(const MoeProblem& p, const GpuRun& r, const std::vector<std::ui
   return norm > 0 ? std::sqrt(err / norm) : 0.0;
 }
 
-std::vector<std::int32_t> pattern_counts(const std::string& pattern, std::int64_t E_local, std::int64_t M,
-                                         std::uint64_t seed) {
-  std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), 0);
-  cpu::SplitMix rng = cpu::stream(seed, 7, 0);
-  for (std::int64_t e = 0; e < E_local; ++e) {
-    const auto ue = static_cast<std::size_t>(e);
-    if (pattern == "zero")
-      c[ue] = 0;
-    else if (pattern == "one_full")
-      c[ue] = e == 1 ? static_cast<std::int32_t>(M) : 0;
-    else if (pattern == "uniform")
-      c[ue] = static_cast<std::int32_t>(M / 2);
-    else if (pattern == "skew")
-      c[ue] = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(M + 1));
-    else if (pattern == "ragged") {
-      const std::int32_t odd[] = {1, 37, 129, 255, 7, 200};
-      c[ue] = std::min<std::int32_t>(odd[e % 6], static_cast<std::int32_t>(M));
-    }
-  }
-  return c;
-}
+using testing::pattern_counts;
 
 struct Case {
   std::string model;
@@ -297,24 +300,25 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
   const Case c = GetParam();
   const MoeProblem p = problem_for(c.model, c.E_local, c.M, c.quant, c.activation);
   cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const cpu::ExpertWeights w = cpu::make_random_weights(p, 0, 17, pool);
+  const auto w = synthetic::make_expert_weights(p, 0, 17, pool);
   GpuExperts gpu(p, w);
   for (const std::string pattern : {"zero", "one_full", "uniform", "skew", "ragged"}) {
     const auto counts = pattern_counts(pattern, p.E_local, p.M, 3);
     const auto in = testing::make_batched_inputs(p, counts, 23);
     const auto ref = cpu_oracle(p, w, in, pool);
-    for (const auto& cfg : plan::gemm_configs()) {
-      if (cfg.id == plan::GemmConfig::kPingpong64x256 && (p.N % 256 != 0 || p.K % 256 != 0)) continue;
+    for (const auto& cfg : plan::kGemmConfigs) {
+      // One config for both GEMMs, wherever the table says it runs both shapes.
+      if (!plan::supports(cfg, p.N, p.K) || !plan::supports(cfg, p.K, p.I())) continue;
       const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
                               std::string(quant_name(p.quant)) + " " + std::string(activation_name(p.activation)) +
                               " " + pattern + " " + std::string(cfg.name);
-      const GpuRun r = gpu.run(in, cfg.id);
+      const GpuRun r = gpu.run(in, both(cfg.id));
       const double rel = check_run(p, r, ref.output, counts, ctx);
       EXPECT_LT(rel, kRelTolerance) << ctx;
       std::printf("  %-62s end to end vs CPU %.3e\n", ctx.c_str(), rel);
       check_stages(p, w, r, ref, counts, pool, ctx);
       if (pattern == "skew") {
-        const GpuRun again = gpu.run(in, cfg.id);
+        const GpuRun again = gpu.run(in, both(cfg.id));
         EXPECT_EQ(r.output, again.output) << ctx << ": two runs differ";
       }
     }
@@ -345,19 +349,20 @@ TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
   MOEKIT_REQUIRE_GPU();
   const MoeProblem p = problem_for("qwen3-30b-a3b", 3, 64, QuantScheme::kPerTokenPerChannel);
   cpu::ThreadPool pool(4);
-  const cpu::ExpertWeights w = cpu::make_random_weights(p, 0, 5, pool);
+  const auto w = synthetic::make_expert_weights(p, 0, 5, pool);
   GpuExperts gpu(p, w);
   std::vector<std::int32_t> counts = {10, static_cast<std::int32_t>(p.M + 5), 64};
   auto in = testing::make_batched_inputs(p, {10, 0, 64}, 9);
   in.expert_num_tokens = counts;
   try {
-    gpu.run(in, plan::GemmConfig::kCooperative128x128, true);
+    gpu.run(in, both(plan::GemmConfig::kCooperative128x128), true);
     FAIL() << "expert_num_tokens > M was not reported";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expert_num_tokens[1] = 69"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("M = 64"), std::string::npos) << e.what();
   }
   // The bad expert wrote nothing; the others are right.
-  const GpuRun r = gpu.run(in, plan::GemmConfig::kCooperative128x128, false);
+  const GpuRun r = gpu.run(in, both(plan::GemmConfig::kCooperative128x128), false);
   auto ok_in = in;
   ok_in.expert_num_tokens = {10, 0, 64};
   const auto ref = cpu_oracle(p, w, ok_in, pool);
@@ -370,23 +375,32 @@ TEST(BatchedExpertsGpuContract, ActivationKernelsAgreeBitForBit) {
   // Every variant computes the same formulas and an exact max: identical codes and scales.
   const MoeProblem p = problem_for("deepseek-v3", 3, 96, QuantScheme::kPerTokenPerChannel);
   cpu::ThreadPool pool(4);
-  const cpu::ExpertWeights w = cpu::make_random_weights(p, 0, 12, pool);
+  const auto w = synthetic::make_expert_weights(p, 0, 12, pool);
   GpuExperts gpu(p, w);
   const auto counts = pattern_counts("ragged", p.E_local, p.M, 2);
   const auto in = testing::make_batched_inputs(p, counts, 6);
-  const GpuRun base = gpu.run(in, plan::GemmConfig::kPingpong64x256);  // leaves w1_out in the workspace
-  DeviceBuffer<std::int32_t> dcounts(in.expert_num_tokens);
+  const auto configs = both(plan::GemmConfig::kPingpong64x256);
+  const GpuRun base = gpu.run(in, configs);  // leaves w1_out and row_offsets in the workspace
+  Workspace& ws = gpu.workspace();
+  const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
+                           ws.get<float>("a1q_scale"),
+                           ws.get<std::int32_t>("expert_num_tokens"),
+                           nullptr,
+                           p.M,
+                           ws.get<std::uint16_t>("expert_output")};
+  const cuda::BatchedExpertsLaunch l =
+      cuda::make_launch(p, input, gpu.weights(), ws, cuda::current_device_num_sms(), configs);
   const auto& act = base.placed.region("act_q");
   const auto& scale = base.placed.region("act_scale");
   for (auto kernel : {cuda::ActivationKernel::kGeneric, cuda::ActivationKernel::kRowPerBlock}) {
-    MOEKIT_CUDA_CHECK(cudaMemset(gpu.ws().act_q, 0xFF, static_cast<std::size_t>(act.bytes)));
-    MOEKIT_CUDA_CHECK(cudaMemset(gpu.ws().act_scale, 0xFF, static_cast<std::size_t>(scale.bytes)));
-    cuda::activation_quant(p, gpu.ws(), dcounts.ptr, gpu.num_sms(), nullptr, kernel);
+    MOEKIT_CUDA_CHECK(cudaMemset(l.act_q, 0xFF, static_cast<std::size_t>(act.bytes)));
+    MOEKIT_CUDA_CHECK(cudaMemset(l.act_scale, 0xFF, static_cast<std::size_t>(scale.bytes)));
+    cuda::launch_activation_quant(l, kernel, nullptr);
     MOEKIT_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<std::uint8_t> q(static_cast<std::size_t>(act.bytes));
     std::vector<float> sc(static_cast<std::size_t>(scale.bytes / 4));
-    MOEKIT_CUDA_CHECK(cudaMemcpy(q.data(), gpu.ws().act_q, q.size(), cudaMemcpyDeviceToHost));
-    MOEKIT_CUDA_CHECK(cudaMemcpy(sc.data(), gpu.ws().act_scale, sc.size() * 4, cudaMemcpyDeviceToHost));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(q.data(), l.act_q, q.size(), cudaMemcpyDeviceToHost));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(sc.data(), l.act_scale, sc.size() * 4, cudaMemcpyDeviceToHost));
     const std::int64_t I = p.I();
     for (std::int64_t e = 0; e < p.E_local; ++e) {
       const std::int64_t m = counts[static_cast<std::size_t>(e)];
@@ -406,29 +420,27 @@ TEST(BatchedExpertsGpuContract, CudaGraphReplayMatchesEagerRun) {
   MOEKIT_REQUIRE_GPU();
   const MoeProblem p = problem_for("deepseek-v3", 2, 64, QuantScheme::kPerTokenPerChannel);
   cpu::ThreadPool pool(4);
-  const cpu::ExpertWeights w = cpu::make_random_weights(p, 0, 8, pool);
+  const auto w = synthetic::make_expert_weights(p, 0, 8, pool);
   GpuExperts gpu(p, w);
   const auto counts = pattern_counts("ragged", p.E_local, p.M, 1);
   const auto in = testing::make_batched_inputs(p, counts, 4);
-  const GpuRun eager = gpu.run(in, plan::GemmConfig::kSwapAB128x32);
+  const auto configs = both(plan::GemmConfig::kSwapAB128x32);
+  const GpuRun eager = gpu.run(in, configs);
 
-  DeviceBuffer<std::uint8_t> a1q(in.a1q);
-  DeviceBuffer<float> scale(in.a1q_scale);
-  DeviceBuffer<std::int32_t> dcounts(in.expert_num_tokens);
-  gpu.poison();
+  const ExpertsInput input = gpu.load(in);  // poisoned again
+  const auto experts = cuda::make_batched_experts({}, configs);
   cudaStream_t stream;
   MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   MOEKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  gpu.launch(in, a1q, scale, dcounts, plan::GemmConfig::kSwapAB128x32, stream);
+  experts->run(p, input, gpu.weights(), gpu.workspace(), stream);
   MOEKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   MOEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  for (int replay = 0; replay < 2; ++replay) MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<std::uint16_t> replay(eager.output.size());
-  MOEKIT_CUDA_CHECK(cudaMemcpy(replay.data(), gpu.out(), replay.size() * 2, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(replay, eager.output);
+  experts->check_status(gpu.workspace(), stream);
+  EXPECT_EQ(gpu.download().output, eager.output);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

@@ -33,20 +33,26 @@ TEST(MpiLayer, FourProcessesBitIdenticalToOneRank) {
     for (QuantScheme q : {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128}) {
       const ModelConfig m = testing::tiny_model(grouped);
       const std::int64_t T = 6;
-      const auto g = testing::make_tokens(m, 4 * T, 21);
+      const std::uint64_t seed = 5;
+      const auto g = synthetic::make_tokens(m.hidden_size, m.num_experts, 0, 4 * T, 21);
       LayerOptions opt;
       opt.quant = q;
       opt.checked = true;
-      opt.seed = 5;
       // Chunked: max_tokens_per_rank 4 < 6 tokens per rank.
-      MoeLayer layer(m, ParallelConfig{4, 4, 4, 0}, opt, comm);
+      const ParallelConfig par{4, 4, 4, 0};
+      const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, q);
+      cpu::ThreadPool pool(1);
+      const auto w = synthetic::make_expert_weights(p, first_local_expert(par, p, comm.rank()), seed, pool);
+      const std::vector<float> bias =
+          grouped ? synthetic::make_routing_bias(m.num_experts, seed) : std::vector<float>{};
+      MoeLayer layer(m, par, opt, {w.view(), grouped ? bias.data() : nullptr}, comm);
       const std::int64_t r = comm.rank();
       std::vector<std::uint16_t> out(static_cast<std::size_t>(T * m.hidden_size));
       layer.forward(g.hidden.data() + r * T * m.hidden_size, g.logits.data() + r * T * m.num_experts, T, out.data());
       const auto all = gather_all(comm, out, T * m.hidden_size);
       LayerOptions ref_opt = opt;
       ref_opt.checked = false;
-      const auto one = testing::run_layout(m, g, {4 * T}, 1, 4 * T, ref_opt);
+      const auto one = testing::run_layout(m, g, {4 * T}, 1, 4 * T, ref_opt, seed);
       EXPECT_EQ(all, one.output) << m.name << " " << quant_name(q) << " rank " << r;
     }
   }

@@ -1,19 +1,19 @@
-// The whole layer on the CPU backend: outputs bit-identical however the global tokens are spread
-// over ranks and chunks, repeatable, standard == batched, edge cases (a rank with 0 tokens, 1 token,
-// every token to one expert so m_e == M, topk == E_local, chunked steps), checked mode (guard bands,
-// NaN poisoning) and the float64 reference within the recipe's tolerance, and bad input.
+// The whole layer on the CPU backend, through its seams: outputs bit-identical however the global
+// tokens are spread over ranks and chunks, repeatable, standard == batched, edge cases (a rank with 0
+// tokens, 1 token, every token to one expert so m_e == M, topk == E_local, chunked steps), checked
+// mode (guard bands, NaN poisoning) and the float64 reference within the recipe's tolerance, the
+// workspace equal to the plan, and bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "layer_test_util.h"
 #include "moekit/check.h"
+#include "moekit/registry.h"
 
 namespace moekit {
 namespace {
 
-using testing::GlobalTokens;
-using testing::make_tokens;
 using testing::run_layout;
 using testing::tiny_model;
 
@@ -21,15 +21,18 @@ using testing::tiny_model;
 // float64 W1 sums round differently: measured ~2.4e-3 on these shapes; 1e-2 leaves margin and still
 // fails on any real indexing or scaling bug (those give O(1) errors).
 constexpr double kRelTolerance = 1e-2;
+constexpr std::uint64_t kSeed = 7;
 
 LayerOptions options(QuantScheme quant, bool checked = false) {
   LayerOptions o;
   o.quant = quant;
   o.checked = checked;
-  o.reference = checked;
-  o.seed = 7;
   o.num_threads = 1;
   return o;
+}
+
+synthetic::Tokens tokens(const ModelConfig& m, std::int64_t n, std::uint64_t seed) {
+  return synthetic::make_tokens(m.hidden_size, m.num_experts, 0, n, seed);
 }
 
 class LayerAcrossRanks : public ::testing::TestWithParam<std::tuple<bool, QuantScheme>> {};
@@ -37,19 +40,19 @@ class LayerAcrossRanks : public ::testing::TestWithParam<std::tuple<bool, QuantS
 TEST_P(LayerAcrossRanks, BitIdenticalToOneRank) {
   const auto [grouped, quant] = GetParam();
   const ModelConfig m = tiny_model(grouped);
-  const GlobalTokens g = make_tokens(m, 32, 11);
-  const auto one = run_layout(m, g, {32}, 1, 32, options(quant));
-  const auto four = run_layout(m, g, {8, 8, 8, 8}, 4, 8, options(quant));
+  const synthetic::Tokens g = tokens(m, 32, 11);
+  const auto one = run_layout(m, g, {32}, 1, 32, options(quant), kSeed);
+  const auto four = run_layout(m, g, {8, 8, 8, 8}, 4, 8, options(quant), kSeed);
   EXPECT_EQ(one.output, four.output) << m.name << " " << quant_name(quant);
   // Uneven: a rank with 0 tokens, one with 1, chunked steps (max_tokens_per_rank 4 < 15 tokens).
-  const auto uneven = run_layout(m, g, {0, 1, 16, 15}, 4, 4, options(quant));
+  const auto uneven = run_layout(m, g, {0, 1, 16, 15}, 4, 4, options(quant), kSeed);
   EXPECT_EQ(one.output, uneven.output) << m.name << " " << quant_name(quant);
   // Repeated steps on the same layer, and checked mode, change nothing.
-  const auto again = run_layout(m, g, {8, 8, 8, 8}, 4, 8, options(quant, true), 2);
+  const auto again = run_layout(m, g, {8, 8, 8, 8}, 4, 8, options(quant, true), kSeed, 2, true);
   EXPECT_EQ(one.output, again.output) << m.name << " " << quant_name(quant);
-  const double rel = std::sqrt(again.ref_err_sq / again.ref_norm_sq);
-  EXPECT_LT(rel, kRelTolerance) << m.name << " " << quant_name(quant);
-  EXPECT_GT(again.ref_norm_sq, 0.0);
+  EXPECT_LT(again.error.relative(), kRelTolerance) << m.name << " " << quant_name(quant);
+  EXPECT_GT(again.error.norm_sq, 0.0);
+  EXPECT_EQ(again.error.nan_outputs, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Quant, LayerAcrossRanks,
@@ -62,22 +65,22 @@ INSTANTIATE_TEST_SUITE_P(Quant, LayerAcrossRanks,
 
 TEST(Layer, StandardEqualsBatchedOnOneRank) {
   const ModelConfig m = tiny_model(false);
-  const GlobalTokens g = make_tokens(m, 20, 3);
+  const synthetic::Tokens g = tokens(m, 20, 3);
   for (QuantScheme q : all_quant_schemes()) {
     LayerOptions b = options(q, true), s = options(q, true);
-    s.format = ActivationFormat::kStandard;
-    const auto rb = run_layout(m, g, {20}, 1, 20, b);
-    const auto rs = run_layout(m, g, {20}, 1, 20, s);
+    s.experts = "standard-fp8";
+    const auto rb = run_layout(m, g, {20}, 1, 20, b, kSeed, 1, true);
+    const auto rs = run_layout(m, g, {20}, 1, 20, s, kSeed, 1, true);
     // Per-tensor activation scales span different tensors in the two formats (one per expert in
     // the batched buffer, one for all permuted rows in the standard one): equal only in tolerance.
     if (q != QuantScheme::kPerTensor) {
       EXPECT_EQ(rb.output, rs.output) << quant_name(q);
     }
-    EXPECT_LT(std::sqrt(rb.ref_err_sq / rb.ref_norm_sq), kRelTolerance) << quant_name(q);
-    EXPECT_LT(std::sqrt(rs.ref_err_sq / rs.ref_norm_sq), kRelTolerance) << quant_name(q);
+    EXPECT_LT(rb.error.relative(), kRelTolerance) << quant_name(q);
+    EXPECT_LT(rs.error.relative(), kRelTolerance) << quant_name(q);
     // Standard with pure data parallelism (ep = 1, every rank all experts) agrees too.
     if (q != QuantScheme::kPerTensor) {
-      const auto rs2 = run_layout(m, g, {12, 8}, 1, 12, s);
+      const auto rs2 = run_layout(m, g, {12, 8}, 1, 12, s, kSeed);
       EXPECT_EQ(rb.output, rs2.output) << quant_name(q);
     }
   }
@@ -85,30 +88,33 @@ TEST(Layer, StandardEqualsBatchedOnOneRank) {
 
 TEST(Layer, EveryTokenToOneExpertFillsCapacity) {
   ModelConfig m = tiny_model(false);
-  GlobalTokens g = make_tokens(m, 16, 5);
+  synthetic::Tokens g = tokens(m, 16, 5);
   for (std::int64_t t = 0; t < 16; ++t) g.logits[static_cast<std::size_t>(t * m.num_experts + 5)] = 50.0f;
   // dp 4, 4 tokens each, max_tokens_per_rank 4: M = 16 and expert 5 receives all 16 rows (m_e == M).
-  const auto four = run_layout(m, g, {4, 4, 4, 4}, 4, 4, options(QuantScheme::kPerTokenPerChannel, true));
-  const auto one = run_layout(m, g, {16}, 1, 16, options(QuantScheme::kPerTokenPerChannel));
+  const auto four =
+      run_layout(m, g, {4, 4, 4, 4}, 4, 4, options(QuantScheme::kPerTokenPerChannel, true), kSeed, 1, true);
+  const auto one = run_layout(m, g, {16}, 1, 16, options(QuantScheme::kPerTokenPerChannel), kSeed);
   EXPECT_EQ(one.output, four.output);
-  EXPECT_LT(std::sqrt(four.ref_err_sq / four.ref_norm_sq), kRelTolerance);
+  EXPECT_LT(four.error.relative(), kRelTolerance);
 }
 
 TEST(Layer, TopkEqualsLocalExperts) {
   ModelConfig m = tiny_model(false);  // E = 16, ep = 4: E_local = 4 = topk
-  const GlobalTokens g = make_tokens(m, 12, 9);
-  const auto four = run_layout(m, g, {3, 3, 3, 3}, 4, 3, options(QuantScheme::kBlock128, true));
-  const auto one = run_layout(m, g, {12}, 1, 12, options(QuantScheme::kBlock128));
+  const synthetic::Tokens g = tokens(m, 12, 9);
+  const auto four = run_layout(m, g, {3, 3, 3, 3}, 4, 3, options(QuantScheme::kBlock128, true), kSeed);
+  const auto one = run_layout(m, g, {12}, 1, 12, options(QuantScheme::kBlock128), kSeed);
   EXPECT_EQ(one.output, four.output);
 }
 
 TEST(Layer, WorkspaceIsThePlan) {
   const ModelConfig m = tiny_model(true);
-  const GlobalTokens g = make_tokens(m, 8, 1);
-  const auto r = run_layout(m, g, {4, 4}, 2, 4, options(QuantScheme::kPerTokenPerChannel));
+  const synthetic::Tokens g = tokens(m, 8, 1);
+  const auto r = run_layout(m, g, {4, 4}, 2, 4, options(QuantScheme::kPerTokenPerChannel), kSeed);
   const MoeProblem p =
       make_problem(m, ParallelConfig{2, 2, 4, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
-  EXPECT_EQ(r.workspace_bytes, plan_workspace("batched-fp8", p).total_bytes);
+  const WorkspacePlan plan = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 2);
+  EXPECT_EQ(r.workspace_bytes, plan.total_bytes);
+  EXPECT_EQ(r.experts_workspace_bytes, plan.section_bytes("experts"));
 }
 
 void expect_error(const std::function<void()>& fn, const std::string& needle) {
@@ -122,34 +128,46 @@ void expect_error(const std::function<void()>& fn, const std::string& needle) {
 
 TEST(LayerBadInput, Construction) {
   const ModelConfig m = tiny_model(false);
-  expect_error(
-      [&] {
-        run_in_process(2, [&](Communicator& c) { MoeLayer l(m, {4, 4, 8, 0}, options(QuantScheme::kBlock128), c); });
-      },
-      "dp = 4");
+  const MoeProblem p =
+      make_problem(m, ParallelConfig{2, 2, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
+  cpu::ThreadPool pool(1);
+  const auto w = synthetic::make_expert_weights(p, 0, 1, pool);
+  const LayerWeights lw{w.view(), nullptr};
+  auto build = [&](const ParallelConfig& par, const LayerOptions& o, int ranks, const LayerWeights& weights) {
+    run_in_process(ranks, [&](Communicator& c) { MoeLayer l(m, par, o, weights, c); });
+  };
+  expect_error([&] { build({4, 4, 8, 0}, options(QuantScheme::kBlock128), 2, lw); }, "dp = 4");
   LayerOptions s = options(QuantScheme::kBlock128);
-  s.format = ActivationFormat::kStandard;
-  expect_error([&] { run_in_process(2, [&](Communicator& c) {
-                       MoeLayer l(m, {2, 2, 8, 0}, s, c);
-                     }); },
-               "standard format runs with ep == 1");
+  s.experts = "standard-fp8";
+  expect_error([&] { build({2, 2, 8, 0}, s, 2, lw); }, "the standard format runs with ep == 1");
+  expect_error([&] { build({2, 2, 8, 0}, options(QuantScheme::kPerTensor), 2, lw); }, "per-tensor");
+  expect_error([&] { build({1, 1, 0, 0}, options(QuantScheme::kBlock128), 1, lw); }, "max_tokens_per_rank = 0");
+  // Weights that are not the problem's: quant, shapes, device; and a missing routing bias.
+  expect_error([&] { build({2, 2, 8, 0}, options(QuantScheme::kPerTokenPerChannel), 2, lw); }, "quantized block128");
+  LayerWeights half = lw;
+  half.experts.E_local = 4;
+  expect_error([&] { build({2, 2, 8, 0}, options(QuantScheme::kBlock128), 2, half); }, "E_local = 4");
+  LayerOptions gpu = options(QuantScheme::kBlock128);
+  gpu.device = Device::kCuda;
+  expect_error([&] { build({2, 2, 8, 0}, gpu, 2, lw); }, "cuda");
+  const ModelConfig grouped = tiny_model(true);
   expect_error(
       [&] {
-        run_in_process(2, [&](Communicator& c) { MoeLayer l(m, {2, 2, 8, 0}, options(QuantScheme::kPerTensor), c); });
+        run_in_process(2, [&](Communicator& c) {
+          MoeLayer l(grouped, {2, 2, 8, 0}, options(QuantScheme::kBlock128), lw, c);
+        });
       },
-      "per-tensor");
-  expect_error(
-      [&] {
-        run_in_process(1, [&](Communicator& c) { MoeLayer l(m, {1, 1, 0, 0}, options(QuantScheme::kBlock128), c); });
-      },
-      "max_tokens_per_rank = 0");
+      "e_score_correction_bias");
+  LayerOptions unknown = options(QuantScheme::kBlock128);
+  unknown.experts = "magic-fp8";
+  expect_error([&] { build({2, 2, 8, 0}, unknown, 2, lw); }, "no experts 'magic-fp8'");
 }
 
 TEST(LayerBadInput, NaNLogitNamesTheToken) {
   const ModelConfig m = tiny_model(false);
-  GlobalTokens g = make_tokens(m, 4, 1);
+  synthetic::Tokens g = tokens(m, 4, 1);
   g.logits[static_cast<std::size_t>(2 * m.num_experts + 3)] = std::nanf("");
-  expect_error([&] { run_layout(m, g, {4}, 1, 4, options(QuantScheme::kBlock128)); }, "token 2");
+  expect_error([&] { run_layout(m, g, {4}, 1, 4, options(QuantScheme::kBlock128), kSeed); }, "token 2");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// The workspace contract, held by tests: batched M is max_tokens_per_rank * num_dispatchers and is
-// never multiplied again; region shapes; live regions never share bytes; totals; guard bands; the
-// golden DeepSeek-V3 figures of the upstream report; bad input raises moekit::Error naming the value.
+// The workspace contract, held by tests, for every implementation in the registry (CPU and CUDA:
+// their declarations are plain C++): batched M is max_tokens_per_rank * num_dispatchers and is never
+// multiplied again; region shapes; live regions never share bytes; sections tile the one allocation;
+// totals; guard bands; the golden DeepSeek-V3 figures of the upstream report; the Workspace binds
+// the plan by name and keeps its problem; bad input raises moekit::Error naming the value.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +12,9 @@
 
 #include "moekit/check.h"
 #include "moekit/problem.h"
+#include "moekit/registry.h"
 #include "moekit/workspace.h"
-#include "plan/experts_workspace.h"
+#include "plan/upstream.h"
 
 namespace moekit {
 namespace {
@@ -21,6 +24,15 @@ constexpr std::int64_t kMaxTokensPerRank = 256;
 
 std::int64_t align256(std::int64_t x) {
   return (x + 255) / 256 * 256;
+}
+
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no moekit::Error raised (expected one naming: " << needles.front() << ")";
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
 }
 
 ModelConfig deepseek_like() {
@@ -65,6 +77,21 @@ using ContractParam = std::tuple<std::int64_t /*dp*/, std::int64_t /*E_local*/, 
 
 class WorkspaceContract : public ::testing::TestWithParam<ContractParam> {};
 
+// The sections tile the allocation in order, every region lies inside its own section.
+void expect_sections_tile(const WorkspacePlan& plan, const std::string& ctx) {
+  std::int64_t end = 0;
+  for (const auto& s : plan.sections) {
+    EXPECT_EQ(s.offset, end) << ctx << ": section " << s.name;
+    end = s.offset + s.bytes;
+  }
+  EXPECT_EQ(end, plan.total_bytes) << ctx;
+  for (const auto& r : plan.regions) {
+    const Section& s = plan.section(r.section);
+    EXPECT_GE(r.offset, s.offset) << ctx << " region " << r.name;
+    EXPECT_LE(r.offset + r.bytes, s.offset + s.bytes) << ctx << " region " << r.name;
+  }
+}
+
 TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
   const auto [dp, E_local, act, format] = GetParam();
   const ModelConfig model = deepseek_like();
@@ -83,33 +110,43 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
     }
     ASSERT_EQ(p.N, is_gated(act) ? 2 * model.moe_intermediate_size : model.moe_intermediate_size) << ctx;
 
-    for (const auto& info : backends()) {
-      if (info.format != format) continue;
-      const WorkspacePlan plan = plan_workspace(info.name, p);
-      const std::string c = info.name + " " + ctx;
+    for (const auto& entry : experts_registry()) {
+      if (entry.format != format) continue;
+      const std::string c = std::string(entry.name) + " (" + std::string(device_name(entry.device)) + ") " + ctx;
+      const std::string why = entry.make({})->unsupported(p);
+      if (!why.empty()) {
+        // What an implementation cannot run is refused with its reason, never planned wrong.
+        EXPECT_TRUE(entry.device == Device::kCuda && quant == QuantScheme::kBlock128) << c << ": " << why;
+        expect_error([&] { plan_layer(p, entry, par.ep); }, {std::string(entry.name), why.substr(0, 20)});
+        continue;
+      }
+      const WorkspacePlan plan = plan_layer(p, entry, par.ep);
       expect_live_regions_disjoint(plan, c);
+      expect_sections_tile(plan, c);
       EXPECT_EQ(plan.total_bytes, expected_total(plan)) << c;
-      EXPECT_EQ(plan.problem.M, p.M) << c;
+      EXPECT_EQ(plan.problem, p) << c;
 
       // The workspace depends on M alone, not on how M splits into tokens x dispatchers: the same
-      // M reached as (M tokens, 1 dispatcher) must give byte-identical plans. A backend that
-      // multiplies M by num_dispatchers again fails here (except the quoted before-fix formula).
-      if (format == ActivationFormat::kBatchedExperts && info.name != "upstream-batched-cutlass-before-fix") {
+      // M reached as (M tokens, 1 dispatcher) must give byte-identical experts' workspaces and I/O
+      // buffers. An implementation that multiplies M by num_dispatchers again fails here.
+      if (format == ActivationFormat::kBatchedExperts) {
         MoeProblem single = p;
         single.max_tokens_per_rank = p.M;
         single.num_dispatchers = 1;
-        const WorkspacePlan same = plan_workspace(info.name, single);
-        EXPECT_EQ(same.total_bytes, plan.total_bytes) << c << ": workspace depends on num_dispatchers beyond M";
-        EXPECT_EQ(same.buffer_bytes, plan.buffer_bytes) << c;
+        const WorkspacePlan same = plan_layer(single, entry, par.ep);
+        EXPECT_EQ(same.section_bytes("experts"), plan.section_bytes("experts"))
+            << c << ": workspace depends on num_dispatchers beyond M";
+        EXPECT_EQ(same.section_bytes("prepare-finalize"), plan.section_bytes("prepare-finalize")) << c;
       }
 
-      if (info.name == "batched-fp8") {
+      const auto scale = plan.region("act_scale").shape;
+      if (format == ActivationFormat::kBatchedExperts) {
         EXPECT_EQ(plan.region("w1_out").shape, (std::vector<std::int64_t>{E_local, p.M, p.N})) << c;
         EXPECT_EQ(plan.region("act_q").shape, (std::vector<std::int64_t>{E_local, p.M, I})) << c;
         EXPECT_EQ(plan.region("act_q").dtype, DType::kFp8E4m3) << c;
-        EXPECT_EQ(plan.region("output").shape, (std::vector<std::int64_t>{E_local, p.M, p.K})) << c;
+        EXPECT_EQ(plan.region("expert_output").shape, (std::vector<std::int64_t>{E_local, p.M, p.K})) << c;
         EXPECT_EQ(plan.region("a1q").shape, (std::vector<std::int64_t>{E_local, p.M, p.K})) << c;
-        const auto scale = plan.region("act_scale").shape;
+        EXPECT_EQ(plan.region("expert_num_tokens").shape, (std::vector<std::int64_t>{E_local})) << c;
         switch (quant) {
           case QuantScheme::kPerTensor: EXPECT_EQ(scale, (std::vector<std::int64_t>{E_local})) << c; break;
           case QuantScheme::kPerTokenPerChannel:
@@ -117,32 +154,35 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
             break;
           case QuantScheme::kBlock128: EXPECT_EQ(scale, (std::vector<std::int64_t>{E_local, p.M, I / 128})) << c; break;
         }
-        // Exact total: no aliasing in the batched design, every region aligned to 256 bytes.
+        // Exact experts' total: no aliasing in the batched design, every region aligned to 256 bytes.
         std::int64_t sum = 0;
-        for (const auto& r : plan.regions) sum += align256(r.bytes);
-        EXPECT_EQ(plan.total_bytes, sum) << c;
-      } else if (info.name == "standard-fp8") {
+        for (const auto& r : plan.regions)
+          if (r.section == "experts") sum += align256(r.bytes);
+        EXPECT_EQ(plan.section_bytes("experts"), sum) << c;
+        // The CPU allocates no GPU-only region.
+        if (entry.device == Device::kCpu) {
+          for (const char* gpu_only : {"gemm_args_w1", "gemm_args_w2", "gemm_scratch", "status", "row_offsets"})
+            EXPECT_EQ(plan.find_region(gpu_only), nullptr) << c << ": " << gpu_only;
+        }
+      } else {
         const std::int64_t rows = p.M * p.topk;
         EXPECT_EQ(plan.region("a1q_permuted").shape, (std::vector<std::int64_t>{rows, p.K})) << c;
         EXPECT_EQ(plan.region("w1_out").shape, (std::vector<std::int64_t>{rows, p.N})) << c;
         EXPECT_EQ(plan.region("w2_out").shape, (std::vector<std::int64_t>{rows, p.K})) << c;
         EXPECT_EQ(plan.region("act_q").shape, (std::vector<std::int64_t>{rows, I})) << c;
-        EXPECT_EQ(plan.region("output").shape, (std::vector<std::int64_t>{p.M, p.K})) << c;
+        EXPECT_EQ(plan.region("pair_row").shape, (std::vector<std::int64_t>{rows})) << c;
+        EXPECT_EQ(plan.region("a1q").shape, (std::vector<std::int64_t>{p.M, p.K})) << c;
         // Declared aliasing really shares bytes: w2_out starts where w1_out starts.
         EXPECT_EQ(plan.region("w1_out").offset, plan.region("w2_out").offset) << c;
         EXPECT_EQ(plan.region("a1q_permuted").offset, plan.region("act_q").offset) << c;
-      } else {
-        const std::int64_t tokens = info.name == "upstream-batched-cutlass-before-fix" ? p.M * dp : p.M;
-        EXPECT_TRUE(plan.reference) << c;
-        EXPECT_EQ(plan.region("workspace1").shape, (std::vector<std::int64_t>{E_local, tokens, std::max(p.N, p.K)}))
-            << c;
-        EXPECT_EQ(plan.region("workspace2").shape, (std::vector<std::int64_t>{E_local, tokens, std::max(I, p.K)})) << c;
       }
+      EXPECT_EQ(plan.region("topk_ids").shape, (std::vector<std::int64_t>{p.max_tokens_per_rank, p.topk})) << c;
 
       // Checked mode: guard bands before and after every region, none inside a region.
-      const WorkspacePlan guarded = plan_workspace(info.name, p, 4096);
+      const WorkspacePlan guarded = plan_layer(p, entry, par.ep, 4096);
       ASSERT_EQ(guarded.regions.size(), plan.regions.size()) << c;
       EXPECT_GT(guarded.total_bytes, plan.total_bytes) << c;
+      expect_sections_tile(guarded, c + " guarded");
       for (const auto& r : guarded.regions) {
         const bool before = std::any_of(guarded.guards.begin(), guarded.guards.end(), [&](const Guard& g) {
           return g.offset + g.bytes <= r.offset && r.offset - (g.offset + g.bytes) < 256;
@@ -154,6 +194,19 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
         for (const auto& g : guarded.guards)
           EXPECT_TRUE(g.offset + g.bytes <= r.offset || g.offset >= r.offset + r.bytes)
               << c << ": guard inside region " << r.name;
+      }
+    }
+    // The quoted upstream formulas: the token dimension before the fix counts the dispatchers twice.
+    if (format == ActivationFormat::kBatchedExperts) {
+      for (const auto& ref : plan::upstream_references()) {
+        const WorkspacePlan plan = plan::plan_upstream_reference(ref, p);
+        const std::int64_t tokens = ref.before_fix ? p.M * dp : p.M;
+        EXPECT_TRUE(plan.reference) << ref.name;
+        EXPECT_EQ(plan.region("workspace1").shape, (std::vector<std::int64_t>{E_local, tokens, std::max(p.N, p.K)}))
+            << ref.name << " " << ctx;
+        EXPECT_EQ(plan.region("workspace2").shape, (std::vector<std::int64_t>{E_local, tokens, std::max(I, p.K)}))
+            << ref.name << " " << ctx;
+        expect_sections_tile(plan, std::string(ref.name));
       }
     }
   }
@@ -178,33 +231,45 @@ MoeProblem deepseek_dp32(std::int64_t local_experts, ActivationFormat format = A
                       QuantScheme::kPerTokenPerChannel);
 }
 
+std::int64_t reference_bytes(bool before_fix, const MoeProblem& p) {
+  for (const auto& ref : plan::upstream_references())
+    if (ref.before_fix == before_fix) return plan::plan_upstream_reference(ref, p).section_bytes("experts");
+  return -1;
+}
+
 TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
   const MoeProblem p = deepseek_dp32(16);
   ASSERT_EQ(p.M, 8192);
   // before: 2 regions x 16 experts x (8192 * 32) tokens x 7168 x 2 bytes = 112 GiB exactly.
-  const WorkspacePlan before = plan_workspace("upstream-batched-cutlass-before-fix", p);
-  EXPECT_EQ(before.total_bytes, std::int64_t{120259084288});
-  EXPECT_EQ(before.total_bytes, 112 * kGiB);
+  const std::int64_t before = reference_bytes(true, p);
+  EXPECT_EQ(before, std::int64_t{120259084288});
+  EXPECT_EQ(before, 112 * kGiB);
   // after: 2 x 16 x 8192 x 7168 x 2 bytes = 3.5 GiB exactly.
-  const WorkspacePlan after = plan_workspace("upstream-batched-cutlass-after-fix", p);
-  EXPECT_EQ(after.total_bytes, std::int64_t{3758096384});
-  EXPECT_EQ(after.total_bytes * 2, 7 * kGiB);
-  EXPECT_EQ(before.total_bytes, 32 * after.total_bytes);
+  const std::int64_t after = reference_bytes(false, p);
+  EXPECT_EQ(after, std::int64_t{3758096384});
+  EXPECT_EQ(after * 2, 7 * kGiB);
+  EXPECT_EQ(before, 32 * after);
 
-  // moekit: w1_out 16*8192*4096*2 = 1073741824, act_q 16*8192*2048 = 268435456, act_scale
-  // 16*8192*4 = 524288, gemm_args 2*16*256 = 8192, gemm_scratch 1 MiB, status 32 -> 256.
-  const WorkspacePlan ours = plan_workspace("batched-fp8", p);
-  EXPECT_EQ(ours.total_bytes, std::int64_t{1073741824 + 268435456 + 524288 + 8192 + 1048576 + 256});
-  std::int64_t scale_bytes = ours.region("act_scale").bytes;
-  EXPECT_LE(ours.total_bytes, 2 * kGiB + scale_bytes + (2 << 20)) << "batched-fp8 exceeds 2.0 GiB + scales";
-  EXPECT_LT(ours.total_bytes * 2, after.total_bytes) << "moekit should need under half of the fixed upstream figure";
+  // moekit on the GPU: w1_out 16*8192*4096*2 = 1073741824, act_q 16*8192*2048 = 268435456,
+  // act_scale 16*8192*4 = 524288, gemm_args 2 x 16*128 = 2 x 2048, gemm_scratch 1 MiB, row_offsets
+  // 17*4 -> 256, status 32 -> 256.
+  const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
+  const std::int64_t ours = gpu.section_bytes("experts");
+  EXPECT_EQ(ours, std::int64_t{1073741824 + 268435456 + 524288 + 2048 + 2048 + 1048576 + 256 + 256});
+  EXPECT_LE(ours, 2 * kGiB + gpu.region("act_scale").bytes + (2 << 20)) << "batched-fp8 exceeds 2.0 GiB + scales";
+  EXPECT_LT(ours * 2, after) << "moekit should need under half of the fixed upstream figure";
+  // The CPU twin holds the same three regions and nothing GPU-only.
+  const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
+  EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{1073741824 + 268435456 + 524288});
+  // The experts' input/output beside it: a1q 896 MiB + scales 512 KiB + counts + output 1.75 GiB.
+  EXPECT_EQ(gpu.section_bytes("prepare-finalize"), std::int64_t{939524096} + 524288 + 256 + 1879048192);
 }
 
 TEST(GoldenFigures, DeepSeekV3Dp32Ep32EightLocalExperts) {
   const MoeProblem p = deepseek_dp32(0);  // 256 / 32 = 8 local experts
   ASSERT_EQ(p.E_local, 8);
-  EXPECT_EQ(plan_workspace("upstream-batched-cutlass-before-fix", p).total_bytes, 56 * kGiB);
-  EXPECT_EQ(plan_workspace("upstream-batched-cutlass-after-fix", p).total_bytes, 7 * kGiB / 4);
+  EXPECT_EQ(reference_bytes(true, p), 56 * kGiB);
+  EXPECT_EQ(reference_bytes(false, p), 7 * kGiB / 4);
 }
 
 TEST(GoldenFigures, WeightsOfLocalExperts) {
@@ -213,44 +278,38 @@ TEST(GoldenFigures, WeightsOfLocalExperts) {
   EXPECT_EQ(expert_weight_bytes(p), 16LL * (4096 * 7168 + 7168 * 2048) + 16LL * (4096 + 7168) * 4);
 }
 
-// --- The same declaration assigns pointers at run time ------------------------------------------
+// --- The Workspace: one allocation, regions bound by name, the problem it was planned for -------
 
-TEST(Builder, RuntimePointersMatchThePlan) {
+TEST(Workspace, BindsThePlanAndKeepsItsProblem) {
   const ModelConfig model = load_model("qwen3-30b-a3b");
   const MoeProblem p =
       make_problem(model, ParallelConfig{2, 16, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
-  const WorkspacePlan plan = plan_workspace("batched-fp8", p);
-  auto storage = std::unique_ptr<std::byte, decltype(&std::free)>(
-      static_cast<std::byte*>(std::aligned_alloc(256, static_cast<std::size_t>(plan.total_bytes))), &std::free);
-  WorkspaceBuilder runtime("batched-fp8", p, storage.get(), plan.total_bytes);
-  const plan::BatchedFp8Workspace w = plan::declare_batched_fp8(p, runtime);
-  EXPECT_EQ(reinterpret_cast<std::byte*>(w.w1_out), storage.get() + plan.region("w1_out").offset);
-  EXPECT_EQ(reinterpret_cast<std::byte*>(w.act_q), storage.get() + plan.region("act_q").offset);
-  EXPECT_EQ(reinterpret_cast<std::byte*>(w.act_scale), storage.get() + plan.region("act_scale").offset);
-  EXPECT_EQ(reinterpret_cast<std::byte*>(w.status), storage.get() + plan.region("status").offset);
-  EXPECT_EQ(runtime.finish().total_bytes, plan.total_bytes);
+  const auto& entry = find_experts("batched-fp8", Device::kCpu);
+  const auto memory = make_memory(Device::kCpu);
+  Workspace ws(plan_layer(p, entry, 16, 4096), *memory);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(ws.base()) % WorkspaceBuilder::kAlignment, 0u);
+  for (const char* name : {"w1_out", "act_q", "a1q", "expert_output", "topk_ids"})
+    EXPECT_EQ(ws.get<std::byte>(name), ws.base() + ws.plan().region(name).offset) << name;
+  EXPECT_NE(ws.get<float>("act_scale"), nullptr);
+  // A region read as the wrong type, a region that is not there, another problem: each an Error.
+  expect_error([&] { ws.get<float>("w1_out"); }, {"w1_out", "bf16"});
+  expect_error([&] { ws.get<float>("no_such_region"); }, {"no_such_region"});
+  MoeProblem other = p;
+  ASSERT_EQ(p.E_local, 8);
+  other.E_local = 4;
+  expect_error([&] { ws.require(other, "test"); }, {"E_local=4", "E_local=8"});
+  ws.require(p, "test");
 
-  // An allocation one byte short of the plan is refused, naming the region that does not fit.
-  WorkspaceBuilder too_small("batched-fp8", p, storage.get(), plan.total_bytes - 256);
-  try {
-    plan::declare_batched_fp8(p, too_small);
-    too_small.finish();
-    FAIL() << "a short workspace was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("too small"), std::string::npos) << e.what();
-  }
+  // Checked mode: poisoned regions are NaN, guards intact until a write lands outside a region.
+  ws.poison(nullptr);
+  EXPECT_EQ(ws.get<std::uint16_t>("w1_out")[0], 0xFFFF);
+  ws.verify_guards(nullptr);
+  const Region& act_q = ws.plan().region("act_q");
+  ws.base()[act_q.offset + act_q.bytes] = std::byte{0};  // one byte past act_q
+  expect_error([&] { ws.verify_guards(nullptr); }, {"overwritten", "act_q"});
 }
 
 // --- Bad input: a moekit::Error whose message names the value ------------------------------------
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no moekit::Error raised (expected one naming: " << needles.front() << ")";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-}
 
 TEST(BadInput, ParallelLayout) {
   const ModelConfig m = load_model("deepseek-v3");
@@ -286,12 +345,14 @@ TEST(BadInput, HandBuiltProblemWithMTimesDispatchers) {
   MoeProblem p = deepseek_dp32(16);
   p.M = p.M * p.num_dispatchers;
   expect_error([&] { validate_problem(p); }, {"M = 262144", "never multiplied again"});
-  expect_error([&] { plan_workspace("batched-fp8", p); }, {"M = 262144"});
+  expect_error([&] { plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32); }, {"M = 262144"});
 }
 
-TEST(BadInput, BackendAndFormatMismatch) {
-  expect_error([&] { plan_workspace("standard-fp8", deepseek_dp32(16)); }, {"standard-fp8", "batched"});
-  expect_error([&] { plan_workspace("cutlass-magic", deepseek_dp32(16)); }, {"cutlass-magic", "batched-fp8"});
+TEST(BadInput, ExpertsAndFormatMismatch) {
+  expect_error([&] { plan_layer(deepseek_dp32(16), find_experts("standard-fp8", Device::kCpu), 32); },
+               {"standard-fp8", "batched"});
+  expect_error([&] { find_experts("cutlass-magic", Device::kCuda); }, {"cutlass-magic", "batched-fp8 (cuda)"});
+  expect_error([&] { find_experts("standard-fp8", Device::kCuda); }, {"standard-fp8", "on cuda"});
 }
 
 }  // namespace

@@ -1,24 +1,39 @@
-// FP8 e4m3fn and bf16 on the CPU, bit-exact with CUDA's conversions (__nv_cvt_float_to_fp8 with
-// __NV_SATFINITE and __NV_E4M3; __float2bfloat16_rn). Header-only: the hot loops inline them.
+// FP8 e4m3fn and bf16: the limits and the scale rule every device shares, and the host conversions,
+// bit-exact with CUDA's (__nv_cvt_float_to_fp8 with __NV_SATFINITE and __NV_E4M3; __float2bfloat16_rn).
 //   e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; NaN is S.1111.111;
 //   largest finite 448 = 2^8 * 1.75; smallest normal 2^-6; subnormals k * 2^-9.
 //   Encoding rounds to nearest, ties to even, and saturates every finite or infinite |x| > 448 to
 //   +-448. NaN encodes as 0x7F with the input's sign bit.
+// Dynamic scales: scale = amax / 448 over the group (amax == 0 gives scale 1), q = fp8(x / scale).
 #pragma once
 
+#include <cstdint>
+
+#include "numerics/host_device.h"
+
+#if !defined(__CUDA_ARCH__)
 #include <array>
 #include <bit>
 #include <cmath>
-#include <cstdint>
+#endif
 
-namespace moekit::cpu {
+namespace moekit::numerics {
 
 using fp8_t = std::uint8_t;    // e4m3fn bits
 using bf16_t = std::uint16_t;  // bfloat16 bits
 
 inline constexpr float kFp8Max = 448.0f;
 
-// --- FP8 e4m3fn ---------------------------------------------------------------------------------
+// The scale of a group whose largest magnitude is amax. NOTES: amax == 0 (an all-zero group, e.g. a
+// padding row) gets scale 1 so that x / scale stays 0 instead of 0 / 0 = NaN; its codes are all
+// zero and dequantize to zero whatever the scale. A division, not a reciprocal: both devices round
+// amax / 448 the same way.
+MOEKIT_HD inline float fp8_scale(float amax) {
+  return amax > 0.0f ? amax / kFp8Max : 1.0f;
+}
+
+#if !defined(__CUDA_ARCH__)
+// --- host conversions ---------------------------------------------------------------------------
 
 constexpr float fp8_decode_slow(fp8_t code) {
   const bool neg = (code & 0x80) != 0;
@@ -71,8 +86,6 @@ inline fp8_t fp8_encode(float x) {
   return static_cast<fp8_t>(sign | k);  // k == 8 is the smallest normal code 0x08
 }
 
-// --- bf16 ---------------------------------------------------------------------------------------
-
 inline float bf16_decode(bf16_t b) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
@@ -83,5 +96,6 @@ inline bf16_t bf16_encode(float x) {
   const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
   return static_cast<bf16_t>((bits + rounding) >> 16);
 }
+#endif
 
-}  // namespace moekit::cpu
+}  // namespace moekit::numerics

@@ -4,7 +4,20 @@
 
 #include <cstdint>
 
-namespace moekit::cpu {
+namespace moekit::synthetic {
+
+// What a stream is for: weights, tokens and logits stay independent of each other. The values are
+// part of the reproducibility contract (outputs are compared across versions): never renumber.
+enum class Purpose : std::uint64_t {
+  kW1 = 1,
+  kW2 = 2,
+  kRoutingBias = 3,
+  kHidden = 4,
+  kLogits = 5,
+  kExpertTokens = 6,  // tests: tokens written straight into the batched experts' input
+  kExpertCounts = 7,  // tests: expert_num_tokens patterns
+  kBytes = 8,         // benchmarks: random FP8 codes
+};
 
 struct SplitMix {
   std::uint64_t state;
@@ -24,11 +37,11 @@ struct SplitMix {
   }
 };
 
-// A stream for (seed, purpose, index): purposes keep weights, tokens and logits independent.
-inline SplitMix stream(std::uint64_t seed, std::uint64_t purpose, std::uint64_t index) {
-  SplitMix m{seed ^ (purpose * 0xD1B54A32D192ED03ull)};
+// The stream for (seed, purpose, index).
+inline SplitMix stream(std::uint64_t seed, Purpose purpose, std::uint64_t index) {
+  SplitMix m{seed ^ (static_cast<std::uint64_t>(purpose) * 0xD1B54A32D192ED03ull)};
   m.state ^= m.next() + index * 0x9E3779B97F4A7C15ull;
   return m;
 }
 
-}  // namespace moekit::cpu
+}  // namespace moekit::synthetic

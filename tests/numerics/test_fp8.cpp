@@ -1,6 +1,6 @@
-// cpu/numerics.h against the formats' definitions, written here independently: every e4m3fn code
+// numerics/fp8.h against the formats' definitions, written here independently: every e4m3fn code
 // decoded, a dense sweep of floats encoded (nearest value, ties to even, saturation, NaN, signed
-// zero), and bf16 round-to-nearest-even. The GPU conversions are checked against numerics.h.
+// zero), and bf16 round-to-nearest-even. The GPU conversions are checked against numerics/fp8.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/numerics.h"
+#include "numerics/fp8.h"
 
-namespace moekit::cpu {
+namespace moekit::numerics {
 namespace {
 
 // --- e4m3fn by definition -------------------------------------------------------------------------
@@ -263,4 +263,4 @@ TEST(Bf16, InfAndNanSurvive) {
 }
 
 }  // namespace
-}  // namespace moekit::cpu
+}  // namespace moekit::numerics

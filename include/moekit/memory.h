@@ -1,0 +1,72 @@
+// Where bytes live and how to touch them: one small allocator per device. CUDA work is ordered on a
+// Stream (a cudaStream_t passed as void*; nullptr is the default stream); the CPU ignores streams.
+// Plain C++: no CUDA type appears here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "moekit/types.h"
+
+namespace moekit {
+
+using Stream = void*;
+
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual Device device() const = 0;
+  // Raises moekit::Error naming `what`, the bytes asked for and, on a GPU, the free memory.
+  virtual void* allocate(std::int64_t bytes, std::string_view what) = 0;
+  virtual void deallocate(void* ptr) noexcept = 0;
+  virtual void fill(void* dst, std::uint8_t byte, std::int64_t bytes, Stream stream) = 0;
+  // Between host memory and this device (or within it); complete when they return.
+  virtual void to_host(void* host_dst, const void* src, std::int64_t bytes, Stream stream) = 0;
+  virtual void from_host(void* dst, const void* host_src, std::int64_t bytes, Stream stream) = 0;
+  virtual void synchronize(Stream stream) = 0;
+};
+
+// The allocator of `device`. kCuda raises moekit::Error when moekit was built without CUDA or no
+// CUDA device is present.
+std::unique_ptr<Memory> make_memory(Device device);
+
+// An owning allocation on one device, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Memory& memory, std::int64_t bytes, std::string_view what)
+      : memory_(&memory), ptr_(bytes > 0 ? memory.allocate(bytes, what) : nullptr), bytes_(bytes) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : memory_(o.memory_), ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      memory_ = o.memory_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  std::int64_t bytes() const { return bytes_; }
+  void reset() noexcept {
+    if (ptr_ != nullptr) memory_->deallocate(ptr_);
+    ptr_ = nullptr;
+  }
+
+ private:
+  Memory* memory_ = nullptr;
+  void* ptr_ = nullptr;
+  std::int64_t bytes_ = 0;
+};
+
+}  // namespace moekit

@@ -1,0 +1,51 @@
+// The PrepareFinalize seam: dispatch and combine behind one interface. prepare quantizes this
+// rank's tokens and moves each (token, expert) pair to the rank that holds the expert, in the
+// experts' format; finalize brings every pair's expert output back and sums it into its token with
+// the top-k weights (fp32, slot order, one bf16 rounding). Multi-rank implementations are
+// collective: every rank calls prepare and finalize in the same order, with 0 tokens if it has none.
+// Counts never need the host: expert_num_tokens is a workspace region the experts read on their own
+// device, and prepare returns pointers, not counts (docs/DESIGN.md).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "moekit/experts.h"
+#include "moekit/memory.h"
+#include "moekit/problem.h"
+#include "moekit/workspace.h"
+
+namespace moekit {
+
+struct PrepareArgs {
+  const std::uint16_t* hidden = nullptr;   // (num_tokens, K) bf16, this rank's tokens
+  const std::int32_t* topk_ids = nullptr;  // (num_tokens, topk) global expert ids
+  const float* topk_weights = nullptr;     // (num_tokens, topk)
+  std::int64_t num_tokens = 0;             // <= max_tokens_per_rank
+};
+
+struct FinalizeArgs {
+  const float* topk_weights = nullptr;  // the same as prepare's
+  std::int64_t num_tokens = 0;
+  ExpertsOutput experts;            // what the experts' run returned
+  std::uint16_t* output = nullptr;  // (num_tokens, K) bf16, token order
+};
+
+class PrepareFinalize {
+ public:
+  virtual ~PrepareFinalize() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+  virtual ActivationFormat format() const = 0;
+  // The experts' input/output buffers in this format and whatever else it holds.
+  virtual void declare(const MoeProblem& problem, WorkspaceBuilder& builder) const = 0;
+  virtual ExpertsInput prepare(const MoeProblem& problem, const PrepareArgs& args, Workspace& workspace,
+                               Stream stream) = 0;
+  virtual void finalize(const MoeProblem& problem, const FinalizeArgs& args, Workspace& workspace, Stream stream) = 0;
+};
+
+// The experts' input/output buffers of a format, the part of the declaration every prepare/finalize
+// of that format shares (the batched one is what DeepEP low-latency and pplx-style dispatch fill).
+void declare_experts_io(const MoeProblem& problem, WorkspaceBuilder& builder);
+
+}  // namespace moekit

@@ -1,0 +1,69 @@
+// What exists: one table per seam (name -> factory), and the layer's workspace plan that `moekit
+// plan` prints and the layer allocates. A new backend is a new implementation of one seam plus a
+// row here (src/layer/registry.cpp). Factories never touch a device: the planner builds every row
+// to ask for its declaration, on machines without a GPU too.
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "moekit/communicator.h"
+#include "moekit/experts.h"
+#include "moekit/prepare_finalize.h"
+#include "moekit/router.h"
+#include "moekit/workspace.h"
+
+namespace moekit {
+
+namespace cpu {
+class ThreadPool;
+}
+
+// What an implementation runs with: the CPU threads of this rank, the communicator of its ranks.
+struct ExecContext {
+  cpu::ThreadPool* pool = nullptr;  // CPU implementations (required to run, not to declare)
+  Communicator* comm = nullptr;     // multi-rank prepare/finalize
+};
+
+struct ExpertsEntry {
+  std::string_view name;  // e.g. "batched-fp8"
+  Device device;
+  ActivationFormat format;
+  std::string_view summary;
+  std::unique_ptr<Experts> (*make)(const ExecContext&);
+};
+
+struct PrepareFinalizeEntry {
+  std::string_view name;
+  Device device;
+  ActivationFormat format;
+  bool multi_rank;  // runs over a communicator of any size (otherwise one rank, or ep == 1)
+  std::string_view summary;
+  std::unique_ptr<PrepareFinalize> (*make)(const ExecContext&);
+};
+
+struct RouterEntry {
+  std::string_view name;
+  Device device;
+  std::unique_ptr<Router> (*make)(const RoutingConfig&, const ExecContext&);
+};
+
+const std::vector<ExpertsEntry>& experts_registry();
+const std::vector<PrepareFinalizeEntry>& prepare_finalize_registry();
+const std::vector<RouterEntry>& router_registry();
+
+// Lookups raise moekit::Error listing what exists.
+const ExpertsEntry& find_experts(std::string_view name, Device device);
+// The prepare/finalize a layer of this format uses on `device` with `ep` expert-parallel ranks;
+// nullptr when there is none yet.
+const PrepareFinalizeEntry* find_prepare_finalize(Device device, ActivationFormat format, std::int64_t ep);
+const RouterEntry* find_router(Device device);
+
+// The layer's one workspace: the experts' section first (offset 0; its size is what `moekit plan`
+// calls the workspace), then the prepare/finalize's buffers, then the routing output. Raises
+// moekit::Error when the experts do not run `problem` (their unsupported() reason).
+WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& experts, std::int64_t ep,
+                         std::int64_t guard_bytes = 0);
+
+}  // namespace moekit

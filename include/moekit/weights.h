@@ -1,0 +1,42 @@
+// The weights of one rank's local experts, as the caller holds them: a view (pointers, layout,
+// scales), never a copy. FP8 e4m3 codes with fp32 scales, on the device the experts run on:
+//   w1        (E_local, N, K), K contiguous. Rows are W1's output channels in the activation's
+//             layout: gate rows [0, I) then up rows [I, 2I) for silu / gelu / gelu_tanh (HF's
+//             gate_proj then up_proj), interleaved gate/up pairs for swigluoai (gpt-oss), N = I rows
+//             for the non-gated activations.
+//   w2        (E_local, K, I), I contiguous (HF's down_proj).
+//   w1_scale  per expert weight_scale_count(quant, N, K) floats, w2_scale weight_scale_count(quant,
+//             K, I) (numerics/scales.h): per-tensor 1, per-channel one per output row, block128
+//             one per 128x128 block, row-major over blocks.
+#pragma once
+
+#include <cstdint>
+
+#include "moekit/problem.h"
+#include "moekit/types.h"
+
+namespace moekit {
+
+struct ExpertWeightsView {
+  Device device = Device::kCpu;
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;
+  std::int64_t E_local = 0, N = 0, K = 0, I = 0;
+  const std::uint8_t* w1 = nullptr;
+  const float* w1_scale = nullptr;
+  const std::uint8_t* w2 = nullptr;
+  const float* w2_scale = nullptr;
+
+  // Floats of scales per expert.
+  std::int64_t w1_scale_stride() const;
+  std::int64_t w2_scale_stride() const;
+  // One expert's view (E_local = 1), for references and tests.
+  ExpertWeightsView expert(std::int64_t e) const;
+};
+
+// Raises moekit::Error naming the field, its value and what the problem needs.
+void validate_weights(const ExpertWeightsView& weights, const MoeProblem& problem, Device device);
+
+// The local experts' FP8 weights and their fp32 scales, in bytes (what sits beside the workspace).
+std::int64_t expert_weight_bytes(const MoeProblem& problem);
+
+}  // namespace moekit

@@ -1,0 +1,59 @@
+// The float64 reference of the layer, for checked runs and tests, apart from the product path: it
+// recomputes routing and quantization on the host from the same inputs (both are exact, so the
+// reference sees the layer's own FP8 operands) and evaluates every (token, expert) row in double:
+// dequantized a1q row -> W1 (rounded to bf16, as the recipe stores w1_out) -> activation -> the same
+// FP8 requantization of the activation (mirrored in double) -> W2 -> weighted sum over the top-k.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "moekit/model.h"
+#include "moekit/problem.h"
+#include "moekit/router.h"
+#include "moekit/weights.h"
+#include "numerics/fp8.h"
+
+namespace moekit::check {
+
+// W1 -> bf16 rounding -> activation of one row through one expert (a view with E_local = 1), in
+// double: act has I values.
+void activation_ref(const MoeProblem& p, const ExpertWeightsView& expert, const numerics::fp8_t* a1q_row,
+                    const float* a1q_row_scale, double* act);
+// FP8 requantization of one activation row as the kernels do it (per 1x128 group or per row from
+// the row's amax; per-tensor with the given tensor scale) -> W2, in double: y has K values.
+void w2_ref(const MoeProblem& p, const ExpertWeightsView& expert, const double* act, float per_tensor_scale, double* y);
+
+struct LayerError {
+  double err_sq = 0, norm_sq = 0;  // sums over outputs of (out - ref)^2 and ref^2
+  std::int64_t nan_outputs = 0;
+  double relative() const;
+};
+
+// The reference of one rank's tokens, fed chunk by chunk as the layer splits them (per-tensor
+// scales span a chunk: one tensor per expert in the batched format, all rows in the standard one).
+class LayerReference {
+ public:
+  using WeightsOf = std::function<ExpertWeightsView(std::int64_t global_expert)>;
+  LayerReference(const ModelConfig& model, const MoeProblem& problem, const float* routing_bias, WeightsOf weights_of,
+                 cpu::ThreadPool& pool);
+
+  // Adds the error of `output` (T, K) bf16 for tokens (T, K) / logits (T, E), in chunks of `chunk`.
+  void add(const std::uint16_t* hidden, const float* logits, std::int64_t T, std::int64_t chunk,
+           const std::uint16_t* output);
+  const LayerError& error() const { return error_; }
+
+ private:
+  void add_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t T, const std::uint16_t* output);
+
+  MoeProblem problem_;
+  RoutingConfig routing_;
+  std::vector<float> bias_;
+  WeightsOf weights_of_;
+  cpu::ThreadPool& pool_;
+  LayerError error_;
+};
+
+}  // namespace moekit::check

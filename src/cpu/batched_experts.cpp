@@ -1,0 +1,80 @@
+// The batched FP8 experts on the CPU: (E_local, M, K) FP8 tokens with expert_num_tokens -> W1 ->
+// activation + FP8 -> W2 -> (E_local, M, K) bf16, valid rows only; the oracle of the CUDA twin
+// (src/cuda/batched_experts.cpp). Workspace (DeepSeek-V3 DP 32, 16 local experts, M = 8192):
+// w1_out 16 x 8192 x 4096 bf16 = 1 GiB, act_q 256 MiB, act_scale 512 KiB.
+#include <fmt/format.h>
+
+#include "cpu/backend.h"
+#include "cpu/expert_pipeline.h"
+#include "moekit/check.h"
+#include "numerics/scales.h"
+#include "plan/experts_recipe.h"
+
+namespace moekit::cpu {
+namespace {
+
+class CpuBatchedExperts final : public Experts {
+ public:
+  explicit CpuBatchedExperts(const ExecContext& ctx) : pool_(ctx.pool) {}
+
+  std::string_view name() const override { return "batched-fp8"; }
+  Device device() const override { return Device::kCpu; }
+  ActivationFormat format() const override { return ActivationFormat::kBatchedExperts; }
+
+  std::string unsupported(const MoeProblem& p) const override { return plan::format_mismatch(name(), format(), p); }
+
+  std::string describe_config(const MoeProblem&, std::int64_t) const override {
+    return "fp32-accumulating FP8 GEMMs on the CPU's vector units";
+  }
+
+  void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
+    MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
+    plan::declare_batched_recipe(p, b);
+  }
+
+  ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
+                    Stream) override {
+    ws.require(p, "batched-fp8 (cpu)");
+    validate_weights(w, p, Device::kCpu);
+    MOEKIT_CHECK(pool_ != nullptr, "batched-fp8 (cpu) runs on a thread pool: build it with ExecContext::pool");
+    const std::int64_t N = p.N, K = p.K, I = p.I(), M = p.M;
+    const std::int64_t a_spr = activation_scales_per_row(p.quant, K), act_spr = activation_scales_per_row(p.quant, I);
+    auto* w1_out = ws.get<bf16_t>("w1_out");
+    auto* act_q = ws.get<fp8_t>("act_q");
+    auto* act_scale = ws.get<float>("act_scale");
+    // One read of each count, one behaviour: a count outside [0, M] runs that expert with 0 rows
+    // (nothing is read or written past its M rows) and is raised after the step.
+    std::string bad;
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      std::int64_t m = in.expert_num_tokens[e];
+      if (m < 0 || m > M) {
+        if (bad.empty())
+          bad = fmt::format(
+              "expert_num_tokens[{}] = {} is outside [0, M = {}]: that expert was skipped (nothing written past its "
+              "buffer); fix the dispatch's counts",
+              e, m, M);
+        m = 0;
+      }
+      // Per-tensor: one scale per expert; otherwise the expert's rows' scales.
+      const float* a_scale = p.quant == QuantScheme::kPerTensor ? in.a1q_scale + e : in.a1q_scale + e * M * a_spr;
+      float* e_act_scale = p.quant == QuantScheme::kPerTensor ? act_scale + e : act_scale + e * M * act_spr;
+      expert_rows(p, w, e, m, in.a1q + e * M * K, a_scale, w1_out + e * M * N, act_q + e * M * I, e_act_scale,
+                  in.output + e * M * K, *pool_);
+    }
+    MOEKIT_CHECK(bad.empty(), "{}", bad);
+    return {in.output, nullptr};
+  }
+
+  void check_status(Workspace&, Stream) override {}
+
+ private:
+  ThreadPool* pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx) {
+  return std::make_unique<CpuBatchedExperts>(ctx);
+}
+
+}  // namespace moekit::cpu

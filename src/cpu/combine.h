@@ -1,0 +1,17 @@
+// The combine on the CPU: out[t] = bf16(sum over slots k in order of w[t,k] * y(t,k)) with fp32
+// accumulation and one rounding: the one combine formula of both formats and every device, so their
+// outputs agree bit for bit. Row y(t,k) is rows + row_of[t*topk + k] * K (row_of == nullptr: row
+// t*topk + k; -1: slot skipped).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/thread_pool.h"
+#include "numerics/fp8.h"
+
+namespace moekit::cpu {
+
+void combine_topk(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights,
+                  const numerics::bf16_t* rows, const std::int32_t* row_of, numerics::bf16_t* output, ThreadPool& pool);
+
+}  // namespace moekit::cpu

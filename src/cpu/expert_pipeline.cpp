@@ -1,0 +1,74 @@
+// The CPU expert pipeline (cpu/expert_pipeline.h).
+#include "cpu/expert_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/activation.h"
+#include "cpu/quant.h"
+
+namespace moekit::cpu {
+
+Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
+                        const fp8_t* A, const float* a_scales, bf16_t* D) {
+  const std::int64_t n = which == 1 ? p.N : p.K, k = which == 1 ? p.K : p.I();
+  Fp8GemmArgs g;
+  g.M = m;
+  g.N = n;
+  g.K = k;
+  g.quant = p.quant;
+  g.A = A;
+  g.lda = k;
+  g.a_scales = a_scales;
+  g.B = which == 1 ? w.w1 + e * n * k : w.w2 + e * n * k;
+  g.ldb = k;
+  g.b_scales = which == 1 ? w.w1_scale + e * w.w1_scale_stride() : w.w2_scale + e * w.w2_scale_stride();
+  g.D_bf16 = D;
+  g.ldd = n;
+  return g;
+}
+
+void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m, fp8_t* act_q, float* act_scale,
+                      ThreadPool& pool) {
+  const std::int64_t N = p.N, I = p.I();
+  if (m == 0) return;
+  if (p.quant == QuantScheme::kPerTensor) {
+    std::vector<float> row(static_cast<std::size_t>(I));
+    float amax = 0;
+    // Pass 1: amax (recomputed in pass 2 instead of storing fp32 rows outside the plan).
+    for (std::int64_t r = 0; r < m; ++r) {
+      activation_rows(p.activation, w1_out + r * N, 1, N, N, row.data(), I);
+      for (float x : row) amax = std::max(amax, std::fabs(x));
+    }
+    const float scale = fp8_scale(amax);
+    act_scale[0] = scale;
+    pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
+      std::vector<float> buf(static_cast<std::size_t>(I));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I);
+        for (std::int64_t c = 0; c < I; ++c) act_q[r * I + c] = fp8_encode(buf[static_cast<std::size_t>(c)] / scale);
+      }
+    });
+    return;
+  }
+  const std::int64_t spr = activation_scales_per_row(p.quant, I);
+  pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
+    std::vector<float> buf(static_cast<std::size_t>(I));
+    for (std::int64_t r = r0; r < r1; ++r) {
+      activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I);
+      quantize_activation(p.quant, buf.data(), 1, I, I, act_q + r * I, I, act_scale + r * spr);
+    }
+  });
+}
+
+void expert_rows(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m, const fp8_t* a1q,
+                 const float* a1q_scale, bf16_t* w1_out, fp8_t* act_q, float* act_scale, bf16_t* out,
+                 ThreadPool& pool) {
+  if (m == 0) return;
+  fp8_gemm(expert_gemm(p, w, 1, e, m, a1q, a1q_scale, w1_out), pool);
+  activation_quant(p, w1_out, m, act_q, act_scale, pool);
+  fp8_gemm(expert_gemm(p, w, 2, e, m, act_q, act_scale, out), pool);
+}
+
+}  // namespace moekit::cpu

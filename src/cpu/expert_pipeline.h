@@ -1,0 +1,29 @@
+// One expert's pipeline on the CPU, shared by both formats: W1 GEMM into bf16 -> activation fused
+// with FP8 quantization -> W2 GEMM. Napkin math per (token, expert) row, DeepSeek-V3 shapes:
+// 2*(N*K + K*I) = 2*(4096*7168 + 7168*2048) = 88 MFLOP; the weights (44 MiB per expert in FP8) are
+// read once per expert per step, so cost follows the valid rows, never M.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/gemm.h"
+#include "cpu/thread_pool.h"
+#include "moekit/problem.h"
+#include "moekit/weights.h"
+
+namespace moekit::cpu {
+
+// GEMM arguments of A (m x k) against expert e's W1 (which = 1) or W2 (which = 2) into D (ldd = n).
+Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
+                        const fp8_t* A, const float* a_scales, bf16_t* D);
+
+// Activation of m rows of w1_out and its FP8 quantization into act_q / act_scale: row-local for
+// per-token and 1x128 groups; per-tensor takes one amax over all m rows first.
+void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m, fp8_t* act_q, float* act_scale,
+                      ThreadPool& pool);
+
+// Expert e over m contiguous rows: W1 -> activation + quant -> W2 into `out` (ldd = K).
+void expert_rows(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m, const fp8_t* a1q,
+                 const float* a1q_scale, bf16_t* w1_out, fp8_t* act_q, float* act_scale, bf16_t* out, ThreadPool& pool);
+
+}  // namespace moekit::cpu

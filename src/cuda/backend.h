@@ -1,0 +1,29 @@
+// The CUDA backend's implementations of the seams, as the registry (src/layer/registry.cpp) builds
+// them; each mirrors its CPU twin in src/cpu/. Plain C++: these host classes compile everywhere, so
+// `moekit plan` shows the CUDA declarations on machines without a GPU; their kernels come from the
+// .cu files, or from no_cuda.cpp (which raises moekit::Error) when moekit is built without CUDA.
+#pragma once
+
+#include <memory>
+
+#include "moekit/experts.h"
+#include "moekit/memory.h"
+#include "moekit/registry.h"
+#include "moekit/workspace.h"
+#include "plan/gemm_config.h"
+
+namespace moekit::cuda {
+
+std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx);  // cuda/batched_experts.cpp
+// The same with both GEMMs' configs fixed (tests and benchmarks sweep them).
+std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx, plan::ExpertsGemmConfigs configs);
+std::unique_ptr<Memory> make_device_memory();  // cuda/memory.cu
+bool available();                              // built with CUDA and a device present (never raises)
+
+struct BatchedExpertsLaunch;
+// The launch of one step over a workspace declared by the batched experts (tests and benchmarks
+// time its stages apart).
+BatchedExpertsLaunch make_launch(const MoeProblem& problem, const ExpertsInput& input, const ExpertWeightsView& weights,
+                                 Workspace& workspace, int num_sms, plan::ExpertsGemmConfigs configs);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,141 @@
+// The batched FP8 experts on Hopper, host side: the declaration (what `moekit plan` prints for
+// cuda), what it cannot run, and the launch over the workspace; the kernels are in
+// batched_experts.cu and grouped_gemm_*.cu. Mirrors src/cpu/batched_experts.cpp. Workspace
+// (DeepSeek-V3 DP 32, 16 local experts, M = 8192): w1_out 1 GiB, act_q 256 MiB, act_scale 512 KiB,
+// GEMM arguments 2 x 2 KiB, CUTLASS scratch 1 MiB, row offsets and status words.
+#include <fmt/format.h>
+
+#include <limits>
+#include <optional>
+
+#include "cuda/backend.h"
+#include "cuda/launch.h"
+#include "moekit/check.h"
+#include "plan/experts_recipe.h"
+
+namespace moekit::cuda {
+namespace {
+
+class CudaBatchedExperts final : public Experts {
+ public:
+  explicit CudaBatchedExperts(std::optional<plan::ExpertsGemmConfigs> configs) : forced_(configs) {}
+
+  std::string_view name() const override { return "batched-fp8"; }
+  Device device() const override { return Device::kCuda; }
+  ActivationFormat format() const override { return ActivationFormat::kBatchedExperts; }
+
+  std::string unsupported(const MoeProblem& p) const override {
+    if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
+    if (p.quant == QuantScheme::kBlock128)
+      return "block-wise 1x128 / 128x128 scales are not in the Hopper experts yet: use --quant per-token or "
+             "per-tensor on cuda, or block128 on the cpu";
+    if (p.M > std::numeric_limits<std::int32_t>::max() || p.E_local > 65535)
+      return fmt::format(
+          "M = {} and E_local = {} must fit the kernels' 32-bit rows and grid (M < 2^31, E_local <= "
+          "65535)",
+          p.M, p.E_local);
+    return {};
+  }
+
+  std::string describe_config(const MoeProblem& p, std::int64_t tokens_per_rank) const override {
+    const plan::ExpertsGemmConfigs c = configs(p, tokens_per_rank);
+    const std::int64_t tokens = (tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank) * p.num_dispatchers;
+    return fmt::format("GEMMs for ~{} rows per expert: W1 {}, W2 {}{}",
+                       plan::expected_rows_per_expert(tokens, p.topk, p.E), plan::gemm_config_info(c.w1).name,
+                       plan::gemm_config_info(c.w2).name, forced_ ? " (fixed)" : "");
+  }
+
+  void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
+    MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
+    plan::declare_batched_recipe(p, b);
+    b.add({"gemm_args_w1",
+           DType::kUint8,
+           {p.E_local, kGemmArgsBytesPerGroup},
+           Stage::kPrepare,
+           Stage::kGemm1,
+           "W1 grouped-GEMM shapes, pointers and strides, built on the device from expert_num_tokens"});
+    b.add({"gemm_args_w2",
+           DType::kUint8,
+           {p.E_local, kGemmArgsBytesPerGroup},
+           Stage::kPrepare,
+           Stage::kGemm2,
+           "W2 grouped-GEMM shapes, pointers and strides, built on the device from expert_num_tokens"});
+    b.add({"gemm_scratch",
+           DType::kUint8,
+           {kGemmScratchBytes},
+           Stage::kGemm1,
+           Stage::kGemm2,
+           "CUTLASS workspace (a bound, checked at every launch)"});
+    b.add({"row_offsets",
+           DType::kInt32,
+           {p.E_local + 1},
+           Stage::kPrepare,
+           Stage::kActivation,
+           "first valid row of each expert over the valid rows: the activation's row index"});
+    b.add({"status",
+           DType::kInt32,
+           {kStatusWords},
+           Stage::kPrepare,
+           Stage::kFinalize,
+           "device error flags (expert_num_tokens outside [0, M]), read after the step"});
+  }
+
+  ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
+                    Stream stream) override {
+    ws.require(p, "batched-fp8 (cuda)");
+    MOEKIT_CHECK(ws.device() == Device::kCuda, "batched-fp8 (cuda) needs its workspace in CUDA memory, got {}",
+                 device_name(ws.device()));
+    validate_weights(w, p, Device::kCuda);
+    if (num_sms_ == 0) num_sms_ = current_device_num_sms();
+    const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, configs(p, in.num_tokens));
+    launch_batched_experts(l, stream);
+    return {in.output, nullptr};
+  }
+
+  void check_status(Workspace& ws, Stream stream) override {
+    check_experts_status(ws.get<std::int32_t>("status"), ws.problem().M, stream);
+  }
+
+  plan::ExpertsGemmConfigs configs(const MoeProblem& p, std::int64_t tokens_per_rank) const {
+    if (forced_) return *forced_;
+    return plan::select_experts_gemm_configs(p, tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
+  }
+
+ private:
+  std::optional<plan::ExpertsGemmConfigs> forced_;
+  int num_sms_ = 0;
+};
+
+}  // namespace
+
+BatchedExpertsLaunch make_launch(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
+                                 int num_sms, plan::ExpertsGemmConfigs configs) {
+  BatchedExpertsLaunch l;
+  l.problem = p;
+  l.weights = w;
+  l.a1q = in.a1q;
+  l.a1q_scale = in.a1q_scale;
+  l.expert_num_tokens = in.expert_num_tokens;
+  l.output = in.output;
+  l.w1_out = ws.get<std::uint16_t>("w1_out");
+  l.act_q = ws.get<std::uint8_t>("act_q");
+  l.act_scale = ws.get<float>("act_scale");
+  l.gemm_args_w1 = ws.get<std::byte>("gemm_args_w1");
+  l.gemm_args_w2 = ws.get<std::byte>("gemm_args_w2");
+  l.gemm_scratch = ws.get<std::byte>("gemm_scratch");
+  l.row_offsets = ws.get<std::int32_t>("row_offsets");
+  l.status = ws.get<std::int32_t>("status");
+  l.configs = configs;
+  l.num_sms = num_sms;
+  return l;
+}
+
+std::unique_ptr<Experts> make_batched_experts(const ExecContext&) {
+  return std::make_unique<CudaBatchedExperts>(std::nullopt);
+}
+
+std::unique_ptr<Experts> make_batched_experts(const ExecContext&, plan::ExpertsGemmConfigs configs) {
+  return std::make_unique<CudaBatchedExperts>(configs);
+}
+
+}  // namespace moekit::cuda

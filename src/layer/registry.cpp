@@ -1,0 +1,108 @@
+// The registries of the seams and the layer's plan. To add a backend: implement one seam (see
+// include/moekit/experts.h, prepare_finalize.h, router.h) and add its row below.
+#include "moekit/registry.h"
+
+#include <fmt/format.h>
+
+#include "cpu/backend.h"
+#include "cuda/backend.h"
+#include "moekit/check.h"
+
+namespace moekit {
+
+const std::vector<ExpertsEntry>& experts_registry() {
+  static const std::vector<ExpertsEntry> all = {
+      {"batched-fp8", Device::kCpu, ActivationFormat::kBatchedExperts,
+       "batched FP8 experts: valid rows only, W2 straight into the output", cpu::make_batched_experts},
+      {"standard-fp8", Device::kCpu, ActivationFormat::kStandard,
+       "standard FP8 experts: permute, per-expert GEMMs; GEMM buffers aliased by lifetime", cpu::make_standard_experts},
+      {"batched-fp8", Device::kCuda, ActivationFormat::kBatchedExperts,
+       "Hopper batched FP8 experts: CUTLASS grouped GEMMs sized on the device, valid rows only, W2 straight into "
+       "the output",
+       cuda::make_batched_experts},
+  };
+  return all;
+}
+
+const std::vector<PrepareFinalizeEntry>& prepare_finalize_registry() {
+  static const std::vector<PrepareFinalizeEntry> all = {
+      {"all-to-all", Device::kCpu, ActivationFormat::kBatchedExperts, true,
+       "(token, expert) records to the owning rank over the communicator, results back, combine at the source",
+       cpu::make_all_to_all},
+      {"local", Device::kCpu, ActivationFormat::kStandard, false,
+       "every expert on every rank (ep == 1): quantize in place, combine the experts' rows", cpu::make_local},
+  };
+  return all;
+}
+
+const std::vector<RouterEntry>& router_registry() {
+  static const std::vector<RouterEntry> all = {
+      {"topk", Device::kCpu, cpu::make_router},
+  };
+  return all;
+}
+
+const ExpertsEntry& find_experts(std::string_view name, Device device) {
+  std::string valid;
+  for (const auto& e : experts_registry()) {
+    if (e.name == name && e.device == device) return e;
+    valid += fmt::format("{}{} ({})", valid.empty() ? "" : ", ", e.name, device_name(e.device));
+  }
+  MOEKIT_FAIL("no experts '{}' on {}: moekit has {}", name, device_name(device), valid);
+}
+
+const PrepareFinalizeEntry* find_prepare_finalize(Device device, ActivationFormat format, std::int64_t ep) {
+  for (const auto& e : prepare_finalize_registry())
+    if (e.device == device && e.format == format && (e.multi_rank || ep == 1)) return &e;
+  return nullptr;
+}
+
+const RouterEntry* find_router(Device device) {
+  for (const auto& e : router_registry())
+    if (e.device == device) return &e;
+  return nullptr;
+}
+
+std::unique_ptr<Memory> make_memory(Device device) {
+  return device == Device::kCpu ? cpu::make_host_memory() : cuda::make_device_memory();
+}
+
+WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& entry, std::int64_t ep,
+                         std::int64_t guard_bytes) {
+  validate_problem(problem);
+  const auto experts = entry.make({});
+  const std::string why = experts->unsupported(problem);
+  MOEKIT_CHECK(why.empty(), "{} ({}) cannot run this problem: {}", entry.name, device_name(entry.device), why);
+  const std::string owner = fmt::format("{} ({})", entry.name, device_name(entry.device));
+  WorkspaceBuilder b(owner, problem, guard_bytes);
+  b.begin_section("experts", owner);
+  experts->declare(problem, b);
+  const PrepareFinalizeEntry* pf = find_prepare_finalize(entry.device, entry.format, ep);
+  if (pf != nullptr) {
+    b.begin_section("prepare-finalize", fmt::format("{} ({})", pf->name, device_name(pf->device)));
+    pf->make({})->declare(problem, b);
+  } else {
+    b.begin_section("prepare-finalize",
+                    fmt::format("the {} experts' input/output (no prepare/finalize on {} for ep = {} yet)",
+                                format_name(entry.format), device_name(entry.device), ep));
+    declare_experts_io(problem, b);
+  }
+  b.begin_section("routing", "router output");
+  b.add({"topk_ids",
+         DType::kInt32,
+         {problem.max_tokens_per_rank, problem.topk},
+         Stage::kPrepare,
+         Stage::kFinalize,
+         "routed experts of this rank's tokens, global ids"});
+  b.add({"topk_weights",
+         DType::kFp32,
+         {problem.max_tokens_per_rank, problem.topk},
+         Stage::kPrepare,
+         Stage::kFinalize,
+         "routing weights, applied by the combine"});
+  WorkspacePlan plan = b.finish();
+  plan.note = std::string(entry.summary);
+  return plan;
+}
+
+}  // namespace moekit

@@ -1,0 +1,123 @@
+// The MoE activations, written once for every device and precision. Gated ones read a W1 output
+// row of N = 2*I columns and write I:
+//   silu:      silu(g) * u           gelu: gelu_erf(g) * u       gelu_tanh: gelu_tanh(g) * u
+//   with g = x[c] (gate half) and u = x[I + c] (up half);
+//   swigluoai (gpt-oss): g = x[2c], u = x[2c+1] (interleaved); g = min(g, 7), u = clamp(u, -7, 7);
+//              out = (u + 1) * (g * sigmoid(1.702 * g))
+// Non-gated ones map N columns to N: relu2: max(x, 0)^2; silu_no_mul: silu(x).
+// `Math` supplies exp, erf, tanh, division, min and max: HostMath (std::, IEEE division) on the CPU
+// and in the float64 reference, DeviceMath (expf, __fdividef, ...) in kernels. The float kernel and
+// the double reference share these lines, so they differ only in the precision they evaluate in.
+#pragma once
+
+#include <cstdint>
+
+#include "moekit/types.h"
+#include "numerics/host_device.h"
+
+#if !defined(__CUDA_ARCH__)
+#include <algorithm>
+#include <cmath>
+#endif
+
+namespace moekit::numerics {
+
+#if !defined(__CUDA_ARCH__)
+struct HostMath {
+  template <class T>
+  static T exp(T x) {
+    return std::exp(x);
+  }
+  template <class T>
+  static T erf(T x) {
+    return std::erf(x);
+  }
+  template <class T>
+  static T tanh(T x) {
+    return std::tanh(x);
+  }
+  template <class T>
+  static T div(T a, T b) {
+    return a / b;
+  }
+  template <class T>
+  static T min(T a, T b) {
+    return std::min(a, b);
+  }
+  template <class T>
+  static T max(T a, T b) {
+    return std::max(a, b);
+  }
+};
+#endif
+
+#if defined(__CUDACC__)
+// NOTES: __fdividef (rcp + mul) instead of IEEE division: the activation stage was ALU-bound (ncu:
+// ALU 65% busy, 570 GB/s of 4.2 TB/s; docs/PERF.md). It moves silu by an ulp or two against the
+// host's division, as expf already does; the tests bound the FP8 codes that flip.
+struct DeviceMath {
+  static __device__ __forceinline__ float exp(float x) { return expf(x); }
+  static __device__ __forceinline__ float erf(float x) { return erff(x); }
+  static __device__ __forceinline__ float tanh(float x) { return tanhf(x); }
+  static __device__ __forceinline__ float div(float a, float b) { return __fdividef(a, b); }
+  static __device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
+  static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+};
+#endif
+
+template <class T, class Math>
+MOEKIT_HD inline T silu(T x) {
+  return Math::div(x, T(1) + Math::exp(-x));
+}
+
+template <class T, class Math>
+MOEKIT_HD inline T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + Math::erf(x * T(0.70710678118654752440)));  // x / sqrt(2)
+}
+
+template <class T, class Math>
+MOEKIT_HD inline T gelu_tanh(T x) {
+  const T k_sqrt_2_over_pi = T(0.79788456080286535588);
+  return T(0.5) * x * (T(1) + Math::tanh(k_sqrt_2_over_pi * (x + T(0.044715) * x * x * x)));
+}
+
+// gpt-oss's clamped SwiGLU: the gate is clamped above only, the up projection on both sides.
+template <class T, class Math>
+MOEKIT_HD inline T swiglu_oai(T gate, T up) {
+  const T g = Math::min(gate, T(7));
+  const T u = Math::max(Math::min(up, T(7)), T(-7));
+  return (u + T(1)) * Math::div(g, T(1) + Math::exp(T(-1.702) * g));  // g * sigmoid(1.702 g)
+}
+
+template <class T, class Math>
+MOEKIT_HD inline T relu2(T x) {
+  const T r = Math::max(x, T(0));
+  return r * r;
+}
+
+// Output column c of the activation from its gate input g and up input u (u unused when non-gated).
+template <class T, class Math>
+MOEKIT_HD inline T activation_value(Activation act, T g, T u) {
+  switch (act) {
+    case Activation::kSilu: return silu<T, Math>(g) * u;
+    case Activation::kGelu: return gelu_erf<T, Math>(g) * u;
+    case Activation::kGeluTanh: return gelu_tanh<T, Math>(g) * u;
+    case Activation::kSwigluOai: return swiglu_oai<T, Math>(g, u);
+    case Activation::kRelu2: return relu2<T, Math>(g);
+    case Activation::kSiluNoMul: return silu<T, Math>(g);
+  }
+  return T(0);
+}
+
+// Where output column c finds its inputs in a W1 output row (the W1 weight's row layout):
+// halves (gate | up) for silu, gelu, gelu_tanh; interleaved for swigluoai; one column non-gated.
+MOEKIT_HD constexpr std::int64_t gate_column(Activation act, std::int64_t /*I*/, std::int64_t c) {
+  return act == Activation::kSwigluOai ? 2 * c : c;
+}
+MOEKIT_HD constexpr std::int64_t up_column(Activation act, std::int64_t I, std::int64_t c) {
+  return act == Activation::kSwigluOai                                  ? 2 * c + 1
+         : (act == Activation::kRelu2 || act == Activation::kSiluNoMul) ? c
+                                                                        : I + c;
+}
+
+}  // namespace moekit::numerics

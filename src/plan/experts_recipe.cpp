@@ -1,0 +1,81 @@
+// The FP8 experts recipe's regions, declared once for every device (plan/experts_recipe.h).
+// Napkin math, DeepSeek-V3 DP 32, 16 local experts, M = 8192 (batched): w1_out 16 x 8192 x 4096
+// bf16 = 1 GiB, act_q 256 MiB, act_scale 512 KiB. Standard, 256 tokens, top-8: 2048 rows; w1_out
+// 16 MiB shares bytes with w2_out 28 MiB, a1q_permuted 14 MiB with act_q 4 MiB.
+#include "plan/experts_recipe.h"
+
+#include <fmt/format.h>
+
+#include "moekit/check.h"
+#include "numerics/scales.h"
+
+namespace moekit::plan {
+
+using numerics::activation_scale_shape;
+
+void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
+  const std::int64_t I = p.I();
+  b.add({"w1_out",
+         DType::kBf16,
+         {p.E_local, p.M, p.N},
+         Stage::kGemm1,
+         Stage::kActivation,
+         "W1 GEMM output (gate|up), valid rows only are written"});
+  b.add({"act_q",
+         DType::kFp8E4m3,
+         {p.E_local, p.M, I},
+         Stage::kActivation,
+         Stage::kGemm2,
+         "activation output quantized to FP8: the A operand of the W2 GEMM"});
+  // M is global already: no num_dispatchers here.
+  b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {p.E_local, p.M}, I, true), Stage::kActivation,
+         Stage::kGemm2, "scales of act_q"});
+}
+
+void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
+  const std::int64_t I = p.I();
+  const std::int64_t rows = p.M * p.topk;  // every (token, slot) pair may land on a local expert
+  b.add({"expert_offsets",
+         DType::kInt64,
+         {p.E_local + 1},
+         Stage::kPrepare,
+         Stage::kGemm2,
+         "first permuted row of each local expert"});
+  b.add({"pair_row",
+         DType::kInt32,
+         {rows},
+         Stage::kPrepare,
+         Stage::kFinalize,
+         "permuted row of each (token, slot), -1 for none: the finalize's unpermute map"});
+  b.begin_alias("gemm_in");
+  b.add({"a1q_permuted",
+         DType::kFp8E4m3,
+         {rows, p.K},
+         Stage::kPrepare,
+         Stage::kGemm1,
+         "FP8 tokens grouped by local expert"});
+  b.add({"a1q_scale_permuted", DType::kFp32, activation_scale_shape(p.quant, {rows}, p.K, false), Stage::kPrepare,
+         Stage::kGemm1, "scales of a1q_permuted"});
+  b.next_alternative();
+  b.add({"act_q", DType::kFp8E4m3, {rows, I}, Stage::kActivation, Stage::kGemm2, "activation output quantized to FP8"});
+  b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), Stage::kActivation,
+         Stage::kGemm2, "scales of act_q"});
+  b.end_alias();
+  b.begin_alias("gemm_out");
+  b.add({"w1_out", DType::kBf16, {rows, p.N}, Stage::kGemm1, Stage::kActivation, "W1 GEMM output (gate|up)"});
+  b.next_alternative();
+  b.add({"w2_out",
+         DType::kBf16,
+         {rows, p.K},
+         Stage::kGemm2,
+         Stage::kFinalize,
+         "W2 GEMM output per (token, slot), reduced by the finalize's combine"});
+  b.end_alias();
+}
+
+std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& p) {
+  if (p.format == takes) return {};
+  return fmt::format("{} takes the {} format, the problem is {}", experts, format_name(takes), format_name(p.format));
+}
+
+}  // namespace moekit::plan

@@ -1,0 +1,25 @@
+// The regions of the FP8 experts recipe (W1 -> bf16 -> activation -> FP8 -> W2) that every device's
+// implementation of a format holds, declared once: the CPU and CUDA experts call these and add only
+// what their own kernels need (GEMM arguments, scratch, status words).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "moekit/workspace.h"
+
+namespace moekit::plan {
+
+// Batched: w1_out (E_local, M, N) bf16, act_q (E_local, M, I) FP8, act_scale. M is global already:
+// nothing here multiplies it by num_dispatchers.
+void declare_batched_recipe(const MoeProblem& problem, WorkspaceBuilder& builder);
+
+// Standard: expert_offsets, pair_row (the finalize's unpermute map), and the GEMM buffers aliased
+// by lifetime: a1q_permuted (+ scales) with act_q (+ scales) in "gemm_in", w1_out with w2_out in
+// "gemm_out"; M * topk rows (every (token, slot) may land on a local expert).
+void declare_standard_recipe(const MoeProblem& problem, WorkspaceBuilder& builder);
+
+// Empty when `problem` is in the format `experts` takes; otherwise the reason.
+std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& problem);
+
+}  // namespace moekit::plan

@@ -1,0 +1,59 @@
+// The weights view: strides, per-expert views, validation against the problem, bytes.
+#include "moekit/weights.h"
+
+#include "moekit/check.h"
+#include "moekit/workspace.h"
+#include "numerics/scales.h"
+
+namespace moekit {
+
+std::int64_t ExpertWeightsView::w1_scale_stride() const {
+  return numerics::weight_scale_count(quant, N, K);
+}
+
+std::int64_t ExpertWeightsView::w2_scale_stride() const {
+  return numerics::weight_scale_count(quant, K, I);
+}
+
+ExpertWeightsView ExpertWeightsView::expert(std::int64_t e) const {
+  MOEKIT_CHECK(e >= 0 && e < E_local, "expert {} is outside the view's [0, {})", e, E_local);
+  ExpertWeightsView v = *this;
+  v.E_local = 1;
+  v.w1 = w1 + e * N * K;
+  v.w2 = w2 + e * K * I;
+  v.w1_scale = w1_scale + e * w1_scale_stride();
+  v.w2_scale = w2_scale + e * w2_scale_stride();
+  return v;
+}
+
+void validate_weights(const ExpertWeightsView& w, const MoeProblem& p, Device device) {
+  MOEKIT_CHECK(w.device == device,
+               "the expert weights are on the {} but the experts run on the {}: pass weights in {} memory",
+               device_name(w.device), device_name(device), device_name(device));
+  MOEKIT_CHECK(w.quant == p.quant,
+               "the expert weights are quantized {} but the layer runs {}: requantize them or pass --quant {}",
+               quant_name(w.quant), quant_name(p.quant), quant_name(w.quant));
+  MOEKIT_CHECK(
+      w.E_local == p.E_local && w.N == p.N && w.K == p.K && w.I == p.I(),
+      "the expert weights hold E_local = {}, N = {}, K = {}, I = {}; the problem needs E_local = {}, N = {}, K "
+      "= {}, I = {} ({})",
+      w.E_local, w.N, w.K, w.I, p.E_local, p.N, p.K, p.I(), activation_name(p.activation));
+  MOEKIT_CHECK(w.w1 != nullptr && w.w2 != nullptr && w.w1_scale != nullptr && w.w2_scale != nullptr,
+               "the expert weights view has a null pointer (w1 {}, w1_scale {}, w2 {}, w2_scale {})",
+               static_cast<const void*>(w.w1), static_cast<const void*>(w.w1_scale), static_cast<const void*>(w.w2),
+               static_cast<const void*>(w.w2_scale));
+  // TMA reads weight rows in 16-byte units from 16-byte aligned starts.
+  for (const void* ptr : {static_cast<const void*>(w.w1), static_cast<const void*>(w.w2)})
+    MOEKIT_CHECK(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0,
+                 "expert weights at {} are not 16-byte aligned; the GEMMs read rows with 16-byte loads", ptr);
+}
+
+std::int64_t expert_weight_bytes(const MoeProblem& p) {
+  const std::int64_t I = p.I();
+  const std::int64_t fp8 = shape_bytes({p.E_local, p.N * p.K + p.K * I}, DType::kFp8E4m3, "expert weights");
+  const std::int64_t scales =
+      numerics::weight_scale_count(p.quant, p.N, p.K) + numerics::weight_scale_count(p.quant, p.K, I);
+  return fp8 + shape_bytes({p.E_local, scales}, DType::kFp32, "expert weight scales");
+}
+
+}  // namespace moekit

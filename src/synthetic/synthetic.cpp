@@ -1,0 +1,122 @@
+// Synthetic weights, bias and tokens (synthetic/synthetic.h).
+#include "synthetic/synthetic.h"
+
+#include <cmath>
+
+#include "cpu/quant.h"
+#include "moekit/check.h"
+
+namespace moekit::synthetic {
+namespace {
+
+void fill_normal(std::vector<float>& v, SplitMix rng, float stddev) {
+  for (auto& x : v) x = rng.normal() * stddev;
+}
+
+}  // namespace
+
+ModelConfig tiny_model(bool grouped) {
+  ModelConfig m;
+  m.name = grouped ? "tiny-grouped" : "tiny-softmax";
+  m.model_type = "test";
+  m.hidden_size = 256;
+  m.moe_intermediate_size = 128;
+  m.num_experts = 16;
+  m.topk = 4;
+  m.num_layers = m.num_moe_layers = 1;
+  m.activation = Activation::kSilu;
+  if (grouped) {
+    m.scoring = Scoring::kSigmoid;
+    m.has_score_correction_bias = true;
+    m.n_group = 4;
+    m.topk_group = 2;
+    m.routed_scaling_factor = 2.5;
+  }
+  return m;
+}
+
+ExpertWeightsView HostExpertWeights::view() const {
+  ExpertWeightsView v;
+  v.device = Device::kCpu;
+  v.quant = problem.quant;
+  v.E_local = problem.E_local;
+  v.N = problem.N;
+  v.K = problem.K;
+  v.I = problem.I();
+  v.w1 = w1.data();
+  v.w1_scale = w1_scale.data();
+  v.w2 = w2.data();
+  v.w2_scale = w2_scale.data();
+  return v;
+}
+
+HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_expert, std::uint64_t seed,
+                                      cpu::ThreadPool& pool) {
+  HostExpertWeights w;
+  w.problem = p;
+  w.first_expert = first_expert;
+  const std::int64_t N = p.N, K = p.K, I = p.I();
+  const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K), s2 = numerics::weight_scale_count(p.quant, K, I);
+  w.w1.resize(static_cast<std::size_t>(p.E_local * N * K));
+  w.w2.resize(static_cast<std::size_t>(p.E_local * K * I));
+  w.w1_scale.resize(static_cast<std::size_t>(p.E_local * s1));
+  w.w2_scale.resize(static_cast<std::size_t>(p.E_local * s2));
+  pool.parallel_for(p.E_local, [&](std::int64_t e0, std::int64_t e1) {
+    std::vector<float> tmp;
+    for (std::int64_t e = e0; e < e1; ++e) {
+      const auto g = static_cast<std::uint64_t>(first_expert + e);
+      tmp.resize(static_cast<std::size_t>(N * K));
+      fill_normal(tmp, stream(seed, Purpose::kW1, g), 1.0f / std::sqrt(static_cast<float>(K)));
+      cpu::quantize_weight(p.quant, tmp.data(), N, K, w.w1.data() + e * N * K, w.w1_scale.data() + e * s1);
+      tmp.resize(static_cast<std::size_t>(K * I));
+      fill_normal(tmp, stream(seed, Purpose::kW2, g), 1.0f / std::sqrt(static_cast<float>(I)));
+      cpu::quantize_weight(p.quant, tmp.data(), K, I, w.w2.data() + e * K * I, w.w2_scale.data() + e * s2);
+    }
+  });
+  return w;
+}
+
+ExpertBank::ExpertBank(const MoeProblem& problem, std::uint64_t seed, cpu::ThreadPool& pool)
+    : one_(problem), seed_(seed), pool_(pool) {
+  one_.E_local = 1;
+}
+
+void ExpertBank::adopt(const HostExpertWeights& w) {
+  MOEKIT_CHECK(w.problem.N == one_.N && w.problem.K == one_.K && w.problem.quant == one_.quant,
+               "ExpertBank: adopted weights (N = {}, K = {}) are not of this bank's problem (N = {}, K = {})",
+               w.problem.N, w.problem.K, one_.N, one_.K);
+  const ExpertWeightsView v = w.view();
+  for (std::int64_t e = 0; e < v.E_local; ++e) views_[w.first_expert + e] = v.expert(e);
+}
+
+ExpertWeightsView ExpertBank::expert(std::int64_t g) {
+  MOEKIT_CHECK(g >= 0 && g < one_.E, "ExpertBank: expert {} is outside [0, E = {})", g, one_.E);
+  auto it = views_.find(g);
+  if (it != views_.end()) return it->second;
+  const auto& w = owned_.emplace(g, make_expert_weights(one_, g, seed_, pool_)).first->second;
+  return views_[g] = w.view();
+}
+
+std::vector<float> make_routing_bias(std::int64_t E, std::uint64_t seed) {
+  std::vector<float> bias(static_cast<std::size_t>(E));
+  SplitMix rng = stream(seed, Purpose::kRoutingBias, 0);
+  for (auto& b : bias) b = 0.1f * rng.normal();
+  return bias;
+}
+
+Tokens make_tokens(std::int64_t K, std::int64_t E, std::int64_t first_token, std::int64_t count, std::uint64_t seed) {
+  MOEKIT_CHECK(count >= 0 && first_token >= 0, "make_tokens: first_token = {}, count = {}", first_token, count);
+  Tokens t;
+  t.hidden.resize(static_cast<std::size_t>(count * K));
+  t.logits.resize(static_cast<std::size_t>(count * E));
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto g = static_cast<std::uint64_t>(first_token + i);
+    SplitMix h = stream(seed, Purpose::kHidden, g), l = stream(seed, Purpose::kLogits, g);
+    for (std::int64_t c = 0; c < K; ++c)
+      t.hidden[static_cast<std::size_t>(i * K + c)] = numerics::bf16_encode(h.normal());
+    for (std::int64_t e = 0; e < E; ++e) t.logits[static_cast<std::size_t>(i * E + e)] = 2.0f * l.normal();
+  }
+  return t;
+}
+
+}  // namespace moekit::synthetic

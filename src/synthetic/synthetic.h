@@ -1,0 +1,63 @@
+// Seeded synthetic inputs of a layer, the one place they are made: the experts' FP8 weights, the
+// routing bias, the tokens and router logits. Every value is a function of (seed, purpose, global
+// index), so any spread of experts and tokens over ranks draws the same numbers. Nothing is ever
+// downloaded: moekit runs on random, seeded weights.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "moekit/model.h"
+#include "moekit/problem.h"
+#include "moekit/weights.h"
+#include "synthetic/random.h"
+
+namespace moekit::synthetic {
+
+// A small model for tests and examples (K = 256, I = 128, 16 experts, top-4, silu): softmax
+// routing, or DeepSeek-style grouped sigmoid routing with a correction bias (4 groups, top-2 groups,
+// routed scaling 2.5).
+ModelConfig tiny_model(bool grouped);
+
+// Host-owned expert weights in the layout of moekit/weights.h.
+struct HostExpertWeights {
+  MoeProblem problem;
+  std::int64_t first_expert = 0;  // global index of expert 0 here
+  std::vector<std::uint8_t> w1, w2;
+  std::vector<float> w1_scale, w2_scale;
+  ExpertWeightsView view() const;  // on the host
+};
+
+// Experts [first_expert, first_expert + problem.E_local): normal(0, 1/sqrt(K)) W1 and normal(0,
+// 1/sqrt(I)) W2, quantized with problem.quant.
+HostExpertWeights make_expert_weights(const MoeProblem& problem, std::int64_t first_expert, std::uint64_t seed,
+                                      cpu::ThreadPool& pool);
+
+// Every global expert on demand (generated once, kept), or views of weights already made.
+class ExpertBank {
+ public:
+  ExpertBank(const MoeProblem& problem, std::uint64_t seed, cpu::ThreadPool& pool);
+  void adopt(const HostExpertWeights& weights);  // must outlive the bank
+  ExpertWeightsView expert(std::int64_t global_expert);
+
+ private:
+  MoeProblem one_;  // E_local = 1
+  std::uint64_t seed_;
+  cpu::ThreadPool& pool_;
+  std::map<std::int64_t, ExpertWeightsView> views_;
+  std::map<std::int64_t, HostExpertWeights> owned_;
+};
+
+// e_score_correction_bias of E experts: 0.1 * normal.
+std::vector<float> make_routing_bias(std::int64_t E, std::uint64_t seed);
+
+struct Tokens {
+  std::vector<std::uint16_t> hidden;  // (count, K) bf16, normal(0, 1)
+  std::vector<float> logits;          // (count, E), 2 * normal(0, 1)
+};
+// Global tokens [first_token, first_token + count).
+Tokens make_tokens(std::int64_t K, std::int64_t E, std::int64_t first_token, std::int64_t count, std::uint64_t seed);
+
+}  // namespace moekit::synthetic

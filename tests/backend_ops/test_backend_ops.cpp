@@ -1,0 +1,588 @@
+// The backend-ops harness (after ggml's test-backend-ops): one table of op cases - router,
+// quantize, prepare/finalize, experts; every activation, quantization scheme and format; empty,
+// ragged and full m_e - run through the seams on every implementation of every device present,
+// each checked against the CPU implementation on the same inputs, and the CPU against float64.
+// Inputs are fresh seeded random values; workspaces are planned by plan_layer, poisoned with NaN,
+// their guard bands verified after every op. Device cases skip, by name, when the device is absent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "check/reference.h"
+#include "cpu/combine.h"
+#include "cpu/quant.h"
+#include "cpu/routing.h"
+#include "cuda/backend.h"
+#include "moekit/check.h"
+#include "moekit/registry.h"
+#include "synthetic/synthetic.h"
+
+namespace moekit {
+namespace {
+
+using numerics::bf16_decode;
+using numerics::bf16_t;
+using numerics::fp8_t;
+
+// Tolerances, from the recipe (docs/DESIGN.md, Numerics):
+// - CPU experts vs float64 on the same FP8 operands: bf16 output rounding (2^-9) plus rare one-code
+//   FP8 requantization flips of the activation: measured ~2.4e-3; bound 1e-2.
+// - Another device vs the CPU: a bf16 W1 output one ulp apart flips an FP8 code (2^-4 relative
+//   steps) of the activation computed from it; two correct implementations differ by such flips at
+//   ~1.5e-2. Bound 3e-2. Indexing or scaling bugs give O(1) errors.
+constexpr double kCpuVsFloat64 = 1e-2;
+constexpr double kDeviceVsCpu = 3e-2;
+constexpr std::int64_t kGuardBytes = 4096;
+
+bool device_present(Device d) {
+  return d == Device::kCpu || cuda::available();
+}
+
+// --- Data on a device -------------------------------------------------------------------------------
+
+template <class T>
+struct OnDevice {
+  DeviceBuffer buffer;
+  const T* ptr = nullptr;
+  OnDevice(Memory& memory, const std::vector<T>& host) {
+    const auto bytes = static_cast<std::int64_t>(host.size() * sizeof(T));
+    if (memory.device() == Device::kCpu) {
+      ptr = host.data();
+      return;
+    }
+    buffer = DeviceBuffer(memory, bytes, "test input");
+    if (bytes > 0) memory.from_host(buffer.get(), host.data(), bytes, nullptr);
+    ptr = buffer.as<T>();
+  }
+};
+
+template <class T>
+std::vector<T> to_host(Memory& memory, const T* ptr, std::int64_t count) {
+  std::vector<T> host(static_cast<std::size_t>(count));
+  if (count > 0) memory.to_host(host.data(), ptr, count * static_cast<std::int64_t>(sizeof(T)), nullptr);
+  return host;
+}
+
+ModelConfig model_named(const std::string& name) {
+  return name == "tiny" ? synthetic::tiny_model(false) : load_model(name);
+}
+
+double rel_err(const std::vector<double>& out, const std::vector<double>& ref) {
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    err += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return norm > 0 ? std::sqrt(err / norm) : 0.0;
+}
+
+// --- The op table -----------------------------------------------------------------------------------
+
+struct OpCase {
+  std::string op;  // router | quantize | prepare-finalize | experts
+  std::string model = "tiny";
+  Activation activation = Activation::kSilu;
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;
+  ActivationFormat format = ActivationFormat::kBatchedExperts;
+  std::string counts = "ragged";  // experts: empty | one-full | ragged | uniform
+  std::int64_t tokens = 13;       // router, quantize, prepare-finalize, standard experts
+  int ranks = 1;                  // prepare-finalize
+  std::int64_t E_local = 4, M = 48;
+
+  std::string name() const {
+    // NOTES: fmt, not std::string operator+: GCC 12 at -O3 raises a false -Wrestrict on the latter.
+    std::string n = fmt::format("{}_{}", op, model);
+    if (op == "experts" || op == "prepare-finalize") n += fmt::format("_{}_{}", format_name(format), quant_name(quant));
+    if (op == "experts") n += fmt::format("_{}_{}", activation_name(activation), counts);
+    if (op == "quantize") n += fmt::format("_{}", quant_name(quant));
+    if (op != "experts") n += fmt::format("_T{}", tokens);
+    if (op == "prepare-finalize") n += fmt::format("_ranks{}", ranks);
+    std::replace_if(
+        n.begin(), n.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+    return n;
+  }
+};
+
+std::vector<OpCase> op_cases() {
+  std::vector<OpCase> cases;
+  for (const char* model : {"tiny", "deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b"})
+    for (std::int64_t T : {0, 1, 37}) cases.push_back({.op = "router", .model = model, .tokens = T});
+  for (QuantScheme q : all_quant_schemes())
+    for (std::int64_t T : {0, 1, 19}) cases.push_back({.op = "quantize", .quant = q, .tokens = T});
+  for (QuantScheme q : all_quant_schemes())
+    for (int ranks : {1, 2, 4})
+      for (std::int64_t T : {0, 1, 13}) {
+        if (q == QuantScheme::kPerTensor && ranks > 1) continue;  // per-tensor needs dp == 1
+        cases.push_back({.op = "prepare-finalize",
+                         .quant = q,
+                         .format = ActivationFormat::kBatchedExperts,
+                         .tokens = T,
+                         .ranks = ranks});
+        if (ranks == 1)
+          cases.push_back({.op = "prepare-finalize", .quant = q, .format = ActivationFormat::kStandard, .tokens = T});
+      }
+  for (ActivationFormat f : {ActivationFormat::kBatchedExperts, ActivationFormat::kStandard})
+    for (QuantScheme q : all_quant_schemes())
+      for (Activation a : all_activations())
+        for (const char* counts : {"empty", "one-full", "ragged", "uniform"}) {
+          if (f == ActivationFormat::kStandard && std::string(counts) != "ragged" && std::string(counts) != "empty")
+            continue;  // the standard format takes routed tokens, not counts
+          cases.push_back({.op = "experts",
+                           .activation = a,
+                           .quant = q,
+                           .format = f,
+                           .counts = counts,
+                           .tokens = std::string(counts) == "empty" ? 0 : 11});
+        }
+  // Real shapes on every device: DeepSeek-V3 and gpt-oss (interleaved swigluoai, K = 2880).
+  cases.push_back({.op = "experts", .model = "deepseek-v3", .counts = "ragged", .E_local = 3, .M = 96});
+  cases.push_back({.op = "experts",
+                   .model = "gpt-oss-120b",
+                   .activation = Activation::kSwigluOai,
+                   .counts = "ragged",
+                   .E_local = 2,
+                   .M = 64});
+  return cases;
+}
+
+struct Param {
+  OpCase op;
+  Device device;
+};
+
+void PrintTo(const Param& param, std::ostream* os) {
+  *os << device_name(param.device) << " " << param.op.name();
+}
+
+class BackendOps : public ::testing::TestWithParam<Param> {};
+
+// --- router -----------------------------------------------------------------------------------------
+
+void router_case(const OpCase& c, Device device) {
+  const ModelConfig m = model_named(c.model);
+  const RoutingConfig cfg = routing_config(m);
+  const auto tok = synthetic::make_tokens(8, m.num_experts, 0, c.tokens, 31);
+  const std::vector<float> bias = synthetic::make_routing_bias(m.num_experts, 31);
+  const float* bias_host = cfg.grouped ? bias.data() : nullptr;
+  const std::int64_t n = c.tokens * m.topk;
+  // The CPU against float64: weights within fp32 rounding; ids equal except at near-ties.
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), ids_ref(static_cast<std::size_t>(n));
+  std::vector<float> w(static_cast<std::size_t>(n));
+  std::vector<double> w_ref(static_cast<std::size_t>(n));
+  cpu::route(cfg, tok.logits.data(), c.tokens, bias_host, ids.data(), w.data());
+  cpu::route_ref(cfg, tok.logits.data(), c.tokens, bias_host, ids_ref.data(), w_ref.data());
+  std::int64_t same = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    same += ids[static_cast<std::size_t>(i)] == ids_ref[static_cast<std::size_t>(i)];
+    if (ids[static_cast<std::size_t>(i)] == ids_ref[static_cast<std::size_t>(i)]) {
+      EXPECT_NEAR(w[static_cast<std::size_t>(i)], w_ref[static_cast<std::size_t>(i)],
+                  1e-6 * std::fabs(w_ref[static_cast<std::size_t>(i)]) + 1e-7)
+          << c.name() << " slot " << i;
+    }
+  }
+  EXPECT_GE(same, n - n / 50) << c.name() << ": ids differ from float64 beyond near-ties";
+  // Every router of the device against the CPU's: ids identical, weights within 1e-6 relative.
+  const auto memory = make_memory(device);
+  for (const auto& entry : router_registry()) {
+    if (entry.device != device) continue;
+    const auto router = entry.make(cfg, {});
+    const OnDevice<float> logits(*memory, tok.logits), dbias(*memory, bias);
+    DeviceBuffer dids(*memory, 4 * std::max<std::int64_t>(n, 1), "ids"),
+        dw(*memory, 4 * std::max<std::int64_t>(n, 1), "w");
+    router->route(logits.ptr, c.tokens, cfg.grouped ? dbias.ptr : nullptr, dids.as<std::int32_t>(), dw.as<float>(),
+                  nullptr);
+    EXPECT_EQ(to_host(*memory, dids.as<std::int32_t>(), n), ids) << c.name() << " " << entry.name;
+    const auto got = to_host(*memory, dw.as<float>(), n);
+    for (std::int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(got[static_cast<std::size_t>(i)], w[static_cast<std::size_t>(i)],
+                  1e-6 * std::fabs(w[static_cast<std::size_t>(i)]))
+          << c.name() << " " << entry.name << " slot " << i;
+  }
+}
+
+// --- quantize ---------------------------------------------------------------------------------------
+
+void quantize_case(const OpCase& c) {
+  const std::int64_t K = 384, T = c.tokens;
+  const auto tok = synthetic::make_tokens(K, 1, 0, T, 41);
+  std::vector<fp8_t> q(static_cast<std::size_t>(T * K));
+  std::vector<float> s(static_cast<std::size_t>(numerics::activation_scale_count(c.quant, T, K)) + 1, std::nanf(""));
+  cpu::quantize_activation(c.quant, tok.hidden.data(), T, K, K, q.data(), K, s.data());
+  EXPECT_TRUE(std::isnan(s.back())) << c.name() << ": wrote past activation_scale_count()";
+  // Each element within half an FP8 step of its float64 value: 2^-4 relative, or 2^-10 of the
+  // scale in the subnormal range; each scale exactly the rule's fp8_scale(amax) of its group.
+  for (std::int64_t r = 0; r < T; ++r)
+    for (std::int64_t col = 0; col < K; ++col) {
+      const double x = bf16_decode(tok.hidden[static_cast<std::size_t>(r * K + col)]);
+      const double scale = s[static_cast<std::size_t>(numerics::activation_scale_index(c.quant, r, col, K))];
+      const double deq = cpu::dequant_activation(c.quant, q.data(), K, s.data(), K, r, col);
+      EXPECT_LE(std::fabs(deq - x), std::max(std::fabs(x) / 16, scale / 1024) * (1 + 1e-6))
+          << c.name() << " (" << r << ", " << col << ")";
+    }
+}
+
+// --- prepare/finalize ---------------------------------------------------------------------------------
+
+void prepare_finalize_case(const OpCase& c, Device device) {
+  const ModelConfig m = model_named(c.model);
+  const int P = c.ranks;
+  const std::int64_t T = c.tokens, K = m.hidden_size, topk = m.topk;
+  const ParallelConfig par{P, c.format == ActivationFormat::kStandard ? 1 : P, std::max<std::int64_t>(T, 1), 0};
+  const MoeProblem p = make_problem(m, par, c.format, c.quant);
+  const PrepareFinalizeEntry* entry = find_prepare_finalize(device, c.format, par.ep);
+  if (entry == nullptr)
+    GTEST_SKIP() << "no prepare/finalize for " << format_name(c.format) << " on " << device_name(device);
+  const RoutingConfig routing = routing_config(m);
+  // Rank r's tokens are global tokens [r*T, (r+1)*T); every rank routes and quantizes them on the host
+  // for the expected values.
+  const auto all = synthetic::make_tokens(K, m.num_experts, 0, P * T, 43);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(P * T * topk));
+  std::vector<float> weights(ids.size());
+  cpu::route(routing, all.logits.data(), P * T, nullptr, ids.data(), weights.data());
+  std::vector<fp8_t> q(static_cast<std::size_t>(P * T * K));
+  std::vector<float> qs(
+      static_cast<std::size_t>(std::max<std::int64_t>(numerics::activation_scale_count(c.quant, P * T, K), 1)));
+  if (c.quant != QuantScheme::kPerTensor)
+    cpu::quantize_activation(c.quant, all.hidden.data(), P * T, K, K, q.data(), K, qs.data());
+  const std::int64_t spr = numerics::activation_scales_per_row(c.quant, K);
+  std::vector<bf16_t> out(static_cast<std::size_t>(P * T * K), 0xFFFF);
+  std::mutex mutex;
+  run_in_process(P, [&](Communicator& comm) {
+    const int r = comm.rank();
+    cpu::ThreadPool pool(1);
+    const auto memory = make_memory(device);
+    const auto pf = entry->make({&pool, &comm});
+    const WorkspacePlan plan = plan_layer(
+        p, find_experts(c.format == ActivationFormat::kStandard ? "standard-fp8" : "batched-fp8", Device::kCpu), par.ep,
+        kGuardBytes);
+    Workspace ws(plan, *memory);
+    ws.poison(nullptr);
+    const std::vector<bf16_t> hidden(all.hidden.begin() + r * T * K, all.hidden.begin() + (r + 1) * T * K);
+    const std::vector<std::int32_t> my_ids(ids.begin() + r * T * topk, ids.begin() + (r + 1) * T * topk);
+    const std::vector<float> my_w(weights.begin() + r * T * topk, weights.begin() + (r + 1) * T * topk);
+    const OnDevice<bf16_t> dh(*memory, hidden);
+    const OnDevice<std::int32_t> di(*memory, my_ids);
+    const OnDevice<float> dw(*memory, my_w);
+    const ExpertsInput in = pf->prepare(p, {dh.ptr, di.ptr, dw.ptr, T}, ws, nullptr);
+    // Every row this rank received: a1q and its scales equal the host quantization of its token.
+    std::vector<double> rows;  // the "expert output" of each received row: its dequantized token
+    std::vector<bf16_t> expert_rows;
+    std::vector<std::int32_t> row_of;
+    if (c.format == ActivationFormat::kBatchedExperts) {
+      const auto counts = to_host(*memory, in.expert_num_tokens, p.E_local);
+      const auto a1q = to_host(*memory, in.a1q, p.E_local * p.M * K);
+      const auto a1q_scale = to_host(*memory, in.a1q_scale, plan.region("a1q_scale").bytes / 4);
+      std::int64_t expected_rows = 0;
+      for (std::int64_t i = 0; i < P * T * topk; ++i)
+        expected_rows += ids[static_cast<std::size_t>(i)] / p.E_local == r;
+      std::int64_t got_rows = 0;
+      for (auto n : counts) got_rows += n;
+      EXPECT_EQ(got_rows, expected_rows) << c.name() << " rank " << r;
+      // Rows arrive in (source rank, token, slot) order within each expert.
+      std::vector<std::int64_t> next(static_cast<std::size_t>(p.E_local), 0);
+      for (std::int64_t i = 0; i < P * T * topk; ++i) {
+        const std::int32_t e = ids[static_cast<std::size_t>(i)];
+        if (e / p.E_local != r) continue;
+        const std::int64_t le = e % p.E_local, row = next[static_cast<std::size_t>(le)]++, t = i / topk;
+        ASSERT_LT(row, counts[static_cast<std::size_t>(le)]) << c.name();
+        if (c.quant == QuantScheme::kPerTensor) continue;  // one scale per rank's tensor: checked below
+        EXPECT_EQ(std::memcmp(a1q.data() + (le * p.M + row) * K, q.data() + t * K, static_cast<std::size_t>(K)), 0)
+            << c.name() << " rank " << r << " expert " << le << " row " << row;
+        for (std::int64_t j = 0; j < spr; ++j)
+          EXPECT_EQ(a1q_scale[static_cast<std::size_t>((le * p.M + row) * spr + j)],
+                    qs[static_cast<std::size_t>(t * spr + j)])
+              << c.name();
+      }
+      // The experts' output: a value per (expert row, column) the combine must carry back.
+      expert_rows.assign(static_cast<std::size_t>(p.E_local * p.M * K), 0xFFFF);
+      for (std::int64_t le = 0; le < p.E_local; ++le)
+        for (std::int64_t row = 0; row < counts[static_cast<std::size_t>(le)]; ++row)
+          for (std::int64_t col = 0; col < K; ++col)
+            expert_rows[static_cast<std::size_t>((le * p.M + row) * K + col)] = numerics::bf16_encode(
+                static_cast<float>(numerics::fp8_decode(a1q[static_cast<std::size_t>((le * p.M + row) * K + col)])) *
+                static_cast<float>(r + 1 + le));
+      memory->from_host(in.output, expert_rows.data(), static_cast<std::int64_t>(expert_rows.size()) * 2, nullptr);
+    } else {
+      // Standard: a1q in token order, ids passed through; the experts' rows in (token, slot) order.
+      if (c.quant != QuantScheme::kPerTensor) {
+        EXPECT_EQ(to_host(*memory, in.a1q, T * K),
+                  std::vector<fp8_t>(q.begin() + r * T * K, q.begin() + (r + 1) * T * K))
+            << c.name();
+      }
+      expert_rows.resize(static_cast<std::size_t>(T * topk * K));
+      row_of.resize(static_cast<std::size_t>(T * topk));
+      const auto a1q = to_host(*memory, in.a1q, T * K);
+      for (std::int64_t i = 0; i < T * topk; ++i) {
+        row_of[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(T * topk - 1 - i);  // any permutation
+        for (std::int64_t col = 0; col < K; ++col)
+          expert_rows[static_cast<std::size_t>((T * topk - 1 - i) * K + col)] = numerics::bf16_encode(
+              static_cast<float>(numerics::fp8_decode(a1q[static_cast<std::size_t>((i / topk) * K + col)])) *
+              static_cast<float>(1 + my_ids[static_cast<std::size_t>(i)]));
+      }
+    }
+    const OnDevice<bf16_t> rows_dev(*memory, expert_rows);
+    const OnDevice<std::int32_t> row_of_dev(*memory, row_of);
+    DeviceBuffer dout(*memory, std::max<std::int64_t>(T * K * 2, 2), "output");
+    const ExpertsOutput eo = c.format == ActivationFormat::kBatchedExperts
+                                 ? ExpertsOutput{in.output, nullptr}
+                                 : ExpertsOutput{rows_dev.ptr, row_of_dev.ptr};
+    pf->finalize(p, {dw.ptr, T, eo, dout.as<bf16_t>()}, ws, nullptr);
+    ws.verify_guards(nullptr);
+    const auto got = to_host(*memory, dout.as<bf16_t>(), T * K);
+    std::lock_guard<std::mutex> lock(mutex);
+    std::copy(got.begin(), got.end(), out.begin() + r * T * K);
+  });
+  // The combine against float64: sum over slots of w * y(token, slot), one bf16 rounding.
+  if (c.quant == QuantScheme::kPerTensor) return;  // the per-rank tensor scale makes y rank-dependent
+  std::vector<double> got, ref;
+  for (std::int64_t t = 0; t < P * T; ++t)
+    for (std::int64_t col = 0; col < K; ++col) {
+      double sum = 0;
+      for (std::int64_t k = 0; k < topk; ++k) {
+        const std::int32_t e = ids[static_cast<std::size_t>(t * topk + k)];
+        const auto factor = static_cast<double>(
+            c.format == ActivationFormat::kBatchedExperts ? 1 + e / p.E_local + e % p.E_local : 1 + e);
+        const double y = bf16_decode(numerics::bf16_encode(static_cast<float>(
+            numerics::fp8_decode(q[static_cast<std::size_t>(t * K + col)]) * static_cast<float>(factor))));
+        sum += weights[static_cast<std::size_t>(t * topk + k)] * y;
+      }
+      got.push_back(bf16_decode(out[static_cast<std::size_t>(t * K + col)]));
+      ref.push_back(sum);
+    }
+  EXPECT_LT(rel_err(got, ref), 4e-3) << c.name();
+}
+
+// --- experts ----------------------------------------------------------------------------------------
+
+struct ExpertsData {
+  MoeProblem problem;
+  synthetic::HostExpertWeights weights;
+  std::vector<fp8_t> a1q;
+  std::vector<float> a1q_scale;
+  std::vector<std::int32_t> counts;  // batched
+  std::vector<std::int32_t> ids;     // standard: (T, topk) local ids, -1 for none
+};
+
+ExpertsData experts_data(const OpCase& c) {
+  ModelConfig m = model_named(c.model);
+  m.activation = c.activation;
+  ExpertsData d;
+  const std::int64_t E_local = c.format == ActivationFormat::kStandard ? m.num_experts : c.E_local;
+  const ParallelConfig par{1, m.num_experts / E_local,
+                           c.format == ActivationFormat::kStandard ? std::max<std::int64_t>(c.tokens, 1) : c.M,
+                           E_local};
+  d.problem = make_problem(m, par, c.format, c.quant);
+  const MoeProblem& p = d.problem;
+  cpu::ThreadPool pool(2);
+  d.weights = synthetic::make_expert_weights(p, 0, 51, pool);
+  const std::int64_t K = p.K, M = p.M;
+  if (c.format == ActivationFormat::kBatchedExperts) {
+    d.counts.assign(static_cast<std::size_t>(p.E_local), 0);
+    const std::int32_t ragged[] = {1, 37, 0, 45, 7, 29};
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      auto& n = d.counts[static_cast<std::size_t>(e)];
+      if (c.counts == "one-full") n = e == 1 ? static_cast<std::int32_t>(M) : 0;
+      if (c.counts == "uniform") n = static_cast<std::int32_t>(M / 2);
+      if (c.counts == "ragged") n = std::min<std::int32_t>(ragged[e % 6], static_cast<std::int32_t>(M));
+    }
+    // Tokens written per (expert, row), quantized per expert tensor; padding rows NaN.
+    d.a1q.assign(static_cast<std::size_t>(p.E_local * M * K), 0x7F);
+    const std::int64_t spr = numerics::activation_scales_per_row(p.quant, K);
+    d.a1q_scale.assign(static_cast<std::size_t>(p.quant == QuantScheme::kPerTensor ? p.E_local : p.E_local * M * spr),
+                       std::nanf(""));
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      const std::int64_t n = d.counts[static_cast<std::size_t>(e)];
+      std::vector<float> x(static_cast<std::size_t>(n * K));
+      synthetic::SplitMix tr = synthetic::stream(57, synthetic::Purpose::kExpertTokens, static_cast<std::uint64_t>(e));
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t col = 0; col < K; ++col)
+          x[static_cast<std::size_t>(r * K + col)] = (0.25f + static_cast<float>(r % 7)) * tr.normal();
+      float* scales = p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() + e : d.a1q_scale.data() + e * M * spr;
+      if (n > 0) cpu::quantize_activation(p.quant, x.data(), n, K, K, d.a1q.data() + e * M * K, K, scales);
+    }
+  } else {
+    const std::int64_t T = c.tokens;
+    const auto tok = synthetic::make_tokens(K, p.E, 0, T, 59);
+    d.a1q.resize(static_cast<std::size_t>(std::max<std::int64_t>(T, 1) * K));
+    d.a1q_scale.resize(
+        static_cast<std::size_t>(std::max<std::int64_t>(numerics::activation_scale_count(p.quant, T, K), 1)));
+    cpu::quantize_activation(p.quant, tok.hidden.data(), T, K, K, d.a1q.data(), K, d.a1q_scale.data());
+    d.ids.resize(static_cast<std::size_t>(T * p.topk));
+    std::vector<float> w(d.ids.size());
+    cpu::route(routing_config(m), tok.logits.data(), T, nullptr, d.ids.data(), w.data());
+    for (std::int64_t i = 0; i < T * p.topk; i += 5) d.ids[static_cast<std::size_t>(i)] = -1;  // slots not here
+  }
+  return d;
+}
+
+// Runs an experts implementation; returns its rows (batched: valid rows of every expert in order;
+// standard: (token, slot) rows, none for -1) as doubles, after checking padding and guards.
+std::vector<double> run_experts(const ExpertsEntry& entry, const ExpertsData& d, const std::string& ctx) {
+  const MoeProblem& p = d.problem;
+  const auto memory = make_memory(entry.device);
+  cpu::ThreadPool pool(2);
+  const auto experts = entry.make({&pool, nullptr});
+  Workspace ws(plan_layer(p, entry, p.E / p.E_local, kGuardBytes), *memory);
+  ws.poison(nullptr);
+  const auto& hw = d.weights;
+  const OnDevice<std::uint8_t> w1(*memory, hw.w1), w2(*memory, hw.w2);
+  const OnDevice<float> s1(*memory, hw.w1_scale), s2(*memory, hw.w2_scale);
+  ExpertWeightsView view = hw.view();
+  view.device = entry.device;
+  view.w1 = w1.ptr;
+  view.w2 = w2.ptr;
+  view.w1_scale = s1.ptr;
+  view.w2_scale = s2.ptr;
+  const OnDevice<fp8_t> a1q(*memory, d.a1q);
+  const OnDevice<float> a1q_scale(*memory, d.a1q_scale);
+  const OnDevice<std::int32_t> counts(*memory, d.counts), ids(*memory, d.ids);
+  ExpertsInput in{a1q.ptr,
+                  a1q_scale.ptr,
+                  counts.ptr,
+                  ids.ptr,
+                  p.format == ActivationFormat::kStandard ? static_cast<std::int64_t>(d.ids.size()) / p.topk
+                                                          : p.max_tokens_per_rank,
+                  nullptr};
+  if (p.format == ActivationFormat::kBatchedExperts) in.output = ws.get<bf16_t>("expert_output");
+  const ExpertsOutput out = experts->run(p, in, view, ws, nullptr);
+  experts->check_status(ws, nullptr);
+  ws.verify_guards(nullptr);
+  std::vector<double> rows;
+  const std::int64_t K = p.K;
+  if (p.format == ActivationFormat::kBatchedExperts) {
+    const auto all = to_host(*memory, out.rows, p.E_local * p.M * K);
+    for (std::int64_t e = 0; e < p.E_local; ++e)
+      for (std::int64_t r = 0; r < p.M; ++r)
+        for (std::int64_t col = 0; col < K; ++col) {
+          const bf16_t v = all[static_cast<std::size_t>((e * p.M + r) * K + col)];
+          if (r < d.counts[static_cast<std::size_t>(e)]) {
+            rows.push_back(bf16_decode(v));
+            EXPECT_FALSE(std::isnan(rows.back())) << ctx << ": NaN in a valid row";
+          } else if (v != 0xFFFF) {
+            ADD_FAILURE() << ctx << ": padding row " << r << " of expert " << e << " was written";
+            return rows;
+          }
+        }
+  } else {
+    const std::int64_t n = static_cast<std::int64_t>(d.ids.size());
+    const auto row_of = to_host(*memory, out.row_of, n);
+    const auto all = to_host(*memory, out.rows, p.M * p.topk * K);
+    for (std::int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(row_of[static_cast<std::size_t>(i)] < 0, d.ids[static_cast<std::size_t>(i)] < 0)
+          << ctx << " slot " << i;
+      if (row_of[static_cast<std::size_t>(i)] < 0) continue;
+      for (std::int64_t col = 0; col < K; ++col)
+        rows.push_back(bf16_decode(all[static_cast<std::size_t>(row_of[static_cast<std::size_t>(i)] * K + col)]));
+    }
+  }
+  return rows;
+}
+
+// float64 rows in the order run_experts returns them.
+std::vector<double> experts_ref(const ExpertsData& d) {
+  const MoeProblem& p = d.problem;
+  const std::int64_t K = p.K, I = p.I(), M = p.M;
+  const ExpertWeightsView w = d.weights.view();
+  const std::int64_t spr = numerics::activation_scales_per_row(p.quant, K);
+  struct Row {
+    std::int64_t expert;
+    const fp8_t* a;
+    const float* s;
+  };
+  std::vector<Row> rows;
+  if (p.format == ActivationFormat::kBatchedExperts) {
+    for (std::int64_t e = 0; e < p.E_local; ++e)
+      for (std::int64_t r = 0; r < d.counts[static_cast<std::size_t>(e)]; ++r)
+        rows.push_back(
+            {e, d.a1q.data() + (e * M + r) * K,
+             p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() + e : d.a1q_scale.data() + (e * M + r) * spr});
+  } else {
+    for (std::size_t i = 0; i < d.ids.size(); ++i)
+      if (d.ids[i] >= 0) {
+        const std::int64_t t = static_cast<std::int64_t>(i) / p.topk;
+        rows.push_back({d.ids[i], d.a1q.data() + t * K,
+                        p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() : d.a1q_scale.data() + t * spr});
+      }
+  }
+  std::vector<double> act(rows.size() * static_cast<std::size_t>(I));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    check::activation_ref(p, w.expert(rows[i].expert), rows[i].a, rows[i].s,
+                          act.data() + i * static_cast<std::size_t>(I));
+  // Per-tensor activation scale: one per expert tensor (batched) or one for all rows (standard).
+  std::vector<double> amax(static_cast<std::size_t>(p.E_local), 0.0);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::int64_t c = 0; c < I; ++c) {
+      double& m = amax[static_cast<std::size_t>(p.format == ActivationFormat::kBatchedExperts ? rows[i].expert : 0)];
+      m = std::max(m, std::fabs(act[i * static_cast<std::size_t>(I) + static_cast<std::size_t>(c)]));
+    }
+  std::vector<double> out(rows.size() * static_cast<std::size_t>(K));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const double a = amax[static_cast<std::size_t>(p.format == ActivationFormat::kBatchedExperts ? rows[i].expert : 0)];
+    check::w2_ref(p, w.expert(rows[i].expert), act.data() + i * static_cast<std::size_t>(I),
+                  numerics::fp8_scale(static_cast<float>(a)), out.data() + i * static_cast<std::size_t>(K));
+  }
+  return out;
+}
+
+void experts_case(const OpCase& c, Device device) {
+  // float64 of real shapes is slow on the host: the tiny cases cover the recipe on the CPU, the real
+  // shapes compare other devices against the CPU.
+  if (device == Device::kCpu && c.model != "tiny") GTEST_SKIP() << "real shapes are compared on other devices";
+  const ExpertsData d = experts_data(c);
+  const std::string ctx = c.name() + " on " + std::string(device_name(device));
+  const auto& cpu_entry =
+      find_experts(c.format == ActivationFormat::kStandard ? "standard-fp8" : "batched-fp8", Device::kCpu);
+  const std::vector<double> cpu_rows = run_experts(cpu_entry, d, ctx + " (cpu)");
+  if (device == Device::kCpu) {
+    const double err = rel_err(cpu_rows, experts_ref(d));
+    EXPECT_LT(err, kCpuVsFloat64) << ctx << ": CPU vs float64";
+    return;
+  }
+  bool ran = false;
+  for (const auto& entry : experts_registry()) {
+    if (entry.device != device || entry.format != c.format) continue;
+    const std::string why = entry.make({})->unsupported(d.problem);
+    if (!why.empty()) {
+      std::printf("  %-70s %s: %s\n", ctx.c_str(), std::string(entry.name).c_str(), why.c_str());
+      continue;
+    }
+    ran = true;
+    const std::vector<double> rows = run_experts(entry, d, ctx);
+    ASSERT_EQ(rows.size(), cpu_rows.size()) << ctx;
+    const double err = rel_err(rows, cpu_rows);
+    EXPECT_LT(err, kDeviceVsCpu) << ctx << " " << entry.name << " vs cpu";
+    std::printf("  %-70s %s vs cpu %.2e\n", ctx.c_str(), std::string(entry.name).c_str(), err);
+  }
+  if (!ran) GTEST_SKIP() << "no " << format_name(c.format) << " experts on " << device_name(device) << " for this case";
+}
+
+TEST_P(BackendOps, MatchesReference) {
+  const auto& [c, device] = GetParam();
+  if (!device_present(device)) GTEST_SKIP() << "no " << device_name(device) << " device";
+  if (c.op == "router") router_case(c, device);
+  if (c.op == "quantize") {
+    if (device != Device::kCpu) GTEST_SKIP() << "quantize runs inside prepare on " << device_name(device);
+    quantize_case(c);
+  }
+  if (c.op == "prepare-finalize") prepare_finalize_case(c, device);
+  if (c.op == "experts") experts_case(c, device);
+}
+
+std::vector<Param> params() {
+  std::vector<Param> all;
+  for (Device d : {Device::kCpu, Device::kCuda})
+    for (const auto& c : op_cases()) all.push_back({c, d});
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BackendOps, ::testing::ValuesIn(params()), [](const auto& param_info) {
+  return std::string(device_name(param_info.param.device)) + "_" + param_info.param.op.name();
+});
+
+}  // namespace
+}  // namespace moekit
