@@ -373,9 +373,9 @@ ExpertsData experts_data(const OpCase& c) {
   m.activation = c.activation;
   ExpertsData d;
   const std::int64_t E_local = c.format == ActivationFormat::kStandard ? m.num_experts : c.E_local;
-  const ParallelConfig par{1, m.num_experts / E_local,
-                           c.format == ActivationFormat::kStandard ? std::max<std::int64_t>(c.tokens, 1) : c.M,
-                           E_local};
+  // Enough ranks to hold every expert with E_local each (E_local need not divide E).
+  const ParallelConfig par{1, (m.num_experts + E_local - 1) / E_local,
+                           c.format == ActivationFormat::kStandard ? std::max<std::int64_t>(c.tokens, 1) : c.M, E_local};
   d.problem = make_problem(m, par, c.format, c.quant);
   const MoeProblem& p = d.problem;
   cpu::ThreadPool pool(2);
