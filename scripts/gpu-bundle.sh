@@ -7,11 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_MPI=OFF >/dev/null
-targets=(test_batched_experts test_backend_ops bench_gpu_experts moekit)
+targets=(test_batched_experts test_backend_ops test_layer_devices bench_gpu_experts moekit)
 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}"
 rm -rf .gpu && mkdir -p .gpu/lib
-cp build-gpu/tests/cuda/test_batched_experts build-gpu/tests/test_backend_ops build-gpu/bench/cuda/bench_gpu_experts \
-  build-gpu/src/moekit .gpu/
+cp build-gpu/tests/cuda/test_batched_experts build-gpu/tests/test_backend_ops build-gpu/tests/test_layer_devices \
+  build-gpu/bench/cuda/bench_gpu_experts build-gpu/src/moekit .gpu/
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 .gpu/lib/
 { git rev-parse HEAD; git status --porcelain | grep -q . && echo "(with uncommitted changes)" || true; } > .gpu/COMMIT
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude

@@ -8,7 +8,6 @@
 // (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e]  (--case: that case only, selected config;
 // for profiling under ncu)
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,119 +27,24 @@
 #include "moekit/model.h"
 #include "moekit/registry.h"
 #include "moekit/workspace.h"
-#include "synthetic/random.h"
 
 using namespace moekit;
 
 namespace {
 
-#define CUBLAS_CHECK(expr)                                                                                       \
-  do {                                                                                                           \
-    const cublasStatus_t s_ = (expr);                                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                           \
-      std::fprintf(stderr, "cuBLASLt error %d at %s:%d: %s\n", static_cast<int>(s_), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                                              \
-    }                                                                                                            \
-  } while (0)
-
 template <class F>
 double median_ms(int reps, F&& fn, cudaStream_t stream) {
-  cudaEvent_t a, b;
-  MOEKIT_CUDA_CHECK(cudaEventCreate(&a));
-  MOEKIT_CUDA_CHECK(cudaEventCreate(&b));
+  cuda::Event a, b;
   for (int i = 0; i < 3; ++i) fn();  // warm-up
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
-    MOEKIT_CUDA_CHECK(cudaEventRecord(a, stream));
+    a.record(stream);
     fn();
-    MOEKIT_CUDA_CHECK(cudaEventRecord(b, stream));
-    MOEKIT_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    MOEKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
+    b.record(stream);
+    ms.push_back(b.ms_since(a));
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
-}
-
-__attribute__((unused)) void fill_random_bytes(void* dev, std::size_t bytes, std::uint64_t seed, bool fp8) {
-  std::vector<std::uint8_t> host(bytes);
-  synthetic::SplitMix rng = synthetic::stream(seed, synthetic::Purpose::kBytes, 0);
-  for (auto& b : host) {
-    b = static_cast<std::uint8_t>(rng.next());
-    if (fp8 && (b & 0x7F) == 0x7F) b = 0x3C;  // no NaN codes
-  }
-  MOEKIT_CUDA_CHECK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice));
-}
-
-// Ceiling 1: device-to-device copy, counting bytes read plus written.
-double copy_bandwidth_gbs(cudaStream_t stream) {
-  const std::size_t bytes = std::size_t{2} << 30;
-  void *a, *b;
-  MOEKIT_CUDA_CHECK(cudaMalloc(&a, bytes));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&b, bytes));
-  MOEKIT_CUDA_CHECK(cudaMemset(a, 1, bytes));
-  const double ms = median_ms(
-      10, [&] { MOEKIT_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); }, stream);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
-}
-
-// Ceiling 2: cuBLASLt FP8 e4m3 GEMM 8192^3 (TN, bf16 out, fp32 accumulation), random data.
-double cublaslt_fp8_tflops(cudaStream_t stream) {
-  const int n = 8192;
-  void *A, *B, *D, *work;
-  const std::size_t work_bytes = 64u << 20;
-  MOEKIT_CUDA_CHECK(cudaMalloc(&A, std::size_t(n) * n));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&B, std::size_t(n) * n));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&D, std::size_t(n) * n * 2));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&work, work_bytes));
-  fill_random_bytes(A, std::size_t(n) * n, 1, true);
-  fill_random_bytes(B, std::size_t(n) * n, 2, true);
-  cublasLtHandle_t lt;
-  CUBLAS_CHECK(cublasLtCreate(&lt));
-  cublasLtMatmulDesc_t op;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-  cublasLtMatrixLayout_t la, lb, ld;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n));
-  cublasLtMatmulPreference_t pref;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &work_bytes,
-                                                    sizeof(work_bytes)));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
-  if (found == 0) {
-    std::fprintf(stderr, "cuBLASLt found no FP8 algorithm\n");
-    return 0;
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  const double ms = median_ms(
-      20,
-      [&] {
-        CUBLAS_CHECK(
-            cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo, work, work_bytes, stream));
-      },
-      stream);
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatmulDescDestroy(op);
-  cublasLtDestroy(lt);
-  cudaFree(A);
-  cudaFree(B);
-  cudaFree(D);
-  cudaFree(work);
-  return 2.0 * n * double(n) * n / (ms * 1e-3) / 1e12;
 }
 
 }  // namespace
@@ -164,8 +68,8 @@ int main(int argc, char** argv) {
   const cuda::DeviceInfo dev = cuda::device_info(0);
   cudaStream_t stream;
   MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  const double bw = copy_bandwidth_gbs(stream);
-  const double peak = cublaslt_fp8_tflops(stream);
+  const double bw = cuda::measure_copy_gbs(stream);
+  const double peak = cuda::measure_fp8_tflops(stream);
   std::printf("device %s, %d SMs, L2 %lld MiB, CUTLASS %s\n", dev.name.c_str(), dev.num_sms, dev.l2_bytes >> 20,
               cuda::cutlass_version().c_str());
   std::printf("ceilings: D2D copy %.0f GB/s (read + write), cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", bw, peak);
@@ -204,10 +108,11 @@ int main(int argc, char** argv) {
     // quantizer pass over 704 MiB on the host).
     DeviceBuffer w1(*memory, E_local * N * K, "W1"), w2(*memory, E_local * K * I, "W2");
     DeviceBuffer w1s(*memory, E_local * N * 4, "W1 scales"), w2s(*memory, E_local * K * 4, "W2 scales");
-    fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
-    fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
+    cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
+    cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
     Workspace ws(plan_layer(p, entry, 1), *memory);
-    fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13, true);
+    cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
+                            true);
     {
       std::vector<float> s1(E_local * N, 1.0f / 448.0f), s2(E_local * K, 1.0f / 448.0f), sa(E_local * M, 1.0f / 16.0f);
       memory->from_host(w1s.get(), s1.data(), w1s.bytes(), nullptr);

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "moekit/communicator.h"
 #include "moekit/memory.h"
@@ -36,10 +38,12 @@ struct LayerWeights {
   const float* e_score_correction_bias = nullptr;  // (E) on options.device, when the model has one
 };
 
+// Host time of forward()'s stages: on the CPU the stages themselves, on a GPU the time to enqueue
+// them (the device time is measured by `moekit bench layer`).
 struct StepStats {
   std::int64_t tokens = 0;  // this rank's tokens in the step
   std::int64_t chunks = 0;  // chunks (the same on every rank)
-  double route_ms = 0, prepare_ms = 0, experts_ms = 0, finalize_ms = 0, total_ms = 0;  // host time
+  double route_ms = 0, prepare_ms = 0, experts_ms = 0, finalize_ms = 0, total_ms = 0;
 };
 
 // First global expert of this rank: rank * E_local with expert parallelism, 0 with ep == 1.
@@ -55,9 +59,22 @@ class MoeLayer {
 
   // hidden (num_tokens, K) bf16 and router_logits (num_tokens, E) fp32 of this rank's tokens ->
   // output (num_tokens, K) bf16, all on options.device. Collective: every rank calls it (num_tokens
-  // may be 0).
+  // may be 0). Steps over max_tokens_per_rank run in chunks; each chunk's device flags are checked
+  // (check_status) before the next, so forward() synchronizes the stream.
   void forward(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens, std::uint16_t* output,
                Stream stream = nullptr);
+  // One step of at most max_tokens_per_rank tokens, enqueued on `stream` with no host
+  // synchronization on a GPU: capturable in a CUDA graph and replayable (the workspace's addresses
+  // are fixed at construction; inputs and output must stay at the captured addresses). Follow it
+  // (or each replay) with check_status().
+  // `observer` (optional) is called on the host as each stage is enqueued: "start" before the
+  // router, then "route", "prepare", "experts", "finalize" after each (a benchmark records events).
+  using StageObserver = std::function<void(std::string_view stage, Stream stream)>;
+  void enqueue(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens, std::uint16_t* output,
+               Stream stream = nullptr, const StageObserver& observer = {});
+  // Synchronizes `stream` and raises moekit::Error for what the step's kernels flagged (a NaN logit,
+  // an expert id out of range, a count over capacity), naming the token, expert and limit.
+  void check_status(Stream stream = nullptr);
 
   const MoeProblem& problem() const;
   const WorkspacePlan& plan() const;               // what `moekit plan` prints for this layout

@@ -19,7 +19,7 @@ namespace moekit {
 
 struct PrepareArgs {
   const std::uint16_t* hidden = nullptr;   // (num_tokens, K) bf16, this rank's tokens
-  const std::int32_t* topk_ids = nullptr;  // (num_tokens, topk) global expert ids
+  const std::int32_t* topk_ids = nullptr;  // (num_tokens, topk) global expert ids, -1: routed nowhere (-1: none)
   const float* topk_weights = nullptr;     // (num_tokens, topk)
   std::int64_t num_tokens = 0;             // <= max_tokens_per_rank
 };
@@ -42,6 +42,10 @@ class PrepareFinalize {
   virtual ExpertsInput prepare(const MoeProblem& problem, const PrepareArgs& args, Workspace& workspace,
                                Stream stream) = 0;
   virtual void finalize(const MoeProblem& problem, const FinalizeArgs& args, Workspace& workspace, Stream stream) = 0;
+  // After a step: raises moekit::Error for what the device flagged (an expert id outside [0, E), a
+  // receive over capacity: those pairs were dropped, nothing written out of bounds). Synchronizes
+  // the stream. The CPU raises the same errors in prepare().
+  virtual void check_status(Workspace& workspace, Stream stream) = 0;
 };
 
 // The experts' input/output buffers of a format, the part of the declaration every prepare/finalize

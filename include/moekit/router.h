@@ -14,6 +14,8 @@
 
 #include "moekit/memory.h"
 #include "moekit/model.h"
+#include "moekit/problem.h"
+#include "moekit/workspace.h"
 
 namespace moekit {
 
@@ -31,16 +33,30 @@ struct RoutingConfig {
 RoutingConfig routing_config(const ModelConfig& model);  // validates, raises moekit::Error
 void validate_routing(const RoutingConfig& config);
 
+// Where the router left this step's choice: (num_tokens, topk) each, on the router's device.
+struct RouterOutput {
+  std::int32_t* topk_ids = nullptr;  // global expert ids; -1 for a token the router could not route
+  float* topk_weights = nullptr;
+};
+
 class Router {
  public:
   virtual ~Router() = default;
   virtual std::string_view name() const = 0;
   virtual Device device() const = 0;
   virtual const RoutingConfig& config() const = 0;
-  // All pointers on the router's device. bias: (E) e_score_correction_bias or nullptr (zeros),
-  // grouped routing only. A NaN logit raises moekit::Error naming the token.
-  virtual void route(const float* logits, std::int64_t num_tokens, const float* bias, std::int32_t* topk_ids,
-                     float* topk_weights, Stream stream) = 0;
+  // Its output (topk_ids, topk_weights: max_tokens_per_rank rows) and anything else it holds.
+  virtual void declare(const MoeProblem& problem, WorkspaceBuilder& builder) const = 0;
+  // logits (num_tokens, E) and bias ((E) e_score_correction_bias or nullptr for zeros, grouped
+  // routing only) on the router's device. A NaN logit (or no finite maximum under softmax) is an
+  // Error naming the token: the CPU raises it here, a GPU after the step (check_status), its token
+  // routed nowhere (ids -1) meanwhile.
+  virtual RouterOutput route(const MoeProblem& problem, const float* logits, std::int64_t num_tokens, const float* bias,
+                             Workspace& workspace, Stream stream) = 0;
+  virtual void check_status(Workspace& workspace, Stream stream) = 0;
 };
+
+// The router output regions every router declares.
+void declare_router_output(const MoeProblem& problem, WorkspaceBuilder& builder);
 
 }  // namespace moekit

@@ -53,5 +53,6 @@ std::string plan_table(const PlanRequest& request, const PlanReport& report);
 // Registration: each returns a callback run when its subcommand was chosen.
 std::function<int()> add_plan_command(CLI::App& app);
 std::function<int()> add_run_command(CLI::App& app);
+std::function<int()> add_bench_command(CLI::App& app);
 
 }  // namespace moekit::cli

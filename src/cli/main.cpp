@@ -1,4 +1,5 @@
-// The moekit command line: plan (the workspace per GPU) and run (the layer over N ranks).
+// The moekit command line: plan (the workspace per GPU), run (the layer over N ranks), bench (the
+// layer's step time against the machine's ceilings).
 // Exit codes: 0 success, 1 a moekit::Error (bad input: the message says what, the limit and the
 // fix; --verbose adds where it was raised), 2 a usage error, 3 a --check that failed its tolerance.
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   std::vector<std::function<int()>> commands;
   commands.push_back(moekit::cli::add_plan_command(app));
   commands.push_back(moekit::cli::add_run_command(app));
+  commands.push_back(moekit::cli::add_bench_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -26,8 +26,9 @@ void check_ids(const MoeProblem& p, const PrepareArgs& a) {
                "prepare: {} tokens exceed max_tokens_per_rank = {}: chunk the step", a.num_tokens,
                p.max_tokens_per_rank);
   for (std::int64_t i = 0; i < a.num_tokens * p.topk; ++i)
-    MOEKIT_CHECK(a.topk_ids[i] >= 0 && a.topk_ids[i] < p.E,
-                 "prepare: topk_ids[{}][{}] = {} is outside [0, E = {}): the router produced an invalid expert",
+    MOEKIT_CHECK(a.topk_ids[i] >= -1 && a.topk_ids[i] < p.E,
+                 "prepare: topk_ids[{}][{}] = {} is outside [0, E = {}) (or -1: none): the router produced an invalid "
+                 "expert",
                  i / p.topk, i % p.topk, a.topk_ids[i], p.E);
 }
 
@@ -57,7 +58,8 @@ class AllToAll final : public PrepareFinalize {
     const std::int64_t rb = (kRecordHeader + K + 4 * spr + 15) / 16 * 16;
     send_count_.assign(static_cast<std::size_t>(P), 0);
     recv_count_.assign(static_cast<std::size_t>(P), 0);
-    for (std::int64_t i = 0; i < tc * topk; ++i) ++send_count_[static_cast<std::size_t>(a.topk_ids[i] / E_local)];
+    for (std::int64_t i = 0; i < tc * topk; ++i)
+      if (a.topk_ids[i] >= 0) ++send_count_[static_cast<std::size_t>(a.topk_ids[i] / E_local)];
     comm_->all_to_all_counts(send_count_, recv_count_);
     send_off_.assign(static_cast<std::size_t>(P), 0);
     recv_off_.assign(static_cast<std::size_t>(P), 0);
@@ -74,6 +76,10 @@ class AllToAll final : public PrepareFinalize {
     pair_record_.resize(static_cast<std::size_t>(tc * topk));  // record index of each pair at its destination
     for (std::int64_t i = 0; i < tc * topk; ++i) {
       const std::int32_t e = a.topk_ids[i];
+      if (e < 0) {
+        pair_record_[static_cast<std::size_t>(i)] = -1;  // routed nowhere: no record, skipped by the combine
+        continue;
+      }
       const std::int64_t idx = fill[static_cast<std::size_t>(e / E_local)]++;
       pair_record_[static_cast<std::size_t>(i)] = idx;
       std::byte* rec = send_buf_.data() + idx * rb;
@@ -110,6 +116,8 @@ class AllToAll final : public PrepareFinalize {
     return {a1q, a1q_scale, counts, nullptr, tc, ws.get<bf16_t>("expert_output")};
   }
 
+  void check_status(Workspace&, Stream) override {}
+
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "all-to-all finalize");
     const std::int64_t K = p.K, topk = p.topk, tc = a.num_tokens, ret = 2 * K;
@@ -123,11 +131,13 @@ class AllToAll final : public PrepareFinalize {
     ret_buf_.resize(static_cast<std::size_t>(tc * topk * ret));
     comm_->all_to_all_v(back_buf_.data(), times(recv_count_, ret), times(recv_off_, ret), ret_buf_.data(),
                         times(send_count_, ret), times(send_off_, ret));
-    pair_out_.resize(static_cast<std::size_t>(tc * topk * K));
+    // ret_buf_ holds one row per record, in the order the pairs were sent: the combine reads each
+    // pair's row through its record index (-1: none).
+    pair_row_.resize(static_cast<std::size_t>(tc * topk));
     for (std::int64_t i = 0; i < tc * topk; ++i)
-      std::memcpy(pair_out_.data() + i * K, ret_buf_.data() + pair_record_[static_cast<std::size_t>(i)] * ret,
-                  static_cast<std::size_t>(ret));
-    combine_topk(tc, topk, K, a.topk_weights, pair_out_.data(), nullptr, a.output, *pool_);
+      pair_row_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair_record_[static_cast<std::size_t>(i)]);
+    combine_topk(tc, topk, K, a.topk_weights, reinterpret_cast<const bf16_t*>(ret_buf_.data()), pair_row_.data(),
+                 a.output, *pool_);
   }
 
  private:
@@ -144,7 +154,7 @@ class AllToAll final : public PrepareFinalize {
   std::vector<std::byte> send_buf_, recv_buf_, back_buf_, ret_buf_;
   std::vector<std::int64_t> send_count_, recv_count_, send_off_, recv_off_, recv_row_, pair_record_;
   std::int64_t total_recv_ = 0;
-  std::vector<bf16_t> pair_out_;
+  std::vector<std::int32_t> pair_row_;
 };
 
 class Local final : public PrepareFinalize {
@@ -165,6 +175,8 @@ class Local final : public PrepareFinalize {
     quantize_activation(p.quant, a.hidden, a.num_tokens, p.K, p.K, a1q, p.K, a1q_scale);
     return {a1q, a1q_scale, nullptr, a.topk_ids, a.num_tokens, nullptr};
   }
+
+  void check_status(Workspace&, Stream) override {}
 
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "local finalize");

@@ -1,6 +1,7 @@
 // The Router seam on the CPU: the routing kernels of cpu/routing.cpp on host memory.
 #include "cpu/backend.h"
 #include "cpu/routing.h"
+#include "moekit/check.h"
 
 namespace moekit::cpu {
 namespace {
@@ -11,10 +12,17 @@ class CpuRouter final : public Router {
   std::string_view name() const override { return "topk"; }
   Device device() const override { return Device::kCpu; }
   const RoutingConfig& config() const override { return config_; }
-  void route(const float* logits, std::int64_t num_tokens, const float* bias, std::int32_t* topk_ids,
-             float* topk_weights, Stream) override {
-    cpu::route(config_, logits, num_tokens, bias, topk_ids, topk_weights);
+  void declare(const MoeProblem& p, WorkspaceBuilder& b) const override { declare_router_output(p, b); }
+  RouterOutput route(const MoeProblem& p, const float* logits, std::int64_t num_tokens, const float* bias,
+                     Workspace& ws, Stream) override {
+    ws.require(p, "the cpu router");
+    MOEKIT_CHECK(num_tokens >= 0 && num_tokens <= p.max_tokens_per_rank,
+                 "route: {} tokens exceed max_tokens_per_rank = {}: chunk the step", num_tokens, p.max_tokens_per_rank);
+    const RouterOutput out{ws.get<std::int32_t>("topk_ids"), ws.get<float>("topk_weights")};
+    cpu::route(config_, logits, num_tokens, bias, out.topk_ids, out.topk_weights);
+    return out;
   }
+  void check_status(Workspace&, Stream) override {}
 
  private:
   RoutingConfig config_;

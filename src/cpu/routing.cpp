@@ -1,5 +1,5 @@
-// Routing on the CPU: route() scores in fp32 (what a GPU router kernel computes), route_ref() in
-// fp64; both share one templated selection so they differ only in the precision of the scores.
+// Routing on the CPU: route() scores in fp32 (bit for bit what the GPU router computes), route_ref()
+// in fp64; both share one templated selection so they differ only in the precision of the scores.
 #include "cpu/routing.h"
 
 #include <algorithm>
@@ -8,9 +8,25 @@
 #include <vector>
 
 #include "moekit/check.h"
+#include "numerics/routing.h"
 
 namespace moekit::cpu {
 namespace {
+
+// fp32 scores use the device-independent exp of numerics/routing.h (the GPU router computes the same
+// bits); the float64 reference uses std::exp.
+float exp_of(float x) {
+  return numerics::exp_f32<numerics::HostMath>(x);
+}
+double exp_of(double x) {
+  return std::exp(x);
+}
+float sigmoid_of(float x) {
+  return numerics::sigmoid_f32<numerics::HostMath>(x);
+}
+double sigmoid_of(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 // Selection order: higher score first, equal scores to the lower expert index. Strict weak order,
 // so std::partial_sort gives the same result as a full stable sort would.
@@ -49,13 +65,12 @@ void route_token(const RoutingConfig& cfg, const float* x, std::int64_t t, const
                  t, static_cast<double>(max_logit));
     T sum = 0;
     for (std::int64_t e = 0; e < E; ++e) {
-      w.score[static_cast<std::size_t>(e)] = std::exp(static_cast<T>(x[e]) - max_logit);
+      w.score[static_cast<std::size_t>(e)] = exp_of(static_cast<T>(x[e]) - max_logit);
       sum += w.score[static_cast<std::size_t>(e)];
     }
     for (std::int64_t e = 0; e < E; ++e) w.score[static_cast<std::size_t>(e)] /= sum;
   } else {
-    for (std::int64_t e = 0; e < E; ++e)
-      w.score[static_cast<std::size_t>(e)] = T{1} / (T{1} + std::exp(-static_cast<T>(x[e])));
+    for (std::int64_t e = 0; e < E; ++e) w.score[static_cast<std::size_t>(e)] = sigmoid_of(static_cast<T>(x[e]));
   }
   for (std::int64_t e = 0; e < E; ++e) {
     const auto i = static_cast<std::size_t>(e);

@@ -47,7 +47,7 @@ class CpuStandardExperts final : public Experts {
       MOEKIT_CHECK(in.topk_ids[i] >= -1 && in.topk_ids[i] < E_local,
                    "topk_ids[{}][{}] = {} is outside [-1, E_local = {}): ids must be local expert indices", i / topk,
                    i % topk, in.topk_ids[i], E_local);
-    auto* offsets = ws.get<std::int64_t>("expert_offsets");
+    auto* offsets = ws.get<std::int32_t>("expert_offsets");
     auto* pair_row = ws.get<std::int32_t>("pair_row");
     auto* a1q_permuted = ws.get<fp8_t>("a1q_permuted");
     auto* a1q_scale_permuted = ws.get<float>("a1q_scale_permuted");
@@ -61,7 +61,8 @@ class CpuStandardExperts final : public Experts {
     for (std::int64_t i = 0; i < T * topk; ++i)
       if (in.topk_ids[i] >= 0) ++count[static_cast<std::size_t>(in.topk_ids[i])];
     offsets[0] = 0;
-    for (std::int64_t e = 0; e < E_local; ++e) offsets[e + 1] = offsets[e] + count[static_cast<std::size_t>(e)];
+    for (std::int64_t e = 0; e < E_local; ++e)
+      offsets[e + 1] = offsets[e] + static_cast<std::int32_t>(count[static_cast<std::size_t>(e)]);
     std::vector<std::int64_t> cursor(offsets, offsets + E_local);
     const std::int64_t a_spr = activation_scales_per_row(p.quant, K), act_spr = activation_scales_per_row(p.quant, I);
     for (std::int64_t i = 0; i < T * topk; ++i) {

@@ -8,7 +8,9 @@
 
 #include "moekit/experts.h"
 #include "moekit/memory.h"
+#include "moekit/prepare_finalize.h"
 #include "moekit/registry.h"
+#include "moekit/router.h"
 #include "moekit/workspace.h"
 #include "plan/gemm_config.h"
 
@@ -17,10 +19,20 @@ namespace moekit::cuda {
 std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx);  // cuda/batched_experts.cpp
 // The same with both GEMMs' configs fixed (tests and benchmarks sweep them).
 std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx, plan::ExpertsGemmConfigs configs);
+std::unique_ptr<Experts> make_standard_experts(const ExecContext& ctx);                    // cuda/standard_experts.cpp
+std::unique_ptr<Router> make_router(const RoutingConfig& config, const ExecContext& ctx);  // cuda/router.cpp
+// Batched format on one GPU (dp == ep == 1): quantize fused with the scatter into (E_local, M, K).
+std::unique_ptr<PrepareFinalize> make_scatter(const ExecContext& ctx);  // cuda/prepare_finalize.cpp
+// Standard format, ep == 1: quantize in place, combine the experts' permuted rows.
+std::unique_ptr<PrepareFinalize> make_local(const ExecContext& ctx);
 std::unique_ptr<Memory> make_device_memory();  // cuda/memory.cu
 bool available();                              // built with CUDA and a device present (never raises)
 
 struct BatchedExpertsLaunch;
+// The regions both CUDA experts add to the recipe (GEMM arguments, CUTLASS scratch, status words),
+// and the launch fields they bind.
+void declare_gemm_regions(const MoeProblem& problem, WorkspaceBuilder& builder);
+void fill_gemm_regions(BatchedExpertsLaunch& launch, Workspace& workspace);
 // The launch of one step over a workspace declared by the batched experts (tests and benchmarks
 // time its stages apart).
 BatchedExpertsLaunch make_launch(const MoeProblem& problem, const ExpertsInput& input, const ExpertWeightsView& weights,

@@ -2,7 +2,7 @@
 // cuda), what it cannot run, and the launch over the workspace; the kernels are in
 // batched_experts.cu and grouped_gemm_*.cu. Mirrors src/cpu/batched_experts.cpp. Workspace
 // (DeepSeek-V3 DP 32, 16 local experts, M = 8192): w1_out 1 GiB, act_q 256 MiB, act_scale 512 KiB,
-// GEMM arguments 2 x 2 KiB, CUTLASS scratch 1 MiB, row offsets and status words.
+// GEMM arguments 2 x 2 KiB, CUTLASS scratch 1 MiB, status words and row offsets.
 #include <fmt/format.h>
 
 #include <limits>
@@ -48,36 +48,13 @@ class CudaBatchedExperts final : public Experts {
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
     plan::declare_batched_recipe(p, b);
-    b.add({"gemm_args_w1",
-           DType::kUint8,
-           {p.E_local, kGemmArgsBytesPerGroup},
-           Stage::kPrepare,
-           Stage::kGemm1,
-           "W1 grouped-GEMM shapes, pointers and strides, built on the device from expert_num_tokens"});
-    b.add({"gemm_args_w2",
-           DType::kUint8,
-           {p.E_local, kGemmArgsBytesPerGroup},
-           Stage::kPrepare,
-           Stage::kGemm2,
-           "W2 grouped-GEMM shapes, pointers and strides, built on the device from expert_num_tokens"});
-    b.add({"gemm_scratch",
-           DType::kUint8,
-           {kGemmScratchBytes},
-           Stage::kGemm1,
-           Stage::kGemm2,
-           "CUTLASS workspace (a bound, checked at every launch)"});
+    declare_gemm_regions(p, b);
     b.add({"row_offsets",
            DType::kInt32,
            {p.E_local + 1},
            Stage::kPrepare,
            Stage::kActivation,
            "first valid row of each expert over the valid rows: the activation's row index"});
-    b.add({"status",
-           DType::kInt32,
-           {kStatusWords},
-           Stage::kPrepare,
-           Stage::kFinalize,
-           "device error flags (expert_num_tokens outside [0, M]), read after the step"});
   }
 
   ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
@@ -88,12 +65,14 @@ class CudaBatchedExperts final : public Experts {
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
     const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, configs(p, in.num_tokens));
+    clear_status_words(l.status, stream);
     launch_batched_experts(l, stream);
     return {in.output, nullptr};
   }
 
   void check_status(Workspace& ws, Stream stream) override {
-    check_experts_status(ws.get<std::int32_t>("status"), ws.problem().M, stream);
+    check_status_words(ws.get<std::int32_t>("experts_status"), "batched-fp8 (cuda)", ws.problem().M, ws.problem().E,
+                       stream);
   }
 
   plan::ExpertsGemmConfigs configs(const MoeProblem& p, std::int64_t tokens_per_rank) const {
@@ -108,6 +87,42 @@ class CudaBatchedExperts final : public Experts {
 
 }  // namespace
 
+void declare_gemm_regions(const MoeProblem& p, WorkspaceBuilder& b) {
+  b.add({"gemm_args_w1",
+         DType::kUint8,
+         {p.E_local, kGemmArgsBytesPerGroup},
+         Stage::kPrepare,
+         Stage::kGemm1,
+         "W1 grouped-GEMM shapes, pointers and strides, built on the device from the counts"});
+  b.add({"gemm_args_w2",
+         DType::kUint8,
+         {p.E_local, kGemmArgsBytesPerGroup},
+         Stage::kPrepare,
+         Stage::kGemm2,
+         "W2 grouped-GEMM shapes, pointers and strides, built on the device from the counts"});
+  b.add({"gemm_scratch",
+         DType::kUint8,
+         {kGemmScratchBytes},
+         Stage::kGemm1,
+         Stage::kGemm2,
+         "CUTLASS workspace (a bound, checked at every launch)"});
+  b.add({"experts_status",
+         DType::kInt32,
+         {kStatusWords},
+         Stage::kPrepare,
+         Stage::kFinalize,
+         "device error flags (counts out of range, bad expert ids), read after the step"});
+}
+
+void fill_gemm_regions(BatchedExpertsLaunch& l, Workspace& ws) {
+  l.w1_out = ws.get<std::uint16_t>("w1_out");
+  l.act_q = ws.get<std::uint8_t>("act_q");
+  l.act_scale = ws.get<float>("act_scale");
+  l.gemm_args_w1 = ws.get<std::byte>("gemm_args_w1");
+  l.gemm_args_w2 = ws.get<std::byte>("gemm_args_w2");
+  l.gemm_scratch = ws.get<std::byte>("gemm_scratch");
+}
+
 BatchedExpertsLaunch make_launch(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
                                  int num_sms, plan::ExpertsGemmConfigs configs) {
   BatchedExpertsLaunch l;
@@ -117,14 +132,9 @@ BatchedExpertsLaunch make_launch(const MoeProblem& p, const ExpertsInput& in, co
   l.a1q_scale = in.a1q_scale;
   l.expert_num_tokens = in.expert_num_tokens;
   l.output = in.output;
-  l.w1_out = ws.get<std::uint16_t>("w1_out");
-  l.act_q = ws.get<std::uint8_t>("act_q");
-  l.act_scale = ws.get<float>("act_scale");
-  l.gemm_args_w1 = ws.get<std::byte>("gemm_args_w1");
-  l.gemm_args_w2 = ws.get<std::byte>("gemm_args_w2");
-  l.gemm_scratch = ws.get<std::byte>("gemm_scratch");
+  fill_gemm_regions(l, ws);
   l.row_offsets = ws.get<std::int32_t>("row_offsets");
-  l.status = ws.get<std::int32_t>("status");
+  l.status = ws.get<std::int32_t>("experts_status");
   l.configs = configs;
   l.num_sms = num_sms;
   return l;

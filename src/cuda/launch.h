@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "moekit/problem.h"
+#include "moekit/router.h"
 #include "moekit/weights.h"
 #include "plan/gemm_config.h"
 
@@ -18,20 +20,37 @@ inline constexpr std::int64_t kGemmArgsBytesPerGroup = 128;
 // CUTLASS's own workspace (tile-scheduler state). A bound: each launch checks get_workspace_size()
 // against it and raises moekit::Error if a kernel ever asks for more.
 inline constexpr std::int64_t kGemmScratchBytes = std::int64_t{1} << 20;
-// Device-side error flags, read back after a step: [0] = 1 when a count was out of range, [1] its
-// expert, [2] its value.
+// Device-side error flags of a seam (its status region), read back after a step: [0] the first
+// error's code (the first to set it wins), [1..3] its values. Kernels never stop on an error: the
+// offending token, pair or expert is dropped (nothing is written out of bounds) and the host raises
+// moekit::Error after the step (check_status in the seams).
 inline constexpr std::int64_t kStatusWords = 8;
-inline constexpr int kStatusBadCount = 0;
+enum StatusCode : std::int32_t {
+  kStatusOk = 0,
+  kStatusBadCount = 1,      // expert, expert_num_tokens[expert]: outside [0, M]
+  kStatusBadExpertId = 2,   // token, slot, id: outside [0, E) (and not -1)
+  kStatusNanLogit = 3,      // token, expert
+  kStatusNoFiniteMax = 4,   // token: every logit -inf, or one +inf, under softmax
+  kStatusOverCapacity = 5,  // expert, its rows: more than M (a token chose the expert twice)
+};
+// Synchronizes `stream`, reads the status words at `device_status` and raises moekit::Error for the
+// first error they hold, naming `who` and the limits (M rows per expert, E experts).
+void check_status_words(const std::int32_t* device_status, const char* who, std::int64_t M, std::int64_t E,
+                        void* stream);
+void read_status_words(const std::int32_t* device_status, std::int32_t* host, void* stream);  // synchronizes
+void clear_status_words(std::int32_t* device_status, void* stream);  // at the start of a seam's step
 
-// One step of the batched experts, every pointer on the device. The workspace pointers are the
-// regions CudaBatchedExperts declared (cuda/batched_experts.cpp).
+// One step of the FP8 experts, every pointer on the device: the regions the batched or standard
+// experts declared (cuda/batched_experts.cpp, cuda/standard_experts.cpp). Batched: expert g's rows
+// start at g * M. Contiguous (standard): at row_offsets[g], the prefix of the counts.
 struct BatchedExpertsLaunch {
   MoeProblem problem;
   ExpertWeightsView weights;
-  const std::uint8_t* a1q = nullptr;
+  bool contiguous = false;
+  const std::uint8_t* a1q = nullptr;  // batched a1q, or the standard experts' a1q_permuted
   const float* a1q_scale = nullptr;
-  const std::int32_t* expert_num_tokens = nullptr;
-  std::uint16_t* output = nullptr;
+  const std::int32_t* expert_num_tokens = nullptr;  // counts per local expert
+  std::uint16_t* output = nullptr;                  // batched expert_output, or the standard experts' w2_out
   std::uint16_t* w1_out = nullptr;
   std::uint8_t* act_q = nullptr;
   float* act_scale = nullptr;
@@ -53,10 +72,88 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
 enum class ActivationKernel { kAuto, kGeneric, kRowPerBlock };
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream);
 
-// Synchronizes `stream`, reads the status words and raises moekit::Error naming the expert, its
-// count and M if a count was out of range (that expert ran with 0 rows; nothing written past M).
-void check_experts_status(const std::int32_t* status, std::int64_t M, void* stream);
-
 int current_device_num_sms();
+
+// --- streams, events, graphs and the machine's ceilings, for benchmarks (runtime.cu) ---------------
+
+void* create_stream();
+void destroy_stream(void* stream);
+// A CUDA graph captured from what `enqueue` puts on `stream`, replayed as one launch.
+class Graph {
+ public:
+  Graph(const std::function<void(void*)>& enqueue, void* stream);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void replay(void* stream);
+
+ private:
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+};
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(void* stream);
+  float ms_since(const Event& start) const;  // synchronizes this event
+ private:
+  void* event_ = nullptr;
+};
+// Device-to-device copy bandwidth (bytes read + written per second, GB/s) and cuBLASLt's FP8 e4m3
+// GEMM rate at 8192^3 (TFLOP/s): the ceilings every benchmark reports its results against.
+double measure_copy_gbs(void* stream);
+double measure_fp8_tflops(void* stream);
+// Random FP8 codes (no NaN) or bytes, for timing runs that need no particular values.
+void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool fp8);
+
+// --- routing and dispatch (router.cu, dispatch.cu) ---------------------------------------------------
+
+// The Router seam's kernel: one warp per token, the CPU's arithmetic in the CPU's order
+// (numerics/routing.h), so ids and weights equal cpu::route's bit for bit. A NaN logit (or no finite
+// maximum under softmax) flags the status and routes the token nowhere (ids -1, weights 0).
+void launch_route(const RoutingConfig& config, const float* logits, std::int64_t num_tokens, const float* bias,
+                  std::int32_t* topk_ids, float* topk_weights, std::int32_t* status, void* stream);
+inline constexpr int kMaxRouteExperts = 1024;  // the router kernel's shared memory: 2 x E floats per warp
+
+// Where each (token, slot) pair's row goes, in the CPU's order: rows of one expert in (token, slot)
+// order. ids (num_pairs = tokens * topk) are in [0, num_experts) or -1 (none). Batched
+// (contiguous == false): row = e * capacity + rank, counts[e] = min(rows, capacity) (a pair past
+// capacity is flagged and dropped). Contiguous: row = offsets[e] + rank, offsets (num_experts + 1).
+// pair_row[i] = -1 for a dropped or absent pair. One block: deterministic, no float atomics.
+void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, int num_experts, bool contiguous,
+                    std::int64_t capacity, std::int32_t* pair_row, std::int32_t* counts, std::int32_t* offsets,
+                    std::int32_t* status, void* stream);
+inline constexpr int kMaxRowMapExperts = 512;  // the row map's shared memory: 36 bytes x 2 x E
+
+// FP8 quantization of hidden (tokens, K) bf16, bit-identical to cpu::quantize_activation, each
+// token's row written to every row pair_row names for it (tokens * topk entries, -1 skipped), or to
+// row t when pair_row is null. Scales per destination row (numerics/scales.h); per-tensor: one
+// scale over all tokens, written to scale_tensors entries (E_local batched, 1 standard); amax_scratch
+// is one uint32 of device memory.
+struct QuantizeLaunch {
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;
+  const std::uint16_t* hidden = nullptr;
+  std::int64_t tokens = 0, K = 0;
+  int topk = 1;
+  const std::int32_t* pair_row = nullptr;
+  std::uint8_t* q = nullptr;
+  float* scales = nullptr;
+  std::int64_t scale_tensors = 1;
+  std::uint32_t* amax_scratch = nullptr;
+};
+void launch_quantize_tokens(const QuantizeLaunch& l, void* stream);
+
+// out[t] = bf16(sum over slots k in order of w[t,k] * rows[pair_row[t*topk+k]]) in fp32, one
+// rounding (numerics::combine_step): bit-identical to cpu::combine_topk.
+void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std::int64_t tokens, int topk,
+                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream);
+
+// The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it.
+void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int topk, std::int64_t K, QuantScheme quant,
+                         const std::uint8_t* a1q, const float* a1q_scale, std::uint8_t* permuted, float* permuted_scale,
+                         void* stream);
 
 }  // namespace moekit::cuda

@@ -46,8 +46,60 @@ void launch_experts_gemm(const BatchedExpertsLaunch&, int, void*) {
 void launch_activation_quant(const BatchedExpertsLaunch&, ActivationKernel, void*) {
   no_cuda("the CUDA batched experts");
 }
-void check_experts_status(const std::int32_t*, std::int64_t, void*) {
-  no_cuda("the CUDA batched experts");
+void* create_stream() {
+  no_cuda("a CUDA stream");
+}
+void destroy_stream(void*) {}
+Graph::Graph(const std::function<void(void*)>&, void*) {
+  no_cuda("a CUDA graph");
+}
+Graph::~Graph() = default;
+void Graph::replay(void*) {
+  no_cuda("a CUDA graph");
+}
+Event::Event() {
+  no_cuda("a CUDA event");
+}
+Event::~Event() = default;
+void Event::record(void*) {
+  no_cuda("a CUDA event");
+}
+float Event::ms_since(const Event&) const {
+  no_cuda("a CUDA event");
+}
+double measure_copy_gbs(void*) {
+  no_cuda("the GPU's copy bandwidth");
+}
+double measure_fp8_tflops(void*) {
+  no_cuda("the GPU's FP8 rate");
+}
+void fill_random_bytes(void*, std::size_t, std::uint64_t, bool) {
+  no_cuda("fill_random_bytes");
+}
+void read_status_words(const std::int32_t*, std::int32_t*, void*) {
+  no_cuda("the CUDA status words");
+}
+void clear_status_words(std::int32_t*, void*) {
+  no_cuda("the CUDA status words");
+}
+void launch_route(const RoutingConfig&, const float*, std::int64_t, const float*, std::int32_t*, float*, std::int32_t*,
+                  void*) {
+  no_cuda("the CUDA router");
+}
+void launch_row_map(const std::int32_t*, std::int64_t, int, int, bool, std::int64_t, std::int32_t*, std::int32_t*,
+                    std::int32_t*, std::int32_t*, void*) {
+  no_cuda("the CUDA dispatch");
+}
+void launch_quantize_tokens(const QuantizeLaunch&, void*) {
+  no_cuda("the CUDA dispatch");
+}
+void launch_combine(const std::int32_t*, const float*, std::int64_t, int, std::int64_t, const std::uint16_t*,
+                    std::uint16_t*, void*) {
+  no_cuda("the CUDA combine");
+}
+void launch_permute_rows(const std::int32_t*, std::int64_t, int, std::int64_t, QuantScheme, const std::uint8_t*,
+                         const float*, std::uint8_t*, float*, void*) {
+  no_cuda("the CUDA standard experts");
 }
 
 }  // namespace moekit::cuda

@@ -70,7 +70,7 @@ struct MoeLayer::Impl {
                                                                "batched format (batched-fp8) for expert parallelism"
                                                              : "");
     const RouterEntry* router_entry = find_router(options.device);
-    MOEKIT_CHECK(router_entry != nullptr, "no router runs on {} yet: use --device cpu", device_name(options.device));
+    MOEKIT_CHECK(router_entry != nullptr, "no router runs on {}: use --device cpu", device_name(options.device));
     validate_weights(weights.experts, problem, options.device);
     const RoutingConfig routing = routing_config(model);
     MOEKIT_CHECK(!model.has_score_correction_bias || weights.e_score_correction_bias != nullptr,
@@ -91,25 +91,38 @@ struct MoeLayer::Impl {
     if (options.checked) workspace->poison(nullptr);
   }
 
-  void run_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t tc, std::uint16_t* out, Stream stream) {
+  void run_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t tc, std::uint16_t* out, Stream stream,
+                 const MoeLayer::StageObserver& observe = {}) {
     Workspace& ws = *workspace;
     if (options.checked) ws.poison(stream);  // padding rows and every region NaN
-    auto* topk_ids = ws.get<std::int32_t>("topk_ids");
-    auto* topk_weights = ws.get<float>("topk_weights");
-    auto t0 = Clock::now();
-    router->route(logits, tc, weights.e_score_correction_bias, topk_ids, topk_weights, stream);
-    stats.route_ms += ms_since(t0);
-    t0 = Clock::now();
-    const ExpertsInput in = prepare_finalize->prepare(problem, {hidden, topk_ids, topk_weights, tc}, ws, stream);
-    stats.prepare_ms += ms_since(t0);
-    t0 = Clock::now();
-    const ExpertsOutput rows = experts->run(problem, in, weights.experts, ws, stream);
-    stats.experts_ms += ms_since(t0);
-    t0 = Clock::now();
-    prepare_finalize->finalize(problem, {topk_weights, tc, rows, out}, ws, stream);
-    stats.finalize_ms += ms_since(t0);
-    experts->check_status(ws, stream);
-    if (options.checked) ws.verify_guards(stream);
+    auto stage = [&](std::string_view name, double& ms, auto&& fn) {
+      const auto t0 = Clock::now();
+      auto result = fn();
+      ms += ms_since(t0);
+      if (observe) observe(name, stream);
+      return result;
+    };
+    if (observe) observe("start", stream);
+    const RouterOutput routed = stage("route", stats.route_ms, [&] {
+      return router->route(problem, logits, tc, weights.e_score_correction_bias, ws, stream);
+    });
+    const ExpertsInput in = stage("prepare", stats.prepare_ms, [&] {
+      return prepare_finalize->prepare(problem, {hidden, routed.topk_ids, routed.topk_weights, tc}, ws, stream);
+    });
+    const ExpertsOutput rows =
+        stage("experts", stats.experts_ms, [&] { return experts->run(problem, in, weights.experts, ws, stream); });
+    stage("finalize", stats.finalize_ms, [&] {
+      prepare_finalize->finalize(problem, {routed.topk_weights, tc, rows, out}, ws, stream);
+      return 0;
+    });
+  }
+
+  // In pipeline order, so the first cause is the one reported.
+  void check_status(Stream stream) {
+    router->check_status(*workspace, stream);
+    prepare_finalize->check_status(*workspace, stream);
+    experts->check_status(*workspace, stream);
+    if (options.checked) workspace->verify_guards(stream);
   }
 };
 
@@ -138,6 +151,7 @@ void MoeLayer::forward(const std::uint16_t* hidden, const float* router_logits, 
     const std::int64_t t0 = std::min(num_tokens, c * chunk);
     const std::int64_t tc = std::min(chunk, num_tokens - t0);
     s.run_chunk(hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream);
+    s.check_status(stream);
   }
   if (s.options.checked && num_tokens > 0) {
     std::vector<std::uint16_t> host(static_cast<std::size_t>(num_tokens * K));
@@ -149,6 +163,21 @@ void MoeLayer::forward(const std::uint16_t* hidden, const float* router_logits, 
                    i / K, i % K);
   }
   s.stats.total_ms = ms_since(t_start);
+}
+
+void MoeLayer::enqueue(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
+                       std::uint16_t* output, Stream stream, const StageObserver& observer) {
+  Impl& s = *impl_;
+  MOEKIT_CHECK(num_tokens >= 0 && num_tokens <= s.problem.max_tokens_per_rank,
+               "enqueue: {} tokens; one step holds 0 to max_tokens_per_rank = {}: use forward() to chunk larger steps",
+               num_tokens, s.problem.max_tokens_per_rank);
+  MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
+               "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
+  s.run_chunk(hidden, router_logits, num_tokens, output, stream, observer);
+}
+
+void MoeLayer::check_status(Stream stream) {
+  impl_->check_status(stream);
 }
 
 const MoeProblem& MoeLayer::problem() const {

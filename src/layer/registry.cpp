@@ -20,6 +20,10 @@ const std::vector<ExpertsEntry>& experts_registry() {
        "Hopper batched FP8 experts: CUTLASS grouped GEMMs sized on the device, valid rows only, W2 straight into "
        "the output",
        cuda::make_batched_experts},
+      {"standard-fp8", Device::kCuda, ActivationFormat::kStandard,
+       "Hopper standard FP8 experts: device permutation, CUTLASS grouped GEMMs over contiguous rows; GEMM buffers "
+       "aliased by lifetime",
+       cuda::make_standard_experts},
   };
   return all;
 }
@@ -31,6 +35,11 @@ const std::vector<PrepareFinalizeEntry>& prepare_finalize_registry() {
        cpu::make_all_to_all},
       {"local", Device::kCpu, ActivationFormat::kStandard, false,
        "every expert on every rank (ep == 1): quantize in place, combine the experts' rows", cpu::make_local},
+      {"scatter", Device::kCuda, ActivationFormat::kBatchedExperts, false,
+       "one GPU holding every expert: FP8 quantization fused with the scatter into (E_local, M, K), combine back",
+       cuda::make_scatter},
+      {"local", Device::kCuda, ActivationFormat::kStandard, false,
+       "one GPU holding every expert: quantize in place, combine the experts' permuted rows", cuda::make_local},
   };
   return all;
 }
@@ -38,6 +47,7 @@ const std::vector<PrepareFinalizeEntry>& prepare_finalize_registry() {
 const std::vector<RouterEntry>& router_registry() {
   static const std::vector<RouterEntry> all = {
       {"topk", Device::kCpu, cpu::make_router},
+      {"topk", Device::kCuda, cuda::make_router},
   };
   return all;
 }
@@ -87,19 +97,14 @@ WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& entry, s
                                 format_name(entry.format), device_name(entry.device), ep));
     declare_experts_io(problem, b);
   }
-  b.begin_section("routing", "router output");
-  b.add({"topk_ids",
-         DType::kInt32,
-         {problem.max_tokens_per_rank, problem.topk},
-         Stage::kPrepare,
-         Stage::kFinalize,
-         "routed experts of this rank's tokens, global ids"});
-  b.add({"topk_weights",
-         DType::kFp32,
-         {problem.max_tokens_per_rank, problem.topk},
-         Stage::kPrepare,
-         Stage::kFinalize,
-         "routing weights, applied by the combine"});
+  const RouterEntry* router = find_router(entry.device);
+  b.begin_section("routing", router != nullptr
+                                 ? fmt::format("router {} ({})", router->name, device_name(router->device))
+                                 : "router output");
+  if (router != nullptr)
+    router->make(RoutingConfig{problem.E, problem.topk}, {})->declare(problem, b);
+  else
+    declare_router_output(problem, b);
   WorkspacePlan plan = b.finish();
   plan.note = std::string(entry.summary);
   return plan;

@@ -48,6 +48,19 @@ struct HostMath {
   static T max(T a, T b) {
     return std::max(a, b);
   }
+  // Never fused: the CPU backend is built with -ffp-contract=off, so a * b + c rounds twice.
+  template <class T>
+  static T mul(T a, T b) {
+    return a * b;
+  }
+  template <class T>
+  static T add(T a, T b) {
+    return a + b;
+  }
+  static float div_rn(float a, float b) { return a / b; }                    // IEEE division
+  static float fma(float a, float b, float c) { return std::fma(a, b, c); }  // one rounding
+  static float rint(float x) { return std::rint(x); }                        // ties to even
+  static float ldexp(float x, int e) { return std::ldexp(x, e); }
 };
 #endif
 
@@ -62,6 +75,13 @@ struct DeviceMath {
   static __device__ __forceinline__ float div(float a, float b) { return __fdividef(a, b); }
   static __device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
   static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+  // __fmul_rn / __fadd_rn are never contracted into an FMA by nvcc: the CPU's two roundings.
+  static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+  static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+  static __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }  // IEEE division
+  static __device__ __forceinline__ float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+  static __device__ __forceinline__ float rint(float x) { return rintf(x); }
+  static __device__ __forceinline__ float ldexp(float x, int e) { return ldexpf(x, e); }
 };
 #endif
 

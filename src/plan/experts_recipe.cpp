@@ -35,8 +35,12 @@ void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
 void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
   const std::int64_t I = p.I();
   const std::int64_t rows = p.M * p.topk;  // every (token, slot) pair may land on a local expert
+  MOEKIT_CHECK(rows <= 0x7FFFFFFF,
+               "the standard format holds M * topk = {} rows; at most 2^31 - 1: lower "
+               "max_tokens_per_rank",
+               rows);
   b.add({"expert_offsets",
-         DType::kInt64,
+         DType::kInt32,
          {p.E_local + 1},
          Stage::kPrepare,
          Stage::kGemm2,

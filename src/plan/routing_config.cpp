@@ -50,4 +50,19 @@ RoutingConfig routing_config(const ModelConfig& model) {
   return c;
 }
 
+void declare_router_output(const MoeProblem& p, WorkspaceBuilder& b) {
+  b.add({"topk_ids",
+         DType::kInt32,
+         {p.max_tokens_per_rank, p.topk},
+         Stage::kPrepare,
+         Stage::kFinalize,
+         "routed experts of this rank's tokens, global ids"});
+  b.add({"topk_weights",
+         DType::kFp32,
+         {p.max_tokens_per_rank, p.topk},
+         Stage::kPrepare,
+         Stage::kFinalize,
+         "routing weights, applied by the combine"});
+}
+
 }  // namespace moekit

@@ -16,7 +16,6 @@ enum class Purpose : std::uint64_t {
   kLogits = 5,
   kExpertTokens = 6,  // tests: tokens written straight into the batched experts' input
   kExpertCounts = 7,  // tests: expert_num_tokens patterns
-  kBytes = 8,         // benchmarks: random FP8 codes
 };
 
 struct SplitMix {

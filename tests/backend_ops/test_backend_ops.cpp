@@ -188,20 +188,24 @@ void router_case(const OpCase& c, Device device) {
   EXPECT_GE(same, n - n / 50) << c.name() << ": ids differ from float64 beyond near-ties";
   // Every router of the device against the CPU's: ids identical, weights within 1e-6 relative.
   const auto memory = make_memory(device);
+  const MoeProblem p = make_problem(m, ParallelConfig{1, 1, std::max<std::int64_t>(c.tokens, 1), 0},
+                                    ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
   for (const auto& entry : router_registry()) {
     if (entry.device != device) continue;
     const auto router = entry.make(cfg, {});
+    WorkspaceBuilder b("router", p, kGuardBytes);
+    b.begin_section("routing", std::string(entry.name));
+    router->declare(p, b);
+    Workspace ws(b.finish(), *memory);
+    ws.poison(nullptr);
     const OnDevice<float> logits(*memory, tok.logits), dbias(*memory, bias);
-    DeviceBuffer dids(*memory, 4 * std::max<std::int64_t>(n, 1), "ids"),
-        dw(*memory, 4 * std::max<std::int64_t>(n, 1), "w");
-    router->route(logits.ptr, c.tokens, cfg.grouped ? dbias.ptr : nullptr, dids.as<std::int32_t>(), dw.as<float>(),
-                  nullptr);
-    EXPECT_EQ(to_host(*memory, dids.as<std::int32_t>(), n), ids) << c.name() << " " << entry.name;
-    const auto got = to_host(*memory, dw.as<float>(), n);
-    for (std::int64_t i = 0; i < n; ++i)
-      EXPECT_NEAR(got[static_cast<std::size_t>(i)], w[static_cast<std::size_t>(i)],
-                  1e-6 * std::fabs(w[static_cast<std::size_t>(i)]))
-          << c.name() << " " << entry.name << " slot " << i;
+    const RouterOutput out = router->route(p, logits.ptr, c.tokens, cfg.grouped ? dbias.ptr : nullptr, ws, nullptr);
+    router->check_status(ws, nullptr);
+    ws.verify_guards(nullptr);
+    EXPECT_EQ(to_host(*memory, out.topk_ids, n), ids) << c.name() << " " << entry.name;
+    const auto got = to_host(*memory, out.topk_weights, n);
+    // The GPU computes the CPU's float arithmetic in the CPU's order (numerics/routing.h): equal bits.
+    EXPECT_EQ(got, w) << c.name() << " " << entry.name;
   }
 }
 
@@ -257,10 +261,12 @@ void prepare_finalize_case(const OpCase& c, Device device) {
     cpu::ThreadPool pool(1);
     const auto memory = make_memory(device);
     const auto pf = entry->make({&pool, &comm});
-    const WorkspacePlan plan = plan_layer(
-        p, find_experts(c.format == ActivationFormat::kStandard ? "standard-fp8" : "batched-fp8", Device::kCpu), par.ep,
-        kGuardBytes);
-    Workspace ws(plan, *memory);
+    // The prepare/finalize's own section: its declaration alone (the device's experts may not run
+    // every quantization scheme the dispatch does).
+    WorkspaceBuilder builder("prepare-finalize", p, kGuardBytes);
+    builder.begin_section("prepare-finalize", std::string(entry->name));
+    pf->declare(p, builder);
+    Workspace ws(builder.finish(), *memory);
     ws.poison(nullptr);
     const std::vector<bf16_t> hidden(all.hidden.begin() + r * T * K, all.hidden.begin() + (r + 1) * T * K);
     const std::vector<std::int32_t> my_ids(ids.begin() + r * T * topk, ids.begin() + (r + 1) * T * topk);
@@ -276,7 +282,7 @@ void prepare_finalize_case(const OpCase& c, Device device) {
     if (c.format == ActivationFormat::kBatchedExperts) {
       const auto counts = to_host(*memory, in.expert_num_tokens, p.E_local);
       const auto a1q = to_host(*memory, in.a1q, p.E_local * p.M * K);
-      const auto a1q_scale = to_host(*memory, in.a1q_scale, plan.region("a1q_scale").bytes / 4);
+      const auto a1q_scale = to_host(*memory, in.a1q_scale, ws.plan().region("a1q_scale").bytes / 4);
       std::int64_t expected_rows = 0;
       for (std::int64_t i = 0; i < P * T * topk; ++i)
         expected_rows += ids[static_cast<std::size_t>(i)] / p.E_local == r;
@@ -375,7 +381,8 @@ ExpertsData experts_data(const OpCase& c) {
   const std::int64_t E_local = c.format == ActivationFormat::kStandard ? m.num_experts : c.E_local;
   // Enough ranks to hold every expert with E_local each (E_local need not divide E).
   const ParallelConfig par{1, (m.num_experts + E_local - 1) / E_local,
-                           c.format == ActivationFormat::kStandard ? std::max<std::int64_t>(c.tokens, 1) : c.M, E_local};
+                           c.format == ActivationFormat::kStandard ? std::max<std::int64_t>(c.tokens, 1) : c.M,
+                           E_local};
   d.problem = make_problem(m, par, c.format, c.quant);
   const MoeProblem& p = d.problem;
   cpu::ThreadPool pool(2);
@@ -583,6 +590,53 @@ std::vector<Param> params() {
 INSTANTIATE_TEST_SUITE_P(Table, BackendOps, ::testing::ValuesIn(params()), [](const auto& param_info) {
   return std::string(device_name(param_info.param.device)) + "_" + param_info.param.op.name();
 });
+
+// Expert ids out of range and receives over capacity: an Error naming the pair or the expert and
+// the limit (the CPU at once, a GPU after the step), those pairs dropped, nothing written out of
+// bounds (guard bands intact).
+class DispatchErrors : public ::testing::TestWithParam<Device> {};
+
+TEST_P(DispatchErrors, BadIdsAndOverCapacityAreReported) {
+  const Device device = GetParam();
+  if (!device_present(device)) GTEST_SKIP() << "no " << device_name(device) << " device";
+  const ModelConfig m = synthetic::tiny_model(false);
+  const std::int64_t T = 5, K = m.hidden_size, topk = m.topk;
+  const MoeProblem p =
+      make_problem(m, ParallelConfig{1, 1, T, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
+  const auto tok = synthetic::make_tokens(K, m.num_experts, 0, T, 3);
+  const std::vector<float> w(static_cast<std::size_t>(T * topk), 0.25f);
+  auto expect_reported = [&](const std::vector<std::int32_t>& ids, const std::vector<std::string>& needles) {
+    run_in_process(1, [&](Communicator& comm) {
+      cpu::ThreadPool pool(1);
+      const auto memory = make_memory(device);
+      const auto pf = find_prepare_finalize(device, ActivationFormat::kBatchedExperts, 1)->make({&pool, &comm});
+      Workspace ws(plan_layer(p, find_experts("batched-fp8", device), 1, kGuardBytes), *memory);
+      ws.poison(nullptr);
+      const OnDevice<bf16_t> dh(*memory, tok.hidden);
+      const OnDevice<std::int32_t> di(*memory, ids);
+      try {
+        pf->prepare(p, {dh.ptr, di.ptr, nullptr, T}, ws, nullptr);
+        pf->check_status(ws, nullptr);
+        ADD_FAILURE() << "not reported: " << needles.front();
+      } catch (const Error& e) {
+        for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+      }
+      ws.verify_guards(nullptr);
+    });
+  };
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % topk);
+  auto bad = ids;
+  bad[2 * topk + 3] = 99;  // token 2, slot 3
+  expect_reported(bad, {"topk_ids[2][3] = 99", "E = 16"});
+  // Every token lists expert 0 twice: 2 T rows for M = T.
+  auto twice = ids;
+  for (std::int64_t t = 0; t < T; ++t) twice[static_cast<std::size_t>(t * topk + 1)] = 0;
+  expect_reported(twice, {"expert 0", "M = 5"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DispatchErrors, ::testing::Values(Device::kCpu, Device::kCuda),
+                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
 
 }  // namespace
 }  // namespace moekit

@@ -25,7 +25,7 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   const nlohmann::json j = plan_json(req, report);
   EXPECT_EQ(j["model"], "deepseek-v3");
   EXPECT_EQ(j["device"], "cuda");
-  ASSERT_EQ(j["plans"].size(), 3u);  // batched-fp8 (cuda) and the two references
+  ASSERT_EQ(j["plans"].size(), 4u);  // batched-fp8 and standard-fp8 (cuda), the two references
   std::map<std::string, std::int64_t> workspace;
   for (const auto& b : j["plans"]) {
     for (const char* key : {"name", "format", "M", "sections", "regions", "total_bytes", "workspace_bytes",

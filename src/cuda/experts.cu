@@ -1,6 +1,8 @@
-// The batched FP8 experts' kernels on Hopper: a1q (E_local, M, K) FP8 with its scales and
-// expert_num_tokens in device memory -> output (E_local, M, K) bf16, valid rows only:
-//   prepare (one block: reads expert_num_tokens once, validates, writes row_offsets and both GEMMs'
+// The FP8 experts' kernels on Hopper, for both formats: a1q with its scales and the per-expert
+// counts in device memory -> the experts' output, valid rows only. Batched: (E_local, M, K) in and
+// out, expert g's rows at g * M. Contiguous (the standard experts, after their permutation): expert
+// g's rows at the prefix of the counts.
+//   prepare (one block: reads the counts once, validates, writes row_offsets and both GEMMs'
 //   arguments) -> grouped FP8 GEMM with W1 -> activation fused with FP8 quantization -> grouped FP8
 //   GEMM with W2 written straight into the output.
 // No host synchronization: a step replays from a CUDA graph. Padding rows are never read into a
@@ -17,6 +19,7 @@
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
+#include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
 #include "numerics/scales.h"
@@ -43,14 +46,15 @@ struct GemmOperands {
   bool swap_ab;
 };
 
-__device__ void write_group_args(const GemmOperands& op, int groups, int g, int m, int cap, bool per_row) {
+__device__ void write_group_args(const GemmOperands& op, int groups, int g, int m, std::int64_t row_start, bool per_row,
+                                 bool contiguous) {
   const GroupedGemmArrays a = GroupedGemmArrays::at(op.args, groups);
-  const std::int64_t cap64 = cap;
-  const void* tokens = op.A + g * cap64 * op.k;
+  const void* tokens = op.A + row_start * op.k;
   const void* weights = op.B + static_cast<std::int64_t>(g) * op.n * op.k;
-  const float* sa = per_row ? op.sa + g * cap64 : op.sa + g;
+  // Per-tensor: one activation scale per expert tensor (batched) or for all rows (contiguous).
+  const float* sa = per_row ? op.sa + row_start : (contiguous ? op.sa : op.sa + g);
   const float* sb = per_row ? op.sb + static_cast<std::int64_t>(g) * op.n : op.sb + g;
-  a.ptr_D[g] = op.D + g * cap64 * op.n;
+  a.ptr_D[g] = op.D + row_start * op.n;
   a.stride_A[g] = op.k;
   a.stride_B[g] = op.k;
   a.stride_D[g] = op.n;
@@ -74,11 +78,13 @@ __device__ void write_group_args(const GemmOperands& op, int groups, int g, int 
   shape[2] = op.k;
 }
 
-// The one read of expert_num_tokens. A count outside [0, M] sets the status flag (first one wins),
-// and that expert runs with 0 rows in both GEMMs and the activation: nothing past M is touched.
+// The one read of the counts. A count outside [0, capacity] sets the status flag (first one wins),
+// and that expert runs with 0 rows in both GEMMs and the activation: nothing past its rows is
+// touched. row_offsets is the exclusive prefix of the valid counts (the activation's row index).
 __global__ void __launch_bounds__(kPrepareThreads)
-    prepare_kernel(const std::int32_t* __restrict__ counts, int E, int M, bool per_row, GemmOperands w1,
-                   GemmOperands w2, std::int32_t* __restrict__ row_offsets, std::int32_t* __restrict__ status) {
+    prepare_kernel(const std::int32_t* __restrict__ counts, int E, std::int64_t capacity, bool contiguous, bool per_row,
+                   GemmOperands w1, GemmOperands w2, std::int32_t* __restrict__ row_offsets,
+                   std::int32_t* __restrict__ status) {
   using Scan = cub::BlockScan<int, kPrepareThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int carry;
@@ -89,15 +95,10 @@ __global__ void __launch_bounds__(kPrepareThreads)
     int m = 0;
     if (g < E) {
       m = counts[g];
-      if (m < 0 || m > M) {
-        if (atomicCAS(status + kStatusBadCount, 0, 1) == 0) {
-          status[kStatusBadCount + 1] = g;
-          status[kStatusBadCount + 2] = m;
-        }
+      if (m < 0 || m > capacity) {
+        flag_status(status, kStatusBadCount, g, m);
         m = 0;
       }
-      write_group_args(w1, E, g, m, M, per_row);
-      write_group_args(w2, E, g, m, M, per_row);
     }
     int offset = 0, total = 0;
     Scan(scan).ExclusiveSum(m, offset, total);
@@ -107,6 +108,13 @@ __global__ void __launch_bounds__(kPrepareThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0) row_offsets[E] = carry;
+  __syncthreads();  // row_offsets (global, this block's writes) visible to the whole block
+  for (int g = static_cast<int>(threadIdx.x); g < E; g += kPrepareThreads) {
+    const int m = row_offsets[g + 1] - row_offsets[g];
+    const std::int64_t row_start = contiguous ? row_offsets[g] : static_cast<std::int64_t>(g) * capacity;
+    write_group_args(w1, E, g, m, row_start, per_row, contiguous);
+    write_group_args(w2, E, g, m, row_start, per_row, contiguous);
+  }
 }
 
 // --- activation + FP8 -------------------------------------------------------------------------------
@@ -145,15 +153,15 @@ __device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_kernel(Activation act, int pass, bool per_tensor, const __nv_bfloat16* __restrict__ w1_out,
-                            const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
-                            __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
-                            unsigned int* __restrict__ expert_amax) {
+    activation_quant_kernel(Activation act, int pass, bool per_tensor, bool contiguous,
+                            const __nv_bfloat16* __restrict__ w1_out, const std::int32_t* __restrict__ row_offsets,
+                            int E, int M, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
+                            float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
   const int total = __ldg(row_offsets + E);
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0, r = 0;
-    locate_row(row_offsets, E, i, e, r);
-    const std::int64_t row_idx = static_cast<std::int64_t>(e) * M + r;
+    if (!contiguous) locate_row(row_offsets, E, i, e, r);  // contiguous: one tensor (e = 0) of rows i
+    const std::int64_t row_idx = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
     const __nv_bfloat16* row = w1_out + row_idx * N;
     float amax = 0.0f;
     if (!per_tensor || pass == 0) {
@@ -180,14 +188,15 @@ __global__ void __launch_bounds__(kActThreads)
 // and per-tensor take activation_quant_kernel.
 template <int kChunks>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(Activation act, bool gated, const __nv_bfloat16* __restrict__ w1_out,
+    activation_quant_row_per_block(Activation act, bool gated, bool contiguous,
+                                   const __nv_bfloat16* __restrict__ w1_out,
                                    const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
                                    __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
   const int total = __ldg(row_offsets + E);
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0, r = 0;
-    locate_row(row_offsets, E, i, e, r);
-    const std::int64_t row_idx = static_cast<std::int64_t>(e) * M + r;
+    if (!contiguous) locate_row(row_offsets, E, i, e, r);
+    const std::int64_t row_idx = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
     const __nv_bfloat16* row = w1_out + row_idx * N;
     float v[kChunks][8];
     float amax = 0.0f;
@@ -252,10 +261,11 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
 void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const MoeProblem& p = l.problem;
-  MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.status, 0, kStatusWords * sizeof(std::int32_t), stream));
-  prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(l.expert_num_tokens, static_cast<int>(p.E_local),
-                                                    static_cast<int>(p.M), p.quant != QuantScheme::kPerTensor,
-                                                    operands(l, 1), operands(l, 2), l.row_offsets, l.status);
+  // Batched: each expert holds at most M rows; contiguous: all M * topk rows may be one expert's.
+  const std::int64_t capacity = l.contiguous ? p.M * p.topk : p.M;
+  prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
+                                                    l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1),
+                                                    operands(l, 2), l.row_offsets, l.status);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -300,18 +310,19 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
     const int grid = one_wave(reinterpret_cast<const void*>(activation_quant_kernel));
     for (int pass = 0; pass < 2; ++pass) {
-      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, pass, true, w1_out, l.row_offsets, E, M,
-                                                                N, I, act_q, l.act_scale, amax);
+      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, pass, true, l.contiguous, w1_out,
+                                                                l.row_offsets, E, M, N, I, act_q, l.act_scale, amax);
       MOEKIT_CUDA_CHECK_LAUNCH();
     }
-    per_tensor_scales_kernel<<<(E + 127) / 128, 128, 0, stream>>>(amax, l.act_scale, E);
+    const int tensors = l.contiguous ? 1 : E;
+    per_tensor_scales_kernel<<<(tensors + 127) / 128, 128, 0, stream>>>(amax, l.act_scale, tensors);
   } else if (kernel == ActivationKernel::kRowPerBlock) {
     MOEKIT_CUDA_REQUIRE(I <= kActThreads * 8 * 4,
                         "row-per-block activation kernel: I = " + std::to_string(I) + " exceeds 8192");
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     auto launch = [&](auto k) {
       k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, is_gated(p.activation), w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
+          p.activation, is_gated(p.activation), l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
     };
     if (chunks == 1)
       launch(activation_quant_row_per_block<1>);
@@ -321,31 +332,19 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       launch(activation_quant_row_per_block<4>);
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
-                              stream>>>(p.activation, 1, false, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale,
-                                        nullptr);
+                              stream>>>(p.activation, 1, false, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q,
+                                        l.act_scale, nullptr);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
-  MOEKIT_CUDA_REQUIRE(
-      l.problem.format == ActivationFormat::kBatchedExperts && l.problem.quant != QuantScheme::kBlock128,
-      "launch_batched_experts: batched format, per-token or per-tensor scales");
+  MOEKIT_CUDA_REQUIRE(l.problem.quant != QuantScheme::kBlock128,
+                      "launch_batched_experts: per-token or per-tensor scales");
   launch_experts_prepare(l, stream);
   launch_experts_gemm(l, 1, stream);
   launch_activation_quant(l, ActivationKernel::kAuto, stream);
   launch_experts_gemm(l, 2, stream);
-}
-
-void check_experts_status(const std::int32_t* status, std::int64_t M, void* stream_ptr) {
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  std::int32_t host[kStatusWords] = {};
-  MOEKIT_CUDA_CHECK(cudaMemcpyAsync(host, status, sizeof(host), cudaMemcpyDeviceToHost, stream));
-  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MOEKIT_CUDA_REQUIRE(host[kStatusBadCount] == 0,
-                      "expert_num_tokens[" + std::to_string(host[kStatusBadCount + 1]) + "] = " +
-                          std::to_string(host[kStatusBadCount + 2]) + " is outside [0, M = " + std::to_string(M) +
-                          "]: that expert was skipped (nothing written past its buffer); fix the dispatch's counts");
 }
 
 }  // namespace moekit::cuda

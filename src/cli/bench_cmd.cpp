@@ -1,0 +1,323 @@
+// `moekit bench layer`: the whole layer's step time per experts implementation and tokens per step,
+// on the GPU from CUDA graph replay (median and p99 over --iters replays, stage times from events
+// recorded inside the graph), on the CPU from wall time. Prints the machine's measured ceilings (copy
+// bandwidth, cuBLASLt FP8 rate) and each step against the floor max(FLOPs / FP8 peak, bytes / copy
+// bandwidth), bytes = FP8 weights of the experts that received a token + the tokens in and out.
+// A table on stdout, JSON with --format json, progress on stderr.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cpu/routing.h"
+#include "cuda/backend.h"
+#include "cuda/device_info.h"
+#include "cuda/launch.h"
+#include "moekit/check.h"
+#include "moekit/layer.h"
+#include "moekit/registry.h"
+#include "numerics/scales.h"
+#include "synthetic/synthetic.h"
+
+namespace moekit::cli {
+namespace {
+
+struct BenchRequest {
+  std::string what;
+  std::string model = "deepseek-v3";
+  std::int64_t num_experts = 0;  // 0: the model's
+  std::string device = "auto";
+  std::vector<std::string> experts{"batched-fp8", "standard-fp8"};
+  std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 2048, 8192};
+  std::string quant = "per-token";
+  int iters = 50;
+  std::uint64_t seed = 1;
+  std::string format = "table";
+};
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(
+      std::min<double>(static_cast<double>(v.size() - 1), std::ceil(q * static_cast<double>(v.size())) - 1));
+  return v[i];
+}
+
+const char* kStages[] = {"route", "prepare", "experts", "finalize"};
+
+struct Row {
+  std::string experts;
+  std::int64_t T = 0;
+  double median_ms = 0, p99_ms = 0, floor_ms = 0;
+  double stage_ms[4] = {0, 0, 0, 0};
+  std::int64_t active_experts = 0;
+  double flops = 0, bytes = 0;
+};
+
+// The layer's weights on its device: seeded synthetic ones on the CPU; random FP8 codes with
+// scales of the right magnitude on a GPU (a 256-expert model is 11 GiB: timing needs no quantizer
+// pass over it on the host).
+struct BenchWeights {
+  synthetic::HostExpertWeights host;
+  std::vector<DeviceBuffer> device;
+  ExpertWeightsView view;
+};
+
+BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, std::uint64_t seed,
+                          cpu::ThreadPool& pool) {
+  BenchWeights w;
+  if (device == Device::kCpu) {
+    w.host = synthetic::make_expert_weights(p, 0, seed, pool);
+    w.view = w.host.view();
+    return w;
+  }
+  const std::int64_t I = p.I();
+  const std::int64_t s1 = numerics::weight_scale_count(p.quant, p.N, p.K),
+                     s2 = numerics::weight_scale_count(p.quant, p.K, I);
+  w.device.emplace_back(memory, p.E_local * p.N * p.K, "W1");
+  w.device.emplace_back(memory, p.E_local * p.K * I, "W2");
+  w.device.emplace_back(memory, 4 * p.E_local * s1, "W1 scales");
+  w.device.emplace_back(memory, 4 * p.E_local * s2, "W2 scales");
+  cuda::fill_random_bytes(w.device[0].get(), static_cast<std::size_t>(w.device[0].bytes()), seed, true);
+  cuda::fill_random_bytes(w.device[1].get(), static_cast<std::size_t>(w.device[1].bytes()), seed + 1, true);
+  // Codes span +-448: scales of 1 / (448 sqrt(k)) give weights of rms ~ 1 / sqrt(k), as trained ones.
+  const std::vector<float> sc1(static_cast<std::size_t>(p.E_local * s1),
+                               1.0f / (448.0f * std::sqrt(static_cast<float>(p.K))));
+  const std::vector<float> sc2(static_cast<std::size_t>(p.E_local * s2),
+                               1.0f / (448.0f * std::sqrt(static_cast<float>(I))));
+  memory.from_host(w.device[2].get(), sc1.data(), w.device[2].bytes(), nullptr);
+  memory.from_host(w.device[3].get(), sc2.data(), w.device[3].bytes(), nullptr);
+  w.view.device = device;
+  w.view.quant = p.quant;
+  w.view.E_local = p.E_local;
+  w.view.N = p.N;
+  w.view.K = p.K;
+  w.view.I = I;
+  w.view.w1 = w.device[0].as<std::uint8_t>();
+  w.view.w2 = w.device[1].as<std::uint8_t>();
+  w.view.w1_scale = w.device[2].as<float>();
+  w.view.w2_scale = w.device[3].as<float>();
+  return w;
+}
+
+std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, Device device, double peak_tflops,
+                             double copy_gbs) {
+  std::vector<Row> rows;
+  const std::int64_t max_T = *std::max_element(req.tokens.begin(), req.tokens.end());
+  const ParallelConfig par{1, 1, std::max<std::int64_t>(max_T, 1), 0};
+  const auto memory = make_memory(device);
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu::ThreadPool pool(threads);
+  // Tokens and router logits of the largest step (smaller steps take its first rows), on the device.
+  const synthetic::Tokens tok = synthetic::make_tokens(model.hidden_size, model.num_experts, 0, max_T, req.seed);
+  const std::vector<float> bias = synthetic::make_routing_bias(model.num_experts, req.seed);
+  auto put = [&](const void* host, std::int64_t bytes) {
+    DeviceBuffer b(*memory, bytes, "bench input");
+    memory->from_host(b.get(), host, bytes, nullptr);
+    return b;
+  };
+  DeviceBuffer hidden_dev, logits_dev, bias_dev, out_dev;
+  std::vector<std::uint16_t> out_host(static_cast<std::size_t>(max_T * model.hidden_size));
+  const std::uint16_t* hidden = tok.hidden.data();
+  const float* logits = tok.logits.data();
+  const float* dbias = bias.data();
+  std::uint16_t* output = out_host.data();
+  if (device != Device::kCpu) {
+    hidden_dev = put(tok.hidden.data(), static_cast<std::int64_t>(2 * tok.hidden.size()));
+    logits_dev = put(tok.logits.data(), static_cast<std::int64_t>(4 * tok.logits.size()));
+    bias_dev = put(bias.data(), static_cast<std::int64_t>(4 * bias.size()));
+    out_dev = DeviceBuffer(*memory, static_cast<std::int64_t>(2 * out_host.size()), "bench output");
+    hidden = hidden_dev.as<std::uint16_t>();
+    logits = logits_dev.as<float>();
+    dbias = bias_dev.as<float>();
+    output = out_dev.as<std::uint16_t>();
+  }
+  const RoutingConfig routing = routing_config(model);
+  const std::size_t total_cases = req.experts.size() * req.tokens.size();
+  std::size_t done = 0;
+  for (const std::string& name : req.experts) {
+    const ExpertsEntry& entry = find_experts(name, device);
+    const MoeProblem p = make_problem(model, par, entry.format, parse_quant(req.quant));
+    std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
+                             p.E_local);
+    const BenchWeights w = make_weights(p, device, *memory, req.seed, pool);
+    LayerOptions opt;
+    opt.device = device;
+    opt.experts = name;
+    opt.quant = p.quant;
+    opt.num_threads = threads;
+    std::vector<Row> mine;
+    run_in_process(1, [&](Communicator& comm) {
+      MoeLayer layer(model, par, opt, {w.view, model.has_score_correction_bias ? dbias : nullptr}, comm);
+      void* stream = device == Device::kCpu ? nullptr : cuda::create_stream();
+      for (const std::int64_t T : req.tokens) {
+        std::cerr << fmt::format("bench layer: {} T = {} ({}/{})\n", name, T, ++done, total_cases);
+        Row r;
+        r.experts = name;
+        r.T = T;
+        std::vector<double> step;
+        std::vector<std::vector<double>> stage(4);
+        if (device == Device::kCpu) {
+          for (int i = 0; i < std::max(1, req.iters); ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            layer.forward(hidden, logits, T, output, stream);
+            step.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            const StepStats& s = layer.last_step();
+            const double ms[4] = {s.route_ms, s.prepare_ms, s.experts_ms, s.finalize_ms};
+            for (int k = 0; k < 4; ++k) stage[static_cast<std::size_t>(k)].push_back(ms[k]);
+          }
+        } else {
+          // Events at the stage boundaries, recorded inside the captured graph.
+          cuda::Event marks[5], start, end;
+          auto enqueue = [&](void* s) {
+            int next = 0;
+            layer.enqueue(hidden, logits, T, output, s, [&](std::string_view, Stream st) { marks[next++].record(st); });
+          };
+          enqueue(stream);  // eager once: flags checked before timing
+          layer.check_status(stream);
+          cuda::Graph graph(enqueue, stream);
+          for (int i = 0; i < 5; ++i) graph.replay(stream);
+          for (int i = 0; i < req.iters; ++i) {
+            start.record(stream);
+            graph.replay(stream);
+            end.record(stream);
+            step.push_back(end.ms_since(start));
+            for (int k = 0; k < 4; ++k) stage[static_cast<std::size_t>(k)].push_back(marks[k + 1].ms_since(marks[k]));
+          }
+          layer.check_status(stream);
+        }
+        r.median_ms = percentile(step, 0.5);
+        r.p99_ms = percentile(step, 0.99);
+        for (int k = 0; k < 4; ++k) r.stage_ms[k] = percentile(stage[static_cast<std::size_t>(k)], 0.5);
+        // The floor: FP8 FLOPs of the valid rows; bytes of the experts that received a token (their
+        // FP8 weights and scales) + the tokens in and out (bf16).
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(T * p.topk));
+        std::vector<float> wts(ids.size());
+        cpu::route(routing, tok.logits.data(), T, model.has_score_correction_bias ? bias.data() : nullptr, ids.data(),
+                   wts.data());
+        r.active_experts = static_cast<std::int64_t>(std::set<std::int32_t>(ids.begin(), ids.end()).size());
+        MoeProblem one = p;
+        one.E_local = 1;
+        r.flops = 2.0 * static_cast<double>(T * p.topk) * static_cast<double>(p.N * p.K + p.K * p.I());
+        r.bytes = static_cast<double>(r.active_experts) * static_cast<double>(expert_weight_bytes(one)) +
+                  4.0 * static_cast<double>(T * p.K);
+        if (peak_tflops > 0 && copy_gbs > 0)
+          r.floor_ms = std::max(r.flops / (peak_tflops * 1e12), r.bytes / (copy_gbs * 1e9)) * 1e3;
+        mine.push_back(r);
+      }
+      if (stream != nullptr) cuda::destroy_stream(stream);
+    });
+    rows.insert(rows.end(), mine.begin(), mine.end());
+  }
+  return rows;
+}
+
+int bench_command(const BenchRequest& req) {
+  MOEKIT_CHECK(req.what == "layer", "moekit bench {}: the benchmarks are: layer", req.what);
+  MOEKIT_CHECK(!req.tokens.empty() && *std::min_element(req.tokens.begin(), req.tokens.end()) >= 0,
+               "--tokens needs one or more counts >= 0");
+  MOEKIT_CHECK(req.iters >= 1, "--iters = {} must be >= 1", req.iters);
+  ModelConfig model = load_model(req.model);
+  if (req.num_experts > 0) model.num_experts = req.num_experts;
+  const Device device =
+      req.device == "auto" ? (cuda::available() ? Device::kCuda : Device::kCpu) : parse_device(req.device);
+  double copy_gbs = 0, peak = 0;
+  std::string device_text = "cpu";
+  if (device == Device::kCuda) {
+    const cuda::DeviceInfo info = cuda::device_info(0);
+    device_text = fmt::format("{} ({} SMs)", info.name, info.num_sms);
+    void* s = cuda::create_stream();
+    copy_gbs = cuda::measure_copy_gbs(s);
+    peak = cuda::measure_fp8_tflops(s);
+    cuda::destroy_stream(s);
+  }
+  const std::vector<Row> rows = bench_layer(req, model, device, peak, copy_gbs);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  if (req.format == "json") {
+    nlohmann::json j;
+    j["benchmark"] = "layer";
+    j["device"] = device_text;
+    j["date"] = date;
+    j["model"] = model.name;
+    j["E"] = model.num_experts;
+    j["topk"] = model.topk;
+    j["K"] = model.hidden_size;
+    j["I"] = model.moe_intermediate_size;
+    j["quant"] = req.quant;
+    j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
+    j["rows"] = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json x = {{"experts", r.experts},
+                          {"T", r.T},
+                          {"median_ms", r.median_ms},
+                          {"p99_ms", r.p99_ms},
+                          {"floor_ms", r.floor_ms},
+                          {"active_experts", r.active_experts},
+                          {"flops", r.flops},
+                          {"bytes", r.bytes},
+                          {"stages_ms", nlohmann::json::object()}};
+      for (int k = 0; k < 4; ++k) x["stages_ms"][kStages[k]] = r.stage_ms[k];
+      j["rows"].push_back(x);
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}; {}\n",
+                           model.name, device_text, model.num_experts, model.topk, model.hidden_size,
+                           model.moe_intermediate_size, req.quant,
+                           device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
+                                                   : fmt::format("wall time, {} iterations", req.iters));
+  if (device == Device::kCuda)
+    std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
+                             copy_gbs, peak);
+  std::cout << fmt::format("{:<13} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8}\n", "experts", "T",
+                           "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts", "finalize", "rest %",
+                           "TFLOP/s");
+  for (const Row& r : rows) {
+    const double rest = r.stage_ms[0] + r.stage_ms[1] + r.stage_ms[3];
+    std::cout << fmt::format(
+        "{:<13} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f}\n",
+        r.experts, r.T, r.median_ms, r.p99_ms, r.floor_ms, r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0,
+        r.stage_ms[0], r.stage_ms[1], r.stage_ms[2], r.stage_ms[3], r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0,
+        r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0);
+  }
+  std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth)\n";
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  auto req = std::make_shared<BenchRequest>();
+  CLI::App* cmd = app.add_subcommand("bench", "Measure the layer: step time per tokens per step, against the floor");
+  cmd->add_option("what", req->what, "What to measure: layer")->required();
+  cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
+  cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep)")
+      ->capture_default_str();
+  cmd->add_option("--device", req->device, "auto (cuda when present), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--experts", req->experts, "Experts implementations (repeatable)")->capture_default_str();
+  cmd->add_option("--tokens", req->tokens, "Tokens per step (repeatable)")->delimiter(',')->capture_default_str();
+  cmd->add_option("--quant", req->quant, "per-tensor or per-token (block128 runs on the cpu only)")
+      ->capture_default_str();
+  cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
+  cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
+  cmd->add_option("--format", req->format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  return [cmd, req]() -> int {
+    if (!cmd->parsed()) return -1;
+    return bench_command(*req);
+  };
+}
+
+}  // namespace moekit::cli

@@ -1,0 +1,341 @@
+// The single-GPU dispatch kernels: where each (token, slot) pair's row goes (row map), FP8
+// quantization of the tokens fused with the scatter to those rows, the combine back, and the
+// standard experts' permutation. Every row order and every value equals the CPU's: rows of one
+// expert in (token, slot) order, the quantizer's division and rounding, the combine's fp32 sum in
+// slot order; integer atomics only where the result does not depend on order.
+// Napkin math, DeepSeek-V3, T = 512 tokens, top-8: the scatter writes 4096 rows x 7168 B = 29 MB
+// (~10 us at ~3 TB/s) from 7 MB of bf16; the combine reads the same 4096 bf16 rows (59 MB, ~15 us).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cub/block/block_scan.cuh>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/launch.h"
+#include "cuda/status.cuh"
+#include "numerics/activation.h"
+#include "numerics/fp8.h"
+#include "numerics/routing.h"
+#include "numerics/scales.h"
+
+namespace moekit::cuda {
+namespace {
+
+using numerics::DeviceMath;
+
+// --- row map --------------------------------------------------------------------------------------
+
+constexpr int kMapThreads = 1024;
+constexpr int kMapWarps = kMapThreads / 32;
+constexpr int kMaxMapExperts = kMaxRowMapExperts;  // shared memory: 2 x E ints + 32 warps x E uint16
+
+// One block. Pass 1 counts each expert's pairs (integer atomics: order-free) and scans them; pass 2
+// walks the pairs in tiles of 1024 in order, ranking each pair among the earlier pairs of its expert
+// (within a warp by __match_any_sync, across warps by a per-expert prefix), so the rank is the
+// CPU's (token, slot) order.
+__global__ void __launch_bounds__(kMapThreads)
+    row_map_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int topk, int E, bool contiguous,
+                   std::int64_t capacity, std::int32_t* __restrict__ pair_row, std::int32_t* __restrict__ counts,
+                   std::int32_t* __restrict__ offsets, std::int32_t* __restrict__ status) {
+  extern __shared__ int smem[];
+  int* total = smem;         // E: pairs of each expert
+  int* running = total + E;  // E: pairs of each expert in earlier tiles
+  unsigned short* warp_prefix = reinterpret_cast<unsigned short*>(running + E);  // kMapWarps x E
+  using Scan = cub::BlockScan<int, kMapThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+
+  for (int e = tid; e < E; e += kMapThreads) total[e] = running[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < num_pairs; i += kMapThreads) {
+    const int e = ids[i];
+    if (e >= 0 && e < E) atomicAdd(&total[e], 1);
+  }
+  __syncthreads();
+  if (contiguous) {  // offsets = exclusive scan of the totals (E <= kMapThreads)
+    int prefix = 0, sum = 0;
+    Scan(scan).ExclusiveSum(tid < E ? total[tid] : 0, prefix, sum);
+    if (tid < E) offsets[tid] = prefix;
+    if (tid == 0) offsets[E] = sum;
+  }
+  for (int e = tid; e < E; e += kMapThreads)
+    counts[e] = static_cast<std::int32_t>(contiguous || total[e] <= capacity ? total[e] : capacity);
+  __syncthreads();
+
+  // From here `total` holds one tile's pairs per expert.
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (int base = 0; base < num_pairs; base += kMapThreads) {
+    for (int j = tid; j < kMapWarps * E; j += kMapThreads) warp_prefix[j] = 0;
+    __syncthreads();
+    const int i = base + tid;
+    int e = i < num_pairs ? ids[i] : -1;
+    if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
+      flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
+      e = -1;
+    }
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+    const int rank_in_warp = __popc(peers & lanes_below);
+    if (e >= 0 && rank_in_warp == 0) warp_prefix[warp * E + e] = static_cast<unsigned short>(__popc(peers));
+    __syncthreads();
+    // Per expert: the warps' counts -> their exclusive prefix, in place; the tile's total.
+    for (int x = tid; x < E; x += kMapThreads) {
+      int acc = 0;
+      for (int w = 0; w < kMapWarps; ++w) {
+        const int c = warp_prefix[w * E + x];
+        warp_prefix[w * E + x] = static_cast<unsigned short>(acc);
+        acc += c;
+      }
+      total[x] = acc;
+    }
+    __syncthreads();
+    if (i < num_pairs) {
+      std::int32_t row = -1;
+      if (e >= 0) {
+        // Pairs of expert e before this one: earlier tiles, earlier warps of this tile, earlier lanes.
+        const std::int64_t rank = running[e] + warp_prefix[warp * E + e] + rank_in_warp;
+        if (contiguous) {
+          row = static_cast<std::int32_t>(offsets[e] + rank);
+        } else if (rank < capacity) {
+          row = static_cast<std::int32_t>(e * capacity + rank);
+        } else if (rank == capacity) {
+          flag_status(status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
+        }
+      }
+      pair_row[i] = row;
+    }
+    __syncthreads();
+    for (int x = tid; x < E; x += kMapThreads) running[x] += total[x];
+    __syncthreads();
+  }
+}
+
+// --- quantize and scatter ------------------------------------------------------------------------
+
+constexpr int kQuantThreads = 256;
+constexpr int kQuantChunks = 4;  // K <= 256 threads x 8 values x 4 chunks = 8192
+
+__device__ float block_max(float v) {
+  __shared__ float warp_max[kQuantThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = warp_max[0];
+  for (int w = 1; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  __syncthreads();
+  return m;
+}
+
+struct QuantArgs {
+  QuantScheme quant;
+  const __nv_bfloat16* hidden;
+  int tokens, K, topk;
+  const std::int32_t* pair_row;
+  std::uint8_t* q;
+  float* scales;
+  std::uint32_t* amax;  // per-tensor: the tensor's amax as bits (non-negative floats order like their bits)
+};
+
+// One block per token (grid-stride): the row's 8-value chunks in registers, the amax of the row or
+// of each 1x128 group (16 threads = one half-warp hold a group), the scale by fp8_scale, FP8 by
+// division and satfinite RNE (cpu::quantize_activation's arithmetic), 8-byte stores to every
+// destination row. Pass 0 of per-tensor only raises the tensor's amax.
+__global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, int pass) {
+  const bool per_tensor = a.quant == QuantScheme::kPerTensor, block = a.quant == QuantScheme::kBlock128;
+  const int spr = static_cast<int>(numerics::activation_scales_per_row(a.quant, a.K));
+  for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+    const __nv_bfloat16* x = a.hidden + static_cast<std::int64_t>(t) * a.K;
+    float v[kQuantChunks][8];
+    float amax_thread = 0.0f, group_amax[kQuantChunks];
+#pragma unroll
+    for (int ch = 0; ch < kQuantChunks; ++ch) {
+      const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
+      float m = 0.0f;
+      if (c0 < a.K) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(x + c0);
+        const auto* b8 = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[ch][j] = __bfloat162float(b8[j]);
+          m = fmaxf(m, fabsf(v[ch][j]));  // fmaxf drops NaN, as the CPU's std::max does
+        }
+      }
+      amax_thread = fmaxf(amax_thread, m);
+      // 1x128 group: the 16 threads of a half-warp (c0 / 128 = (ch * 256 + tid) / 16).
+      for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      group_amax[ch] = m;
+    }
+    if (per_tensor && pass == 0) {
+      const float amax = block_max(amax_thread);
+      if (threadIdx.x == 0) atomicMax(a.amax, __float_as_uint(amax));
+      continue;
+    }
+    const float row_scale = per_tensor ? numerics::fp8_scale(__uint_as_float(*a.amax))
+                                       : (block ? 0.0f : numerics::fp8_scale(block_max(amax_thread)));
+    const int destinations = a.pair_row != nullptr ? a.topk : 1;
+    for (int k = 0; k < destinations; ++k) {
+      const std::int64_t row =
+          a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k] : static_cast<std::int64_t>(t);
+      if (row < 0) continue;
+      std::uint8_t* out = a.q + row * a.K;
+#pragma unroll
+      for (int ch = 0; ch < kQuantChunks; ++ch) {
+        const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
+        if (c0 >= a.K) continue;
+        const float scale = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
+        uint2 packed;
+        auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[ch][2 * j] / scale, v[ch][2 * j + 1] / scale), __NV_SATFINITE,
+                                            __NV_E4M3);
+        *reinterpret_cast<uint2*>(out + c0) = packed;
+        if (block && c0 % kQuantBlock == 0) a.scales[row * spr + c0 / kQuantBlock] = scale;
+      }
+      if (!per_tensor && !block && threadIdx.x == 0) a.scales[row] = row_scale;
+    }
+  }
+}
+
+__global__ void per_tensor_scale_kernel(const std::uint32_t* amax, float* scales, int count) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < count) scales[i] = numerics::fp8_scale(__uint_as_float(*amax));
+}
+
+// --- combine ----------------------------------------------------------------------------------------
+
+constexpr int kCombineThreads = 128;
+
+// One thread per 8 columns of a token: slots in order, numerics::combine_step (never fused), one
+// bf16 rounding.
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const std::int32_t* __restrict__ pair_row, const float* __restrict__ weights, int tokens, int topk,
+                   int K, const __nv_bfloat16* __restrict__ rows, __nv_bfloat16* __restrict__ out) {
+  const int vecs = K / 8;
+  const std::int64_t n = static_cast<std::int64_t>(tokens) * vecs;
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(idx / vecs), c0 = static_cast<int>(idx % vecs) * 8;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < topk; ++k) {
+      const std::int32_t row = pair_row[static_cast<std::int64_t>(t) * topk + k];
+      if (row < 0) continue;
+      const float w = weights[static_cast<std::int64_t>(t) * topk + k];
+      const uint4 raw = *reinterpret_cast<const uint4*>(rows + static_cast<std::int64_t>(row) * K + c0);
+      const auto* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = numerics::combine_step<DeviceMath>(acc[j], w, __bfloat162float(y[j]));
+    }
+    uint4 packed;
+    auto* o = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16_rn(acc[j]);
+    *reinterpret_cast<uint4*>(out + static_cast<std::int64_t>(t) * K + c0) = packed;
+  }
+}
+
+// --- permutation (standard experts) -------------------------------------------------------------------
+
+__global__ void permute_kernel(const std::int32_t* __restrict__ pair_row, int tokens, int topk, int K, int spr,
+                               const std::uint8_t* __restrict__ a1q, const float* __restrict__ a1q_scale,
+                               std::uint8_t* __restrict__ permuted, float* __restrict__ permuted_scale) {
+  for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const uint4* src = reinterpret_cast<const uint4*>(a1q + static_cast<std::int64_t>(t) * K);
+    for (int k = 0; k < topk; ++k) {
+      const std::int32_t row = pair_row[static_cast<std::int64_t>(t) * topk + k];
+      if (row < 0) continue;
+      uint4* dst = reinterpret_cast<uint4*>(permuted + static_cast<std::int64_t>(row) * K);
+      for (int v = threadIdx.x; v < K / 16; v += blockDim.x) dst[v] = src[v];
+      for (int j = threadIdx.x; j < spr; j += blockDim.x)
+        permuted_scale[static_cast<std::int64_t>(row) * spr + j] = a1q_scale[static_cast<std::int64_t>(t) * spr + j];
+    }
+  }
+}
+
+int grid_for(std::int64_t work, int cap) {
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(work, cap)));
+}
+
+}  // namespace
+
+void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, int num_experts, bool contiguous,
+                    std::int64_t capacity, std::int32_t* pair_row, std::int32_t* counts, std::int32_t* offsets,
+                    std::int32_t* status, void* stream) {
+  MOEKIT_CUDA_REQUIRE(num_experts >= 1 && num_experts <= kMaxMapExperts,
+                      "the CUDA row map takes 1 to 512 experts, got " + std::to_string(num_experts));
+  MOEKIT_CUDA_REQUIRE(num_pairs <= 0x7FFFFFFF, "the CUDA row map takes < 2^31 (token, slot) pairs");
+  const std::size_t smem = (2 + kMapWarps / 2) * static_cast<std::size_t>(num_experts) * sizeof(int);
+  row_map_kernel<<<1, kMapThreads, smem, static_cast<cudaStream_t>(stream)>>>(
+      ids, static_cast<int>(num_pairs), topk, num_experts, contiguous, capacity, pair_row, counts, offsets, status);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  MOEKIT_CUDA_REQUIRE(l.K % 16 == 0 && l.K <= kQuantThreads * 8 * kQuantChunks,
+                      "the CUDA quantizer takes K a multiple of 16 and at most 8192, got " + std::to_string(l.K));
+  const QuantArgs a{l.quant,
+                    reinterpret_cast<const __nv_bfloat16*>(l.hidden),
+                    static_cast<int>(l.tokens),
+                    static_cast<int>(l.K),
+                    l.topk,
+                    l.pair_row,
+                    l.q,
+                    l.scales,
+                    l.amax_scratch};
+  const int grid = grid_for(l.tokens, 8192);
+  if (l.quant == QuantScheme::kPerTensor) {
+    MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.amax_scratch, 0, sizeof(std::uint32_t), stream));
+    if (l.tokens > 0) {
+      quantize_kernel<<<grid, kQuantThreads, 0, stream>>>(a, 0);
+      MOEKIT_CUDA_CHECK_LAUNCH();
+    }
+    per_tensor_scale_kernel<<<static_cast<int>((l.scale_tensors + 127) / 128), 128, 0, stream>>>(
+        l.amax_scratch, l.scales, static_cast<int>(l.scale_tensors));
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
+  if (l.tokens == 0) return;
+  quantize_kernel<<<grid, kQuantThreads, 0, stream>>>(a, 1);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std::int64_t tokens, int topk,
+                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream) {
+  if (tokens == 0) return;
+  MOEKIT_CUDA_REQUIRE(K % 8 == 0, "the CUDA combine takes K a multiple of 8");
+  const std::int64_t threads = tokens * (K / 8);
+  combine_kernel<<<grid_for((threads + kCombineThreads - 1) / kCombineThreads, 65535), kCombineThreads, 0,
+                   static_cast<cudaStream_t>(stream)>>>(
+      pair_row, topk_weights, static_cast<int>(tokens), topk, static_cast<int>(K),
+      reinterpret_cast<const __nv_bfloat16*>(rows), reinterpret_cast<__nv_bfloat16*>(output));
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int topk, std::int64_t K, QuantScheme quant,
+                         const std::uint8_t* a1q, const float* a1q_scale, std::uint8_t* permuted, float* permuted_scale,
+                         void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  if (quant == QuantScheme::kPerTensor)  // one scale for all rows, the tensor's
+    MOEKIT_CUDA_CHECK(cudaMemcpyAsync(permuted_scale, a1q_scale, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  if (tokens == 0) return;
+  MOEKIT_CUDA_REQUIRE(K % 16 == 0, "the CUDA permutation takes K a multiple of 16");
+  permute_kernel<<<grid_for(tokens, 8192), 256, 0, stream>>>(
+      pair_row, static_cast<int>(tokens), topk, static_cast<int>(K),
+      static_cast<int>(numerics::activation_scales_per_row(quant, K)), a1q, a1q_scale, permuted, permuted_scale);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+void clear_status_words(std::int32_t* device_status, void* stream) {
+  MOEKIT_CUDA_CHECK(
+      cudaMemsetAsync(device_status, 0, kStatusWords * sizeof(std::int32_t), static_cast<cudaStream_t>(stream)));
+}
+
+void read_status_words(const std::int32_t* device_status, std::int32_t* host, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  MOEKIT_CUDA_CHECK(
+      cudaMemcpyAsync(host, device_status, kStatusWords * sizeof(std::int32_t), cudaMemcpyDeviceToHost, s));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace moekit::cuda

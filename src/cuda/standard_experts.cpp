@@ -1,0 +1,103 @@
+// The standard-format FP8 experts on Hopper, host side: tokens in token order with their local top-k
+// ids -> a device row map (rows of an expert contiguous, in (token, slot) order, as the CPU) -> the
+// permutation of the FP8 rows -> the grouped GEMMs of cuda/experts.cu over contiguous rows -> one
+// output row per (token, slot) in w2_out, unpermuted by the finalize's combine. Mirrors
+// src/cpu/standard_experts.cpp; the recipe's regions are plan/experts_recipe.cpp's.
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "cuda/backend.h"
+#include "cuda/launch.h"
+#include "moekit/check.h"
+#include "plan/experts_recipe.h"
+
+namespace moekit::cuda {
+namespace {
+
+class CudaStandardExperts final : public Experts {
+ public:
+  std::string_view name() const override { return "standard-fp8"; }
+  Device device() const override { return Device::kCuda; }
+  ActivationFormat format() const override { return ActivationFormat::kStandard; }
+
+  std::string unsupported(const MoeProblem& p) const override {
+    if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
+    if (p.quant == QuantScheme::kBlock128)
+      return "block-wise 1x128 / 128x128 scales are not in the Hopper experts yet: use --quant per-token or "
+             "per-tensor on cuda, or block128 on the cpu";
+    if (p.E_local > kMaxRowMapExperts)
+      return fmt::format("E_local = {} exceeds the {} experts the CUDA row map holds", p.E_local, kMaxRowMapExperts);
+    if (p.M * p.topk > std::numeric_limits<std::int32_t>::max())
+      return fmt::format("M * topk = {} rows exceed 2^31 - 1", p.M * p.topk);
+    return {};
+  }
+
+  std::string describe_config(const MoeProblem& p, std::int64_t tokens_per_rank) const override {
+    const auto c = plan::select_experts_gemm_configs(p, tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
+    return fmt::format(
+        "GEMMs for ~{} rows per expert: W1 {}, W2 {}",
+        plan::expected_rows_per_expert(tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank, p.topk, p.E),
+        plan::gemm_config_info(c.w1).name, plan::gemm_config_info(c.w2).name);
+  }
+
+  void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
+    MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
+    plan::declare_standard_recipe(p, b);
+    b.add({"expert_counts",
+           DType::kInt32,
+           {p.E_local},
+           Stage::kPrepare,
+           Stage::kGemm2,
+           "rows of each local expert, from the device row map"});
+    declare_gemm_regions(p, b);
+  }
+
+  ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
+                    Stream stream) override {
+    ws.require(p, "standard-fp8 (cuda)");
+    validate_weights(w, p, Device::kCuda);
+    MOEKIT_CHECK(in.num_tokens >= 0 && in.num_tokens <= p.M, "T = {} tokens exceed the capacity M = {}: chunk the step",
+                 in.num_tokens, p.M);
+    if (num_sms_ == 0) num_sms_ = current_device_num_sms();
+    auto* status = ws.get<std::int32_t>("experts_status");
+    auto* pair_row = ws.get<std::int32_t>("pair_row");
+    clear_status_words(status, stream);
+    launch_row_map(in.topk_ids, in.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), true,
+                   p.M * p.topk, pair_row, ws.get<std::int32_t>("expert_counts"),
+                   ws.get<std::int32_t>("expert_offsets"), status, stream);
+    launch_permute_rows(pair_row, in.num_tokens, static_cast<int>(p.topk), p.K, p.quant, in.a1q, in.a1q_scale,
+                        ws.get<std::uint8_t>("a1q_permuted"), ws.get<float>("a1q_scale_permuted"), stream);
+    BatchedExpertsLaunch l;
+    l.problem = p;
+    l.weights = w;
+    l.contiguous = true;
+    l.a1q = ws.get<std::uint8_t>("a1q_permuted");
+    l.a1q_scale = ws.get<float>("a1q_scale_permuted");
+    l.expert_num_tokens = ws.get<std::int32_t>("expert_counts");
+    l.output = ws.get<std::uint16_t>("w2_out");
+    fill_gemm_regions(l, ws);
+    l.row_offsets = ws.get<std::int32_t>("expert_offsets");
+    l.status = status;
+    l.configs = plan::select_experts_gemm_configs(p, in.num_tokens > 0 ? in.num_tokens : p.max_tokens_per_rank);
+    l.num_sms = num_sms_;
+    launch_batched_experts(l, stream);
+    return {l.output, pair_row};
+  }
+
+  void check_status(Workspace& ws, Stream stream) override {
+    check_status_words(ws.get<std::int32_t>("experts_status"), "standard-fp8 (cuda)",
+                       ws.problem().M * ws.problem().topk, ws.problem().E_local, stream);
+  }
+
+ private:
+  int num_sms_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Experts> make_standard_experts(const ExecContext&) {
+  return std::make_unique<CudaStandardExperts>();
+}
+
+}  // namespace moekit::cuda

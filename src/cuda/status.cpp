@@ -1,0 +1,44 @@
+// The messages of the CUDA seams' status words (cuda/launch.h): what went wrong, the limit, the fix.
+#include <fmt/format.h>
+
+#include "cuda/launch.h"
+#include "moekit/check.h"
+
+namespace moekit::cuda {
+
+void check_status_words(const std::int32_t* device_status, const char* who, std::int64_t M, std::int64_t E,
+                        void* stream) {
+  std::int32_t w[kStatusWords] = {};
+  read_status_words(device_status, w, stream);
+  switch (w[0]) {
+    case kStatusOk: return;
+    case kStatusBadCount:
+      MOEKIT_FAIL(
+          "{}: expert_num_tokens[{}] = {} is outside [0, M = {}]: that expert was skipped (nothing written past its "
+          "buffer); fix the dispatch's counts",
+          who, w[1], w[2], M);
+    case kStatusBadExpertId:
+      MOEKIT_FAIL(
+          "{}: topk_ids[{}][{}] = {} is outside [0, E = {}): that pair was dropped; the router or the caller "
+          "produced an invalid expert",
+          who, w[1], w[2], w[3], E);
+    case kStatusNanLogit:
+      MOEKIT_FAIL(
+          "{}: routing: router logit of token {} (expert {}) is NaN; the hidden state or the router weights upstream "
+          "are corrupt (the token was routed nowhere)",
+          who, w[1], w[2]);
+    case kStatusNoFiniteMax:
+      MOEKIT_FAIL(
+          "{}: routing: token {} has no finite maximum router logit; softmax needs one (the token was routed "
+          "nowhere)",
+          who, w[1]);
+    case kStatusOverCapacity:
+      MOEKIT_FAIL(
+          "{}: expert {} received at least {} rows, more than M = {}: the rows past M were dropped; a token chose the "
+          "expert twice",
+          who, w[1], w[2], M);
+    default: MOEKIT_FAIL("{}: unknown device status code {} ({}, {}, {})", who, w[0], w[1], w[2], w[3]);
+  }
+}
+
+}  // namespace moekit::cuda

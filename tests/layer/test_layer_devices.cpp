@@ -1,0 +1,285 @@
+// The whole layer on every device present, against the CPU layer on the same inputs and weights:
+// every activation, both formats, per-token and per-tensor scales; T = 0, T = 1, every token to one
+// expert, T not a multiple of any tile; checked mode (guard bands, NaN-poisoned workspace) changes
+// nothing; a NaN or Inf in one token's hidden state changes only that token's output; a workspace
+// the GPU cannot hold is an Error naming the plan's figure and the free memory. GPU cases skip, by
+// name, without a device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cuda/backend.h"
+#include "cuda/launch.h"
+#include "layer_test_util.h"
+#include "moekit/check.h"
+#include "moekit/registry.h"
+
+namespace moekit {
+namespace {
+
+using numerics::bf16_decode;
+
+// A device against the CPU on the same inputs: two correct implementations differ by FP8 codes of
+// the activation flipping where their bf16 W1 outputs differ by an ulp (2^-4 relative steps): ~1.5e-2
+// measured on the experts alone; bound 3e-2 (indexing or scaling bugs give O(1)).
+constexpr double kDeviceVsCpu = 3e-2;
+constexpr std::uint64_t kSeed = 29;
+
+struct Case {
+  std::string model = "tiny";
+  std::string experts = "batched-fp8";
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;
+  Activation activation = Activation::kSilu;
+  std::int64_t tokens = 13;
+  std::int64_t num_experts = 0;  // 0: the model's
+};
+
+ModelConfig model_of(const Case& c) {
+  ModelConfig m = c.model == "tiny" ? synthetic::tiny_model(true) : load_model(c.model);
+  if (c.num_experts > 0) m.num_experts = c.num_experts;
+  m.activation = c.activation;
+  return m;
+}
+
+// Device pointers of one layer's inputs and output, for `body`.
+struct LayerIo {
+  MoeLayer& layer;
+  const std::uint16_t* hidden;
+  const float* logits;
+  std::uint16_t* output;
+};
+
+// One rank's layer on `device` with the seeded synthetic weights, inputs on the device; `body` runs
+// it. Returns the outputs on the host after `body`.
+std::vector<std::uint16_t> with_layer(const Case& c, Device device, const synthetic::Tokens& tokens, bool checked,
+                                      const std::function<void(LayerIo&)>& body) {
+  const ModelConfig m = model_of(c);
+  const ParallelConfig par{1, 1, std::max<std::int64_t>(c.tokens, 1), 0};
+  const ExpertsEntry& entry = find_experts(c.experts, device);
+  const MoeProblem p = make_problem(m, par, entry.format, c.quant);
+  cpu::ThreadPool pool(2);
+  const auto w = synthetic::make_expert_weights(p, 0, kSeed, pool);
+  const std::vector<float> bias = synthetic::make_routing_bias(m.num_experts, kSeed);
+  const auto memory = make_memory(device);
+  std::vector<DeviceBuffer> keep;
+  auto put = [&](const void* host, std::size_t bytes) -> const void* {
+    if (device == Device::kCpu || bytes == 0) return host;
+    keep.emplace_back(*memory, static_cast<std::int64_t>(bytes), "test input");
+    memory->from_host(keep.back().get(), host, static_cast<std::int64_t>(bytes), nullptr);
+    return keep.back().get();
+  };
+  ExpertWeightsView view = w.view();
+  view.device = device;
+  view.w1 = static_cast<const std::uint8_t*>(put(w.w1.data(), w.w1.size()));
+  view.w2 = static_cast<const std::uint8_t*>(put(w.w2.data(), w.w2.size()));
+  view.w1_scale = static_cast<const float*>(put(w.w1_scale.data(), 4 * w.w1_scale.size()));
+  view.w2_scale = static_cast<const float*>(put(w.w2_scale.data(), 4 * w.w2_scale.size()));
+  const auto* dbias = static_cast<const float*>(put(bias.data(), 4 * bias.size()));
+  const auto* hidden = static_cast<const std::uint16_t*>(put(tokens.hidden.data(), 2 * tokens.hidden.size()));
+  const auto* logits = static_cast<const float*>(put(tokens.logits.data(), 4 * tokens.logits.size()));
+  std::vector<std::uint16_t> out(tokens.hidden.size(), 0);
+  DeviceBuffer dout;
+  std::uint16_t* output = out.data();
+  if (device != Device::kCpu && !out.empty()) {
+    dout = DeviceBuffer(*memory, static_cast<std::int64_t>(2 * out.size()), "output");
+    output = dout.as<std::uint16_t>();
+  }
+  LayerOptions opt;
+  opt.device = device;
+  opt.experts = c.experts;
+  opt.quant = c.quant;
+  opt.checked = checked;
+  opt.num_threads = 2;
+  run_in_process(1, [&](Communicator& comm) {
+    MoeLayer layer(m, par, opt, {view, m.has_score_correction_bias ? dbias : nullptr}, comm);
+    LayerIo io{layer, hidden, logits, output};
+    body(io);
+  });
+  if (output != out.data()) memory->to_host(out.data(), output, static_cast<std::int64_t>(2 * out.size()), nullptr);
+  return out;
+}
+
+std::vector<std::uint16_t> run_layer(const Case& c, Device device, const synthetic::Tokens& tokens,
+                                     bool checked = false) {
+  return with_layer(c, device, tokens, checked,
+                    [&](LayerIo& io) { io.layer.forward(io.hidden, io.logits, c.tokens, io.output); });
+}
+
+double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& ref) {
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_decode(a[i]), y = bf16_decode(ref[i]);
+    err += (x - y) * (x - y);
+    norm += y * y;
+  }
+  return norm > 0 ? std::sqrt(err / norm) : 0.0;
+}
+
+std::string name_of(const Case& c) {
+  std::string n = c.model + "_" + c.experts + "_" + std::string(quant_name(c.quant)) + "_" +
+                  std::string(activation_name(c.activation)) + "_T" + std::to_string(c.tokens);
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+synthetic::Tokens tokens_of(const Case& c) {
+  const ModelConfig m = model_of(c);
+  return synthetic::make_tokens(m.hidden_size, m.num_experts, 0, c.tokens, 31);
+}
+
+class LayerOnDevice : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerOnDevice, MatchesTheCpuLayer) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  const Case c = GetParam();
+  const auto tokens = tokens_of(c);
+  const auto cpu = run_layer(c, Device::kCpu, tokens);
+  const auto gpu = run_layer(c, Device::kCuda, tokens);
+  const double err = rel_err(gpu, cpu);
+  EXPECT_LT(err, kDeviceVsCpu) << name_of(c);
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    if (std::isnan(bf16_decode(gpu[i]))) {
+      ADD_FAILURE() << name_of(c) << ": NaN at output " << i;
+      break;
+    }
+  }
+  std::printf("  %-60s cuda vs cpu %.3e\n", name_of(c).c_str(), err);
+  // Checked mode (guard bands, poisoned workspace) gives the same bits.
+  if (c.tokens == 13) {
+    EXPECT_EQ(run_layer(c, Device::kCuda, tokens, true), gpu) << name_of(c);
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  for (const char* experts : {"batched-fp8", "standard-fp8"}) {
+    for (Activation a : all_activations())
+      for (QuantScheme q : {QuantScheme::kPerTokenPerChannel, QuantScheme::kPerTensor})
+        all.push_back({"tiny", experts, q, a, 13});
+    // Edge sizes: none, one, not a multiple of any tile, more tokens than one expert's 64-row tile.
+    for (std::int64_t T : {0, 1, 37, 300})
+      all.push_back({"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, T});
+    // DeepSeek-V3's shapes and routing (grouped top-8 of 64 here, K = 7168, I = 2048).
+    all.push_back({"deepseek-v3", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 24, 64});
+  }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LayerOnDevice, ::testing::ValuesIn(cases()),
+                         [](const auto& param_info) { return name_of(param_info.param); });
+
+class LayerEveryDevice : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Device::kCuda && !cuda::available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(LayerEveryDevice, EveryTokenToOneExpert) {
+  for (const char* experts : {"batched-fp8", "standard-fp8"}) {
+    Case c{"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 40};
+    auto tokens = tokens_of(c);
+    for (std::int64_t t = 0; t < c.tokens; ++t) tokens.logits[static_cast<std::size_t>(t * 16 + 5)] = 50.0f;
+    const auto out = run_layer(c, GetParam(), tokens);
+    const auto cpu = run_layer(c, Device::kCpu, tokens);
+    EXPECT_LT(rel_err(out, cpu), kDeviceVsCpu) << experts;
+  }
+}
+
+// Per-token scales: a non-finite value in one token's hidden state reaches that token's output only.
+TEST_P(LayerEveryDevice, NonFiniteHiddenStaysInItsToken) {
+  for (const char* experts : {"batched-fp8", "standard-fp8"}) {
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      Case c{"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 8};
+      const auto clean = tokens_of(c);
+      auto dirty = clean;
+      dirty.hidden[3 * 256 + 17] = numerics::bf16_encode(bad);
+      const auto a = run_layer(c, GetParam(), clean), b = run_layer(c, GetParam(), dirty);
+      for (std::int64_t t = 0; t < c.tokens; ++t) {
+        if (t == 3) continue;
+        EXPECT_TRUE(std::equal(a.begin() + t * 256, a.begin() + (t + 1) * 256, b.begin() + t * 256))
+            << experts << " bad value " << bad << " changed token " << t;
+      }
+    }
+  }
+}
+
+TEST_P(LayerEveryDevice, NaNLogitIsAnErrorNamingTheToken) {
+  Case c{"tiny", "batched-fp8", QuantScheme::kPerTokenPerChannel, Activation::kSilu, 6};
+  auto tokens = tokens_of(c);
+  tokens.logits[4 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    run_layer(c, GetParam(), tokens);
+    FAIL() << "a NaN router logit was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 4"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, LayerEveryDevice, ::testing::Values(Device::kCpu, Device::kCuda),
+                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
+
+// The whole step captured once and replayed: the same bits as the eager step, every replay.
+TEST(LayerOnGpu, GraphReplayEqualsEager) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* experts : {"batched-fp8", "standard-fp8"}) {
+    const Case c{"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 37};
+    const auto tokens = tokens_of(c);
+    const auto eager = run_layer(c, Device::kCuda, tokens);
+    std::vector<std::vector<std::uint16_t>> replays;
+    const auto memory = make_memory(Device::kCuda);
+    with_layer(c, Device::kCuda, tokens, false, [&](LayerIo& io) {
+      void* stream = cuda::create_stream();
+      {
+        cuda::Graph graph([&](void* s) { io.layer.enqueue(io.hidden, io.logits, c.tokens, io.output, s); }, stream);
+        for (int i = 0; i < 3; ++i) {
+          memory->fill(io.output, 0xFF, 2 * c.tokens * 256, stream);  // NaN before each replay
+          graph.replay(stream);
+          io.layer.check_status(stream);
+          std::vector<std::uint16_t> out(static_cast<std::size_t>(c.tokens * 256));
+          memory->to_host(out.data(), io.output, 2 * c.tokens * 256, stream);
+          replays.push_back(out);
+        }
+      }
+      cuda::destroy_stream(stream);
+    });
+    for (const auto& r : replays) EXPECT_EQ(r, eager) << experts;
+  }
+}
+
+TEST(LayerOnGpu, WorkspaceTheGpuCannotHoldIsAnError) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  // DeepSeek-V3, every expert on one GPU, 2^20 tokens: the batched workspace is ~8 TiB.
+  const ModelConfig m = load_model("deepseek-v3");
+  const ParallelConfig par{1, 1, std::int64_t{1} << 20, 0};
+  const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
+  const WorkspacePlan plan = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1);
+  ExpertWeightsView view;  // never read: construction fails at the allocation
+  view.device = Device::kCuda;
+  view.quant = p.quant;
+  view.E_local = p.E_local;
+  view.N = p.N;
+  view.K = p.K;
+  view.I = p.I();
+  const auto memory = make_memory(Device::kCuda);
+  DeviceBuffer scratch(*memory, 1 << 20, "fake weights");
+  view.w1 = view.w2 = scratch.as<std::uint8_t>();
+  view.w1_scale = view.w2_scale = scratch.as<float>();
+  std::vector<float> bias(static_cast<std::size_t>(m.num_experts));
+  DeviceBuffer dbias(*memory, 4 * m.num_experts, "bias");
+  LayerOptions opt;
+  opt.device = Device::kCuda;
+  try {
+    run_in_process(1, [&](Communicator& comm) { MoeLayer l(m, par, opt, {view, dbias.as<float>()}, comm); });
+    FAIL() << "a " << plan.total_bytes << "-byte workspace was allocated";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::to_string(plan.total_bytes)), std::string::npos) << what;
+    EXPECT_NE(what.find("free"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace moekit
