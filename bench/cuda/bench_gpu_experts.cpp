@@ -145,25 +145,35 @@ int main(int argc, char** argv) {
       const double act_bytes = double(E_local) * double(m_e) * double(K + 2 * K);
       const double floor_ms = std::max(flops / (peak * 1e12), (weight_bytes + act_bytes) / (bw * 1e9)) * 1e3;
       const double weights_ms = weight_bytes / (bw * 1e9) * 1e3;
-      // The runtime's rule, per GEMM, for experts holding m_e rows.
-      const plan::ExpertsGemmConfigs selected{plan::select_gemm_config(m_e, N, K), plan::select_gemm_config(m_e, K, I)};
-      std::vector<plan::ExpertsGemmConfigs> sweep;
+      // Each config of the table on every expert of both GEMMs, then what the runtime runs: its
+      // launches for experts of up to m_e rows (here all of them hold m_e).
+      struct Variant {
+        std::string name;
+        plan::ExpertsGemmPlan gemms;
+        bool selected;
+      };
+      std::vector<Variant> sweep;
       for (const auto& cfg : plan::kGemmConfigs)
-        if (plan::supports(cfg, N, K) && plan::supports(cfg, K, I) && (!quick || cfg.id == selected.w1))
-          sweep.push_back({cfg.id, cfg.id});
-      if (selected.w1 != selected.w2) sweep.push_back(selected);
-      for (const auto& configs : sweep) {
-        const auto experts = cuda::make_batched_experts({}, configs);
+        if (plan::supports(cfg, N, K) && plan::supports(cfg, K, I) && !quick)
+          sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id), false});
+      {
+        const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
+        sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true});
+      }
+      for (const auto& v : sweep) {
+        const auto& name = v.name;
+        const bool chosen = v.selected;
+        const cuda::BatchedExpertsLaunch l = cuda::make_launch(p, input, view, ws, dev.num_sms, v.gemms);
         const double ms = median_ms(
-            quick ? 5 : 20, [&] { experts->run(p, input, view, ws, stream); }, stream);
-        experts->check_status(ws, stream);
-        const bool chosen = configs.w1 == selected.w1 && configs.w2 == selected.w2;
-        const std::string name = configs.w1 == configs.w2 ? std::string(plan::gemm_config_info(configs.w1).name)
-                                                          : std::string(plan::gemm_config_info(configs.w1).name) + "/" +
-                                                                std::string(plan::gemm_config_info(configs.w2).name);
+            quick ? 5 : 20,
+            [&] {
+              cuda::clear_status_words(l.status, stream);
+              cuda::launch_batched_experts(l, stream);
+            },
+            stream);
+        cuda::check_status_words(l.status, "bench", M, p.E, stream);
         // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
         // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
-        const cuda::BatchedExpertsLaunch l = cuda::make_launch(p, input, view, ws, dev.num_sms, configs);
         cuda::launch_experts_prepare(l, stream);
         auto time_gemm = [&](int which) {
           return median_ms(

@@ -17,8 +17,8 @@
 namespace moekit::cuda {
 
 std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx);  // cuda/batched_experts.cpp
-// The same with both GEMMs' configs fixed (tests and benchmarks sweep them).
-std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx, plan::ExpertsGemmConfigs configs);
+// The same with every expert of both GEMMs on one config (tests and benchmarks sweep the table).
+std::unique_ptr<Experts> make_batched_experts(const ExecContext& ctx, plan::GemmConfig config);
 std::unique_ptr<Experts> make_standard_experts(const ExecContext& ctx);                    // cuda/standard_experts.cpp
 std::unique_ptr<Router> make_router(const RoutingConfig& config, const ExecContext& ctx);  // cuda/router.cpp
 // Batched format on one GPU (dp == ep == 1): quantize fused with the scatter into (E_local, M, K).
@@ -36,6 +36,6 @@ void fill_gemm_regions(BatchedExpertsLaunch& launch, Workspace& workspace);
 // The launch of one step over a workspace declared by the batched experts (tests and benchmarks
 // time its stages apart).
 BatchedExpertsLaunch make_launch(const MoeProblem& problem, const ExpertsInput& input, const ExpertWeightsView& weights,
-                                 Workspace& workspace, int num_sms, plan::ExpertsGemmConfigs configs);
+                                 Workspace& workspace, int num_sms, plan::ExpertsGemmPlan gemms);
 
 }  // namespace moekit::cuda

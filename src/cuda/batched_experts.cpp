@@ -18,7 +18,7 @@ namespace {
 
 class CudaBatchedExperts final : public Experts {
  public:
-  explicit CudaBatchedExperts(std::optional<plan::ExpertsGemmConfigs> configs) : forced_(configs) {}
+  explicit CudaBatchedExperts(std::optional<plan::GemmConfig> forced) : forced_(forced) {}
 
   std::string_view name() const override { return "batched-fp8"; }
   Device device() const override { return Device::kCuda; }
@@ -38,11 +38,10 @@ class CudaBatchedExperts final : public Experts {
   }
 
   std::string describe_config(const MoeProblem& p, std::int64_t tokens_per_rank) const override {
-    const plan::ExpertsGemmConfigs c = configs(p, tokens_per_rank);
-    const std::int64_t tokens = (tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank) * p.num_dispatchers;
-    return fmt::format("GEMMs for ~{} rows per expert: W1 {}, W2 {}{}",
-                       plan::expected_rows_per_expert(tokens, p.topk, p.E), plan::gemm_config_info(c.w1).name,
-                       plan::gemm_config_info(c.w2).name, forced_ ? " (fixed)" : "");
+    const plan::ExpertsGemmPlan g = gemms(p, tokens_per_rank);
+    return fmt::format("GEMMs by each expert's rows (<= {} in a step): W1 {}; W2 {}{}",
+                       plan::max_rows_per_expert(p, tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank),
+                       plan::describe(g.w1), plan::describe(g.w2), forced_ ? " (fixed)" : "");
   }
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
@@ -64,7 +63,7 @@ class CudaBatchedExperts final : public Experts {
                  device_name(ws.device()));
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
-    const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, configs(p, in.num_tokens));
+    const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
     clear_status_words(l.status, stream);
     launch_batched_experts(l, stream);
     return {in.output, nullptr};
@@ -75,13 +74,16 @@ class CudaBatchedExperts final : public Experts {
                        stream);
   }
 
-  plan::ExpertsGemmConfigs configs(const MoeProblem& p, std::int64_t tokens_per_rank) const {
-    if (forced_) return *forced_;
-    return plan::select_experts_gemm_configs(p, tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
+  plan::ExpertsGemmPlan gemms(const MoeProblem& p, std::int64_t tokens_per_rank) const {
+    if (forced_) return plan::single_config(*forced_);
+    // Every dispatcher may send up to max_tokens_per_rank: this rank's T bounds the others only
+    // when it is the only dispatcher.
+    return plan::plan_experts_gemms(
+        p, p.num_dispatchers == 1 && tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
   }
 
  private:
-  std::optional<plan::ExpertsGemmConfigs> forced_;
+  std::optional<plan::GemmConfig> forced_;
   int num_sms_ = 0;
 };
 
@@ -90,16 +92,16 @@ class CudaBatchedExperts final : public Experts {
 void declare_gemm_regions(const MoeProblem& p, WorkspaceBuilder& b) {
   b.add({"gemm_args_w1",
          DType::kUint8,
-         {p.E_local, kGemmArgsBytesPerGroup},
+         {plan::kMaxGemmLaunches, p.E_local, kGemmArgsBytesPerGroup},
          Stage::kPrepare,
          Stage::kGemm1,
-         "W1 grouped-GEMM shapes, pointers and strides, built on the device from the counts"});
+         "W1 grouped-GEMM shapes, pointers and strides per launch, built on the device from the counts"});
   b.add({"gemm_args_w2",
          DType::kUint8,
-         {p.E_local, kGemmArgsBytesPerGroup},
+         {plan::kMaxGemmLaunches, p.E_local, kGemmArgsBytesPerGroup},
          Stage::kPrepare,
          Stage::kGemm2,
-         "W2 grouped-GEMM shapes, pointers and strides, built on the device from the counts"});
+         "W2 grouped-GEMM shapes, pointers and strides per launch, built on the device from the counts"});
   b.add({"gemm_scratch",
          DType::kUint8,
          {kGemmScratchBytes},
@@ -124,7 +126,7 @@ void fill_gemm_regions(BatchedExpertsLaunch& l, Workspace& ws) {
 }
 
 BatchedExpertsLaunch make_launch(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
-                                 int num_sms, plan::ExpertsGemmConfigs configs) {
+                                 int num_sms, plan::ExpertsGemmPlan gemms) {
   BatchedExpertsLaunch l;
   l.problem = p;
   l.weights = w;
@@ -135,7 +137,7 @@ BatchedExpertsLaunch make_launch(const MoeProblem& p, const ExpertsInput& in, co
   fill_gemm_regions(l, ws);
   l.row_offsets = ws.get<std::int32_t>("row_offsets");
   l.status = ws.get<std::int32_t>("experts_status");
-  l.configs = configs;
+  l.gemms = gemms;
   l.num_sms = num_sms;
   return l;
 }
@@ -144,8 +146,8 @@ std::unique_ptr<Experts> make_batched_experts(const ExecContext&) {
   return std::make_unique<CudaBatchedExperts>(std::nullopt);
 }
 
-std::unique_ptr<Experts> make_batched_experts(const ExecContext&, plan::ExpertsGemmConfigs configs) {
-  return std::make_unique<CudaBatchedExperts>(configs);
+std::unique_ptr<Experts> make_batched_experts(const ExecContext&, plan::GemmConfig config) {
+  return std::make_unique<CudaBatchedExperts>(config);
 }
 
 }  // namespace moekit::cuda

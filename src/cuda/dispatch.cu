@@ -27,88 +27,98 @@ using numerics::DeviceMath;
 
 // --- row map --------------------------------------------------------------------------------------
 
-constexpr int kMapThreads = 1024;
+constexpr int kMapThreads = kRowMapTile;
 constexpr int kMapWarps = kMapThreads / 32;
 constexpr int kMaxMapExperts = kMaxRowMapExperts;  // shared memory: 2 x E ints + 32 warps x E uint16
 
-// One block. Pass 1 counts each expert's pairs (integer atomics: order-free) and scans them; pass 2
-// walks the pairs in tiles of 1024 in order, ranking each pair among the earlier pairs of its expert
-// (within a warp by __match_any_sync, across warps by a per-expert prefix), so the rank is the
-// CPU's (token, slot) order.
+// Three kernels, tiles of 1024 pairs in order, one block per tile. Count: each tile's pairs per
+// expert (integer atomics in shared memory: order-free). Scan (one block): per expert, the
+// exclusive prefix of the tiles' counts (each tile's first rank), the totals, the counts and (when
+// contiguous) the offsets. Rank: each tile ranks its pairs among the earlier pairs of their expert -
+// the tiles before it (from the scan), the warps before (a per-expert prefix over warps), the lanes
+// before (__match_any_sync) - so the rank is the CPU's (token, slot) order.
+
 __global__ void __launch_bounds__(kMapThreads)
-    row_map_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int topk, int E, bool contiguous,
-                   std::int64_t capacity, std::int32_t* __restrict__ pair_row, std::int32_t* __restrict__ counts,
-                   std::int32_t* __restrict__ offsets, std::int32_t* __restrict__ status) {
-  extern __shared__ int smem[];
-  int* total = smem;         // E: pairs of each expert
-  int* running = total + E;  // E: pairs of each expert in earlier tiles
-  unsigned short* warp_prefix = reinterpret_cast<unsigned short*>(running + E);  // kMapWarps x E
+    row_count_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int E, std::int32_t* __restrict__ tile_base) {
+  extern __shared__ int hist[];
+  for (int e = threadIdx.x; e < E; e += kMapThreads) hist[e] = 0;
+  __syncthreads();
+  const int i = blockIdx.x * kMapThreads + static_cast<int>(threadIdx.x);
+  if (i < num_pairs) {
+    const int e = ids[i];
+    if (e >= 0 && e < E) atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kMapThreads) tile_base[blockIdx.x * E + e] = hist[e];
+}
+
+__global__ void __launch_bounds__(kMapThreads)
+    row_scan_kernel(int tiles, int E, bool contiguous, std::int64_t capacity, std::int32_t* __restrict__ tile_base,
+                    std::int32_t* __restrict__ counts, std::int32_t* __restrict__ offsets) {
   using Scan = cub::BlockScan<int, kMapThreads>;
   __shared__ typename Scan::TempStorage scan;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-
-  for (int e = tid; e < E; e += kMapThreads) total[e] = running[e] = 0;
-  __syncthreads();
-  for (int i = tid; i < num_pairs; i += kMapThreads) {
-    const int e = ids[i];
-    if (e >= 0 && e < E) atomicAdd(&total[e], 1);
+  const int e = static_cast<int>(threadIdx.x);  // E <= kMaxMapExperts <= kMapThreads
+  int total = 0;
+  if (e < E) {
+    for (int t = 0; t < tiles; ++t) {
+      const int c = tile_base[t * E + e];
+      tile_base[t * E + e] = total;
+      total += c;
+    }
+    counts[e] = static_cast<std::int32_t>(contiguous || total <= capacity ? total : capacity);
   }
-  __syncthreads();
-  if (contiguous) {  // offsets = exclusive scan of the totals (E <= kMapThreads)
+  if (contiguous) {  // offsets = exclusive scan of the totals over experts
     int prefix = 0, sum = 0;
-    Scan(scan).ExclusiveSum(tid < E ? total[tid] : 0, prefix, sum);
-    if (tid < E) offsets[tid] = prefix;
-    if (tid == 0) offsets[E] = sum;
+    Scan(scan).ExclusiveSum(e < E ? total : 0, prefix, sum);
+    if (e < E) offsets[e] = prefix;
+    if (e == 0) offsets[E] = sum;
   }
-  for (int e = tid; e < E; e += kMapThreads)
-    counts[e] = static_cast<std::int32_t>(contiguous || total[e] <= capacity ? total[e] : capacity);
-  __syncthreads();
+}
 
-  // From here `total` holds one tile's pairs per expert.
-  const unsigned lanes_below = (1u << lane) - 1u;
-  for (int base = 0; base < num_pairs; base += kMapThreads) {
-    for (int j = tid; j < kMapWarps * E; j += kMapThreads) warp_prefix[j] = 0;
-    __syncthreads();
-    const int i = base + tid;
-    int e = i < num_pairs ? ids[i] : -1;
-    if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
-      flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
-      e = -1;
-    }
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-    const int rank_in_warp = __popc(peers & lanes_below);
-    if (e >= 0 && rank_in_warp == 0) warp_prefix[warp * E + e] = static_cast<unsigned short>(__popc(peers));
-    __syncthreads();
-    // Per expert: the warps' counts -> their exclusive prefix, in place; the tile's total.
-    for (int x = tid; x < E; x += kMapThreads) {
-      int acc = 0;
-      for (int w = 0; w < kMapWarps; ++w) {
-        const int c = warp_prefix[w * E + x];
-        warp_prefix[w * E + x] = static_cast<unsigned short>(acc);
-        acc += c;
-      }
-      total[x] = acc;
-    }
-    __syncthreads();
-    if (i < num_pairs) {
-      std::int32_t row = -1;
-      if (e >= 0) {
-        // Pairs of expert e before this one: earlier tiles, earlier warps of this tile, earlier lanes.
-        const std::int64_t rank = running[e] + warp_prefix[warp * E + e] + rank_in_warp;
-        if (contiguous) {
-          row = static_cast<std::int32_t>(offsets[e] + rank);
-        } else if (rank < capacity) {
-          row = static_cast<std::int32_t>(e * capacity + rank);
-        } else if (rank == capacity) {
-          flag_status(status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
-        }
-      }
-      pair_row[i] = row;
-    }
-    __syncthreads();
-    for (int x = tid; x < E; x += kMapThreads) running[x] += total[x];
-    __syncthreads();
+__global__ void __launch_bounds__(kMapThreads)
+    row_rank_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int topk, int E, bool contiguous,
+                    std::int64_t capacity, const std::int32_t* __restrict__ tile_base,
+                    const std::int32_t* __restrict__ offsets, std::int32_t* __restrict__ pair_row,
+                    std::int32_t* __restrict__ status) {
+  extern __shared__ int smem[];
+  unsigned short* warp_prefix = reinterpret_cast<unsigned short*>(smem);  // kMapWarps x E
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  for (int j = tid; j < kMapWarps * E; j += kMapThreads) warp_prefix[j] = 0;
+  __syncthreads();
+  const int i = blockIdx.x * kMapThreads + tid;
+  int e = i < num_pairs ? ids[i] : -1;
+  if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
+    flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
+    e = -1;
   }
+  const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+  const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
+  if (e >= 0 && rank_in_warp == 0) warp_prefix[warp * E + e] = static_cast<unsigned short>(__popc(peers));
+  __syncthreads();
+  // Per expert: the warps' counts -> their exclusive prefix, in place.
+  for (int x = tid; x < E; x += kMapThreads) {
+    int acc = 0;
+    for (int w = 0; w < kMapWarps; ++w) {
+      const int c = warp_prefix[w * E + x];
+      warp_prefix[w * E + x] = static_cast<unsigned short>(acc);
+      acc += c;
+    }
+  }
+  __syncthreads();
+  if (i >= num_pairs) return;
+  std::int32_t row = -1;
+  if (e >= 0) {
+    // Pairs of expert e before this one: earlier tiles, earlier warps of this tile, earlier lanes.
+    const std::int64_t rank = tile_base[blockIdx.x * E + e] + warp_prefix[warp * E + e] + rank_in_warp;
+    if (contiguous) {
+      row = static_cast<std::int32_t>(offsets[e] + rank);
+    } else if (rank < capacity) {
+      row = static_cast<std::int32_t>(e * capacity + rank);
+    } else if (rank == capacity) {
+      flag_status(status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
+    }
+  }
+  pair_row[i] = row;
 }
 
 // --- quantize and scatter ------------------------------------------------------------------------
@@ -261,14 +271,24 @@ int grid_for(std::int64_t work, int cap) {
 
 void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, int num_experts, bool contiguous,
                     std::int64_t capacity, std::int32_t* pair_row, std::int32_t* counts, std::int32_t* offsets,
-                    std::int32_t* status, void* stream) {
+                    std::int32_t* tile_scratch, std::int32_t* status, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
   MOEKIT_CUDA_REQUIRE(num_experts >= 1 && num_experts <= kMaxMapExperts,
                       "the CUDA row map takes 1 to 512 experts, got " + std::to_string(num_experts));
   MOEKIT_CUDA_REQUIRE(num_pairs <= 0x7FFFFFFF, "the CUDA row map takes < 2^31 (token, slot) pairs");
-  const std::size_t smem = (2 + kMapWarps / 2) * static_cast<std::size_t>(num_experts) * sizeof(int);
-  row_map_kernel<<<1, kMapThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-      ids, static_cast<int>(num_pairs), topk, num_experts, contiguous, capacity, pair_row, counts, offsets, status);
+  const int tiles = static_cast<int>((num_pairs + kMapThreads - 1) / kMapThreads);
+  const int n = static_cast<int>(num_pairs), E = num_experts;
+  if (tiles > 0) {
+    row_count_kernel<<<tiles, kMapThreads, E * sizeof(int), stream>>>(ids, n, E, tile_scratch);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
+  row_scan_kernel<<<1, kMapThreads, 0, stream>>>(tiles, E, contiguous, capacity, tile_scratch, counts, offsets);
   MOEKIT_CUDA_CHECK_LAUNCH();
+  if (tiles > 0) {
+    row_rank_kernel<<<tiles, kMapThreads, kMapWarps * E * sizeof(unsigned short), stream>>>(
+        ids, n, topk, E, contiguous, capacity, tile_scratch, offsets, pair_row, status);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {

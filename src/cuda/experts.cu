@@ -34,21 +34,24 @@ constexpr int kPrepareThreads = 1024;
 
 // --- prepare --------------------------------------------------------------------------------------
 
-// One GEMM's per-group operands, for the prepare kernel.
+// One GEMM's per-group operands and its launches (plan::GemmLaunches), for the prepare kernel.
 struct GemmOperands {
-  std::byte* args;
-  const std::uint8_t* A;  // group g at A + g * cap * k
-  const float* sa;        // per row (g * cap + row) or per group (g)
+  std::byte* args;        // launch j's arrays at args + j * groups * kGemmArgsBytesPerGroup
+  const std::uint8_t* A;  // group g at A + row_start * k
+  const float* sa;        // per row (row_start + row) or per group
   const std::uint8_t* B;  // group g at B + g * n * k
   const float* sb;        // per column (g * n + col) or per group (g)
-  std::uint16_t* D;       // group g at D + g * cap * n
+  std::uint16_t* D;       // group g at D + row_start * n
   int n, k;
-  bool swap_ab;
+  int launches;
+  bool swap_ab[plan::kMaxGemmLaunches];
+  std::int64_t lo[plan::kMaxGemmLaunches], hi[plan::kMaxGemmLaunches];
 };
 
-__device__ void write_group_args(const GemmOperands& op, int groups, int g, int m, std::int64_t row_start, bool per_row,
-                                 bool contiguous) {
-  const GroupedGemmArrays a = GroupedGemmArrays::at(op.args, groups);
+__device__ void write_launch_args(const GemmOperands& op, int j, int groups, int g, int m, std::int64_t row_start,
+                                  bool per_row, bool contiguous) {
+  const GroupedGemmArrays a =
+      GroupedGemmArrays::at(op.args + static_cast<std::int64_t>(j) * groups * kGemmArgsBytesPerGroup, groups);
   const void* tokens = op.A + row_start * op.k;
   const void* weights = op.B + static_cast<std::int64_t>(g) * op.n * op.k;
   // Per-tensor: one activation scale per expert tensor (batched) or for all rows (contiguous).
@@ -59,7 +62,7 @@ __device__ void write_group_args(const GemmOperands& op, int groups, int g, int 
   a.stride_B[g] = op.k;
   a.stride_D[g] = op.n;
   int* shape = a.shapes + 3 * g;
-  if (op.swap_ab) {
+  if (op.swap_ab[j]) {
     // Kernel problem (n, m, k): A = weights (n x k row-major), B = tokens (k x m column-major).
     shape[0] = op.n;
     shape[1] = m;
@@ -76,6 +79,16 @@ __device__ void write_group_args(const GemmOperands& op, int groups, int g, int 
     a.ptr_row[g] = sb;
   }
   shape[2] = op.k;
+}
+
+// Group g's arguments in every launch of `op`: its m rows in the launch whose range holds m, 0 rows
+// (an empty problem, nothing read or written) in the others.
+__device__ void write_group_args(const GemmOperands& op, int groups, int g, int m, std::int64_t row_start, bool per_row,
+                                 bool contiguous) {
+  for (int j = 0; j < op.launches; ++j) {
+    const int mj = m >= op.lo[j] && m <= op.hi[j] ? m : 0;
+    write_launch_args(op, j, groups, g, mj, row_start, per_row, contiguous);
+  }
 }
 
 // The one read of the counts. A count outside [0, capacity] sets the status flag (first one wins),
@@ -241,17 +254,20 @@ __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float*
 
 GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   const MoeProblem& p = l.problem;
-  const plan::GemmConfig config = which == 1 ? l.configs.w1 : l.configs.w2;
+  const plan::GemmLaunches& launches = which == 1 ? l.gemms.w1 : l.gemms.w2;
   GemmOperands op;
-  op.swap_ab = plan::gemm_config_info(config).swap_ab;
   if (which == 1) {  // (m_e x K) . (N x K)^T -> w1_out (m_e x N)
     op = {l.gemm_args_w1,     l.a1q,    l.a1q_scale,           l.weights.w1,
-          l.weights.w1_scale, l.w1_out, static_cast<int>(p.N), static_cast<int>(p.K),
-          op.swap_ab};
+          l.weights.w1_scale, l.w1_out, static_cast<int>(p.N), static_cast<int>(p.K)};
   } else {  // (m_e x I) . (K x I)^T -> output (m_e x K), straight into the experts' output
     op = {l.gemm_args_w2,     l.act_q,  l.act_scale,           l.weights.w2,
-          l.weights.w2_scale, l.output, static_cast<int>(p.K), static_cast<int>(p.I()),
-          op.swap_ab};
+          l.weights.w2_scale, l.output, static_cast<int>(p.K), static_cast<int>(p.I())};
+  }
+  op.launches = launches.count;
+  for (int j = 0; j < launches.count; ++j) {
+    op.swap_ab[j] = plan::gemm_config_info(launches.config[j]).swap_ab;
+    op.lo[j] = launches.lo[j];
+    op.hi[j] = launches.hi[j];
   }
   return op;
 }
@@ -271,16 +287,19 @@ void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
 
 void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream) {
   const MoeProblem& p = l.problem;
-  GroupedGemmLaunch g;
-  g.args = which == 1 ? l.gemm_args_w1 : l.gemm_args_w2;
-  g.groups = static_cast<int>(p.E_local);
-  g.n = which == 1 ? p.N : p.K;
-  g.k = which == 1 ? p.K : p.I();
-  g.scales_per_row = p.quant != QuantScheme::kPerTensor;
-  g.scratch = l.gemm_scratch;
-  g.scratch_bytes = kGemmScratchBytes;
-  g.num_sms = l.num_sms;
-  grouped_fp8_gemm(which == 1 ? l.configs.w1 : l.configs.w2, g, stream);
+  const plan::GemmLaunches& launches = which == 1 ? l.gemms.w1 : l.gemms.w2;
+  for (int j = 0; j < launches.count; ++j) {
+    GroupedGemmLaunch g;
+    g.args = (which == 1 ? l.gemm_args_w1 : l.gemm_args_w2) + j * p.E_local * kGemmArgsBytesPerGroup;
+    g.groups = static_cast<int>(p.E_local);
+    g.n = which == 1 ? p.N : p.K;
+    g.k = which == 1 ? p.K : p.I();
+    g.scales_per_row = p.quant != QuantScheme::kPerTensor;
+    g.scratch = l.gemm_scratch;
+    g.scratch_bytes = kGemmScratchBytes;
+    g.num_sms = l.num_sms;
+    grouped_fp8_gemm(launches.config[j], g, stream);
+  }
 }
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {

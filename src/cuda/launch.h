@@ -59,7 +59,7 @@ struct BatchedExpertsLaunch {
   std::byte* gemm_scratch = nullptr;
   std::int32_t* row_offsets = nullptr;  // (E_local + 1): first valid row of each expert, over valid rows only
   std::int32_t* status = nullptr;
-  plan::ExpertsGemmConfigs configs{};
+  plan::ExpertsGemmPlan gemms{};
   int num_sms = 0;
 };
 
@@ -122,10 +122,16 @@ inline constexpr int kMaxRouteExperts = 1024;  // the router kernel's shared mem
 // order. ids (num_pairs = tokens * topk) are in [0, num_experts) or -1 (none). Batched
 // (contiguous == false): row = e * capacity + rank, counts[e] = min(rows, capacity) (a pair past
 // capacity is flagged and dropped). Contiguous: row = offsets[e] + rank, offsets (num_experts + 1).
-// pair_row[i] = -1 for a dropped or absent pair. One block: deterministic, no float atomics.
+// pair_row[i] = -1 for a dropped or absent pair. Tiles of 1024 pairs ranked in parallel, integer
+// atomics only where order cannot matter: deterministic. tile_scratch holds
+// row_map_scratch_ints(num_pairs, num_experts) ints (a workspace region).
 void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, int num_experts, bool contiguous,
                     std::int64_t capacity, std::int32_t* pair_row, std::int32_t* counts, std::int32_t* offsets,
-                    std::int32_t* status, void* stream);
+                    std::int32_t* tile_scratch, std::int32_t* status, void* stream);
+inline constexpr int kRowMapTile = 1024;  // pairs per block of the row map
+inline std::int64_t row_map_scratch_ints(std::int64_t max_pairs, std::int64_t num_experts) {
+  return (max_pairs > 0 ? (max_pairs + kRowMapTile - 1) / kRowMapTile : 1) * num_experts;
+}
 inline constexpr int kMaxRowMapExperts = 512;  // the row map's shared memory: 36 bytes x 2 x E
 
 // FP8 quantization of hidden (tokens, K) bf16, bit-identical to cpu::quantize_activation, each

@@ -87,7 +87,7 @@ void launch_route(const RoutingConfig&, const float*, std::int64_t, const float*
   no_cuda("the CUDA router");
 }
 void launch_row_map(const std::int32_t*, std::int64_t, int, int, bool, std::int64_t, std::int32_t*, std::int32_t*,
-                    std::int32_t*, std::int32_t*, void*) {
+                    std::int32_t*, std::int32_t*, std::int32_t*, void*) {
   no_cuda("the CUDA dispatch");
 }
 void launch_quantize_tokens(const QuantizeLaunch&, void*) {

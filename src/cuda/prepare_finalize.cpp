@@ -57,6 +57,12 @@ class Scatter final : public PrepareFinalize {
            Stage::kFinalize,
            "row of each (token, slot) in the experts' (E_local * M) rows, -1 for none: the combine's map"});
     declare_quant_scratch(p, b);
+    b.add({"row_map_tiles",
+           DType::kInt32,
+           {row_map_scratch_ints(p.max_tokens_per_rank * p.topk, p.E_local)},
+           Stage::kPrepare,
+           Stage::kPrepare,
+           "the row map's per-tile counts and first ranks per expert"});
     b.add({"dispatch_status",
            DType::kInt32,
            {kStatusWords},
@@ -79,7 +85,7 @@ class Scatter final : public PrepareFinalize {
     auto* counts = ws.get<std::int32_t>("expert_num_tokens");
     clear_status_words(status, stream);
     launch_row_map(a.topk_ids, a.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), false, p.M,
-                   pair_row, counts, nullptr, status, stream);
+                   pair_row, counts, nullptr, ws.get<std::int32_t>("row_map_tiles"), status, stream);
     launch_quantize_tokens(quantize(p, a, ws, pair_row, p.E_local), stream);
     return {ws.get<std::uint8_t>("a1q"),           ws.get<float>("a1q_scale"), counts, nullptr, a.num_tokens,
             ws.get<std::uint16_t>("expert_output")};

@@ -34,11 +34,10 @@ class CudaStandardExperts final : public Experts {
   }
 
   std::string describe_config(const MoeProblem& p, std::int64_t tokens_per_rank) const override {
-    const auto c = plan::select_experts_gemm_configs(p, tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
-    return fmt::format(
-        "GEMMs for ~{} rows per expert: W1 {}, W2 {}",
-        plan::expected_rows_per_expert(tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank, p.topk, p.E),
-        plan::gemm_config_info(c.w1).name, plan::gemm_config_info(c.w2).name);
+    const std::int64_t T = tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank;
+    const plan::ExpertsGemmPlan g = plan::plan_experts_gemms(p, T);
+    return fmt::format("GEMMs by each expert's rows (<= {} in a step): W1 {}; W2 {}", plan::max_rows_per_expert(p, T),
+                       plan::describe(g.w1), plan::describe(g.w2));
   }
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
@@ -50,6 +49,12 @@ class CudaStandardExperts final : public Experts {
            Stage::kPrepare,
            Stage::kGemm2,
            "rows of each local expert, from the device row map"});
+    b.add({"row_map_tiles",
+           DType::kInt32,
+           {row_map_scratch_ints(p.M * p.topk, p.E_local)},
+           Stage::kPrepare,
+           Stage::kPrepare,
+           "the row map's per-tile counts and first ranks per expert"});
     declare_gemm_regions(p, b);
   }
 
@@ -65,7 +70,7 @@ class CudaStandardExperts final : public Experts {
     clear_status_words(status, stream);
     launch_row_map(in.topk_ids, in.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), true,
                    p.M * p.topk, pair_row, ws.get<std::int32_t>("expert_counts"),
-                   ws.get<std::int32_t>("expert_offsets"), status, stream);
+                   ws.get<std::int32_t>("expert_offsets"), ws.get<std::int32_t>("row_map_tiles"), status, stream);
     launch_permute_rows(pair_row, in.num_tokens, static_cast<int>(p.topk), p.K, p.quant, in.a1q, in.a1q_scale,
                         ws.get<std::uint8_t>("a1q_permuted"), ws.get<float>("a1q_scale_permuted"), stream);
     BatchedExpertsLaunch l;
@@ -79,7 +84,7 @@ class CudaStandardExperts final : public Experts {
     fill_gemm_regions(l, ws);
     l.row_offsets = ws.get<std::int32_t>("expert_offsets");
     l.status = status;
-    l.configs = plan::select_experts_gemm_configs(p, in.num_tokens > 0 ? in.num_tokens : p.max_tokens_per_rank);
+    l.gemms = plan::plan_experts_gemms(p, in.num_tokens);
     l.num_sms = num_sms_;
     launch_batched_experts(l, stream);
     return {l.output, pair_row};

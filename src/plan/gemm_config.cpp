@@ -1,6 +1,9 @@
 // The selection rule over the config table (plan/gemm_config.h).
 #include "plan/gemm_config.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "moekit/check.h"
 
 namespace moekit::plan {
@@ -14,26 +17,71 @@ GemmConfig parse_gemm_config(std::string_view name) {
   MOEKIT_FAIL("unknown GEMM config '{}': valid configs are {}", name, valid);
 }
 
-std::int64_t expected_rows_per_expert(std::int64_t tokens, std::int64_t topk, std::int64_t E) {
-  MOEKIT_CHECK(tokens >= 0 && topk >= 1 && E >= 1, "expected_rows_per_expert: tokens = {}, topk = {}, E = {}", tokens,
-               topk, E);
-  return (tokens * topk + E - 1) / E;
-}
-
-GemmConfig select_gemm_config(std::int64_t expected_rows, std::int64_t n, std::int64_t k) {
-  MOEKIT_CHECK(expected_rows >= 0 && n >= 1 && k >= 1, "select_gemm_config: rows = {}, n = {}, k = {}", expected_rows,
-               n, k);
+GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k) {
+  MOEKIT_CHECK(rows >= 0 && n >= 1 && k >= 1, "select_gemm_config: rows = {}, n = {}, k = {}", rows, n, k);
   for (const auto& c : kGemmConfigs)
-    if (supports(c, n, k) && (c.max_rows < 0 || expected_rows <= c.max_rows)) return c.id;
+    if (supports(c, n, k) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
   MOEKIT_FAIL("no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be multiples of 16", n, k);
 }
 
-ExpertsGemmConfigs select_experts_gemm_configs(const MoeProblem& p, std::int64_t tokens_per_rank) {
-  // Batched: every dispatcher sends its tokens' rows to these experts. Standard: this rank's own.
-  const std::int64_t tokens =
-      p.format == ActivationFormat::kBatchedExperts ? tokens_per_rank * p.num_dispatchers : tokens_per_rank;
-  const std::int64_t rows = expected_rows_per_expert(tokens, p.topk, p.E);
-  return {select_gemm_config(rows, p.N, p.K), select_gemm_config(rows, p.K, p.I())};
+GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows) {
+  MOEKIT_CHECK(max_rows >= 0, "plan_gemm_launches: max_rows = {} must be >= 0", max_rows);
+  GemmLaunches l;
+  std::int64_t lo = 0;
+  for (const auto& c : kGemmConfigs) {
+    if (!supports(c, n, k)) continue;
+    const std::int64_t hi = c.max_rows < 0 ? std::numeric_limits<std::int64_t>::max() : c.max_rows;
+    if (hi < lo) continue;
+    if (lo <= std::max<std::int64_t>(max_rows, 1)) {
+      MOEKIT_CHECK(l.count < kMaxGemmLaunches, "the GEMM config table has more row ranges than kMaxGemmLaunches = {}",
+                   kMaxGemmLaunches);
+      l.config[l.count] = c.id;
+      l.lo[l.count] = lo;
+      l.hi[l.count] = hi;
+      ++l.count;
+    }
+    if (c.max_rows < 0) break;
+    lo = hi + 1;
+  }
+  MOEKIT_CHECK(l.count > 0,
+               "no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be "
+               "multiples of 16",
+               n, k);
+  return l;
+}
+
+GemmLaunches single_launch(GemmConfig config) {
+  GemmLaunches l;
+  l.count = 1;
+  l.config[0] = config;
+  l.lo[0] = 0;
+  l.hi[0] = std::numeric_limits<std::int64_t>::max();
+  return l;
+}
+
+std::string describe(const GemmLaunches& l) {
+  std::string s;
+  for (int j = 0; j < l.count; ++j) {
+    const bool open = l.hi[j] == std::numeric_limits<std::int64_t>::max();
+    s += (j ? ", " : "") + std::string(gemm_config_info(l.config[j]).name);
+    if (l.count > 1)
+      s += open ? " (m_e > " + std::to_string(l.lo[j] - 1) + ")" : " (m_e <= " + std::to_string(l.hi[j]) + ")";
+  }
+  return s;
+}
+
+std::int64_t max_rows_per_expert(const MoeProblem& p, std::int64_t tokens_per_rank) {
+  const std::int64_t dispatchers = p.format == ActivationFormat::kBatchedExperts ? p.num_dispatchers : 1;
+  return std::min(p.M, tokens_per_rank * dispatchers);
+}
+
+ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
+  const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
+  return {plan_gemm_launches(p.N, p.K, rows), plan_gemm_launches(p.K, p.I(), rows)};
+}
+
+ExpertsGemmPlan single_config(GemmConfig config) {
+  return {single_launch(config), single_launch(config)};
 }
 
 }  // namespace moekit::plan

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "moekit/problem.h"
@@ -55,20 +56,37 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
 
 GemmConfig parse_gemm_config(std::string_view name);
 
-// The config for a GEMM of (rows per expert, n, k). Raises moekit::Error when no config supports
-// (n, k), naming them.
-GemmConfig select_gemm_config(std::int64_t expected_rows, std::int64_t n, std::int64_t k);
+// The config for a GEMM of (rows of one expert, n, k): the first row of the table that supports
+// (n, k) and whose max_rows covers the rows. Raises moekit::Error when no config supports (n, k).
+GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k);
 
-// Rows one expert is expected to receive when `tokens` tokens (over all dispatchers) pick topk of
-// E experts uniformly. The host never reads expert_num_tokens (that would need a synchronization).
-std::int64_t expected_rows_per_expert(std::int64_t tokens, std::int64_t topk, std::int64_t E);
-
-// The two GEMMs of the batched experts, each with its own config.
-struct ExpertsGemmConfigs {
-  GemmConfig w1;  // (m_e x K) . (N x K)^T
-  GemmConfig w2;  // (m_e x I) . (K x I)^T
+// The grouped-GEMM launches of one GEMM of the experts. The host cannot see how many rows each expert
+// holds (the counts stay on the device), so it launches one grouped GEMM per config whose rows a
+// step can hold, and the device prepare step gives each expert to the launch of the config the rule
+// chooses for its own row count (0 rows in the others): launch j runs the experts with lo[j] <=
+// m_e <= hi[j]. Skewed routing (a few experts with thousands of rows, most with a handful) gets
+// each expert's best tile; uniform routing gets one launch.
+// At most one launch per range of the rule: up to 32, up to 64, more (pingpong or cooperative).
+inline constexpr int kMaxGemmLaunches = 3;
+struct GemmLaunches {
+  int count = 0;
+  GemmConfig config[kMaxGemmLaunches] = {};
+  std::int64_t lo[kMaxGemmLaunches] = {}, hi[kMaxGemmLaunches] = {};
 };
-// For a step of `tokens_per_rank` tokens on every dispatcher (M / D at capacity).
-ExpertsGemmConfigs select_experts_gemm_configs(const MoeProblem& problem, std::int64_t tokens_per_rank);
+// select_gemm_config's rule as row ranges, those that intersect [0, max_rows].
+GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows);
+// Every expert on one config (benchmarks and tests sweep the table).
+GemmLaunches single_launch(GemmConfig config);
+std::string describe(const GemmLaunches& launches);
+
+struct ExpertsGemmPlan {
+  GemmLaunches w1;  // (m_e x K) . (N x K)^T
+  GemmLaunches w2;  // (m_e x I) . (K x I)^T
+};
+// The most rows one local expert can receive in a step of tokens_per_rank tokens on every
+// dispatcher (each token picks an expert at most once), at most its capacity.
+std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_per_rank);
+ExpertsGemmPlan plan_experts_gemms(const MoeProblem& problem, std::int64_t tokens_per_rank);
+ExpertsGemmPlan single_config(GemmConfig config);
 
 }  // namespace moekit::plan

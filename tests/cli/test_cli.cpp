@@ -49,13 +49,16 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   EXPECT_EQ(workspace["upstream-batched-cutlass-after-fix"], 7LL << 29);
   EXPECT_LT(workspace["batched-fp8 (cuda)"], 2LL << 30);
   EXPECT_EQ(j["plans"][0]["M"], 8192);
-  EXPECT_EQ(j["plans"][0]["config"], "GEMMs for ~256 rows per expert: W1 pingpong-64x256, W2 pingpong-64x256");
+  EXPECT_EQ(j["plans"][0]["config"],
+            "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+            "pingpong-64x256 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), pingpong-64x256 "
+            "(m_e > 64)");
 
   const std::string table = plan_table(req, report);
   EXPECT_NE(table.find("112.00 GiB"), std::string::npos) << table;
   EXPECT_NE(table.find("3.50 GiB"), std::string::npos) << table;
   EXPECT_NE(table.find("w1_out"), std::string::npos) << table;
-  EXPECT_NE(table.find("W1 pingpong-64x256"), std::string::npos) << table;
+  EXPECT_NE(table.find("pingpong-64x256 (m_e > 64)"), std::string::npos) << table;
 }
 
 TEST(Cli, DevicesAndExpertsFilter) {

@@ -62,8 +62,8 @@ MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std:
   return p;
 }
 
-plan::ExpertsGemmConfigs both(plan::GemmConfig c) {
-  return {c, c};
+plan::GemmConfig both(plan::GemmConfig c) {  // every expert of both GEMMs on c
+  return c;
 }
 
 struct GpuRun {
@@ -106,7 +106,7 @@ class GpuExperts {
             ws_.get<std::uint16_t>("expert_output")};
   }
 
-  GpuRun run(const testing::BatchedInputs& in, plan::ExpertsGemmConfigs configs, bool expect_status_ok = true) {
+  GpuRun run(const testing::BatchedInputs& in, plan::GemmConfig configs, bool expect_status_ok = true) {
     const ExpertsInput input = load(in);
     const auto experts = cuda::make_batched_experts({}, configs);
     experts->run(p_, input, view_, ws_, nullptr);
@@ -389,7 +389,7 @@ TEST(BatchedExpertsGpuContract, ActivationKernelsAgreeBitForBit) {
                            p.M,
                            ws.get<std::uint16_t>("expert_output")};
   const cuda::BatchedExpertsLaunch l =
-      cuda::make_launch(p, input, gpu.weights(), ws, cuda::current_device_num_sms(), configs);
+      cuda::make_launch(p, input, gpu.weights(), ws, cuda::current_device_num_sms(), plan::single_config(configs));
   const auto& act = base.placed.region("act_q");
   const auto& scale = base.placed.region("act_scale");
   for (auto kernel : {cuda::ActivationKernel::kGeneric, cuda::ActivationKernel::kRowPerBlock}) {

@@ -45,43 +45,52 @@ TEST(GemmConfig, SelectionFollowsRowsPerExpert) {
   EXPECT_THROW(select_gemm_config(-1, 1024, 4096), Error);
 }
 
-TEST(GemmConfig, EachGemmOfTheExpertsChoosesForItself) {
-  // gpt-oss-120b: W1 n = 5760 (not a multiple of 256), W2 n = K = 2880 (not either).
+TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
+  // DeepSeek-V3's W1: the rule's three ranges; a step of at most 20 rows per expert needs the first.
+  const GemmLaunches all = plan_gemm_launches(4096, 7168, 8192);
+  ASSERT_EQ(all.count, 3);
+  EXPECT_EQ(all.config[0], GemmConfig::kSwapAB128x32);
+  EXPECT_EQ(all.config[1], GemmConfig::kSwapAB128x64);
+  EXPECT_EQ(all.config[2], GemmConfig::kPingpong64x256);
+  EXPECT_EQ(all.lo[0], 0);
+  EXPECT_EQ(all.hi[0], 32);
+  EXPECT_EQ(all.lo[1], 33);
+  EXPECT_EQ(all.hi[1], 64);
+  EXPECT_EQ(all.lo[2], 65);
+  // Each row count lands in exactly one launch, the one select_gemm_config picks.
+  for (std::int64_t rows = 0; rows <= 300; ++rows) {
+    int hits = 0;
+    for (int j = 0; j < all.count; ++j)
+      if (rows >= all.lo[j] && rows <= all.hi[j]) {
+        ++hits;
+        EXPECT_EQ(all.config[j], select_gemm_config(rows, 4096, 7168)) << rows;
+      }
+    EXPECT_EQ(hits, 1) << rows;
+  }
+  EXPECT_EQ(plan_gemm_launches(4096, 7168, 20).count, 1);
+  EXPECT_EQ(plan_gemm_launches(4096, 7168, 0).count, 1);
+  EXPECT_EQ(plan_gemm_launches(4096, 7168, 64).count, 2);
+  // gpt-oss-120b's W1 (n = 5760: not a multiple of 256): cooperative takes the large experts.
+  const GemmLaunches oss = plan_gemm_launches(5760, 2880, 1000);
+  ASSERT_EQ(oss.count, 3);
+  EXPECT_EQ(oss.config[2], GemmConfig::kCooperative128x128);
+  EXPECT_EQ(describe(oss), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
+  EXPECT_EQ(single_launch(GemmConfig::kPingpong64x256).count, 1);
+  EXPECT_THROW(plan_gemm_launches(1000, 4096, 10), Error);
+}
+
+TEST(GemmConfig, MaxRowsPerExpert) {
   MoeProblem p;
   p.format = ActivationFormat::kBatchedExperts;
-  p.K = 2880;
-  p.N = 5760;
-  p.activation = Activation::kSwigluOai;
-  p.topk = 4;
-  p.E = 128;
-  p.E_local = 16;
   p.num_dispatchers = 8;
   p.max_tokens_per_rank = 256;
   p.M = 2048;
-  // 256 tokens x 8 dispatchers x top-4 / 128 experts = 64 rows per expert.
-  EXPECT_EQ(select_experts_gemm_configs(p, 256).w1, GemmConfig::kSwapAB128x64);
-  EXPECT_EQ(select_experts_gemm_configs(p, 1024).w1, GemmConfig::kCooperative128x128);
-  EXPECT_EQ(select_experts_gemm_configs(p, 1024).w2, GemmConfig::kCooperative128x128);
-  // DeepSeek-V3-like: W1 n = 4096 and W2 n = 7168 are multiples of 256: pingpong for both.
-  p.K = 7168;
-  p.N = 4096;
-  p.activation = Activation::kSilu;
-  p.topk = 8;
-  p.E = 256;
-  const ExpertsGemmConfigs c = select_experts_gemm_configs(p, 1024);
-  EXPECT_EQ(c.w1, GemmConfig::kPingpong64x256);
-  EXPECT_EQ(c.w2, GemmConfig::kPingpong64x256);
-  // The standard format counts this rank's tokens only.
+  // Each token picks an expert at most once: 8 dispatchers x T tokens, at most M.
+  EXPECT_EQ(max_rows_per_expert(p, 4), 32);
+  EXPECT_EQ(max_rows_per_expert(p, 256), 2048);
   p.format = ActivationFormat::kStandard;
-  EXPECT_EQ(select_experts_gemm_configs(p, 1024).w1, GemmConfig::kSwapAB128x32);
-}
-
-TEST(GemmConfig, ExpectedRowsPerExpert) {
-  // DeepSeek-V3 DP 32, 256 tokens per rank: 8192 tokens, top-8 of 256 -> 256 rows per expert.
-  EXPECT_EQ(expected_rows_per_expert(8192, 8, 256), 256);
-  EXPECT_EQ(expected_rows_per_expert(256, 8, 256), 8);
-  EXPECT_EQ(expected_rows_per_expert(1, 8, 256), 1);  // rounds up: never 0 for a non-empty layer
-  EXPECT_EQ(expected_rows_per_expert(0, 8, 256), 0);
+  p.M = 256;
+  EXPECT_EQ(max_rows_per_expert(p, 100), 100);
 }
 
 }  // namespace
