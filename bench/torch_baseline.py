@@ -7,29 +7,16 @@ into the C++ results, writes the results JSON and a plot of time vs m_e with the
 usage: torch_baseline.py bench.json results.json plot.png [commit]
 """
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from torch_common import median_p99_ms, random_fp8
+
 
 def median_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def random_fp8(shape, gen):
-    return (torch.randn(shape, device="cuda", generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return median_p99_ms(fn, reps)[0]
 
 
 def baseline(E, m_e, K, N, I, gen):

@@ -9,32 +9,18 @@ same shapes. Merges its times into moekit's JSON, writes the results JSON and a 
 usage: torch_layer.py moekit_layer.json results.json plot.png [commit]
 """
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-
-def median_p99_ms(fn, reps):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return statistics.median(times), times[min(len(times) - 1, int(0.99 * len(times)))]
+from torch_common import median_p99_ms, random_fp8
 
 
 def make_layer(E, K, I, topk, n_group, topk_group, scale, gen):
     N = 2 * I
-    w1 = (torch.randn((E, N, K), device="cuda", generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    w2 = (torch.randn((E, K, I), device="cuda", generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w1 = random_fp8((E, N, K), gen)
+    w2 = random_fp8((E, K, I), gen)
     s1 = torch.full((E, N), 1 / (448 * K ** 0.5), device="cuda")
     s2 = torch.full((E, K), 1 / (448 * I ** 0.5), device="cuda")
     bias = torch.randn((E,), device="cuda", generator=gen) * 0.1

@@ -30,24 +30,7 @@
 
 using namespace moekit;
 
-namespace {
-
-template <class F>
-double median_ms(int reps, F&& fn, cudaStream_t stream) {
-  cuda::Event a, b;
-  for (int i = 0; i < 3; ++i) fn();  // warm-up
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    a.record(stream);
-    fn();
-    b.record(stream);
-    ms.push_back(b.ms_since(a));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-}  // namespace
+using cuda::median_ms;
 
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";

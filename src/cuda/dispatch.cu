@@ -14,6 +14,7 @@
 
 #include "cuda/check.h"
 #include "cuda/launch.h"
+#include "cuda/reduce.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
@@ -126,17 +127,6 @@ __global__ void __launch_bounds__(kMapThreads)
 constexpr int kQuantThreads = 256;
 constexpr int kQuantChunks = 4;  // K <= 256 threads x 8 values x 4 chunks = 8192
 
-__device__ float block_max(float v) {
-  __shared__ float warp_max[kQuantThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  float m = warp_max[0];
-  for (int w = 1; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-  __syncthreads();
-  return m;
-}
-
 struct QuantArgs {
   QuantScheme quant;
   const __nv_bfloat16* hidden;
@@ -177,12 +167,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
       group_amax[ch] = m;
     }
     if (per_tensor && pass == 0) {
-      const float amax = block_max(amax_thread);
+      const float amax = block_max<kQuantThreads>(amax_thread);
       if (threadIdx.x == 0) atomicMax(a.amax, __float_as_uint(amax));
       continue;
     }
     const float row_scale = per_tensor ? numerics::fp8_scale(__uint_as_float(*a.amax))
-                                       : (block ? 0.0f : numerics::fp8_scale(block_max(amax_thread)));
+                                       : (block ? 0.0f : numerics::fp8_scale(block_max<kQuantThreads>(amax_thread)));
     const int destinations = a.pair_row != nullptr ? a.topk : 1;
     for (int k = 0; k < destinations; ++k) {
       const std::int64_t row =

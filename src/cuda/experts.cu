@@ -19,6 +19,7 @@
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
+#include "cuda/reduce.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
@@ -146,17 +147,6 @@ __device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_
   r = i - __ldg(row_offsets + lo);
 }
 
-__device__ float block_max(float v) {
-  __shared__ float warp_max[kActThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  float m = warp_max[0];
-  for (int w = 1; w < kActThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-  __syncthreads();
-  return m;
-}
-
 __device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat16* row, int I, int c) {
   return numerics::activation_value<float, DeviceMath>(act, __bfloat162float(row[numerics::gate_column(act, I, c)]),
                                                        __bfloat162float(row[numerics::up_column(act, I, c)]));
@@ -179,7 +169,7 @@ __global__ void __launch_bounds__(kActThreads)
     float amax = 0.0f;
     if (!per_tensor || pass == 0) {
       for (int c = threadIdx.x; c < I; c += kActThreads) amax = fmaxf(amax, fabsf(activation_at(act, row, I, c)));
-      amax = block_max(amax);
+      amax = block_max<kActThreads>(amax);
       if (per_tensor) {
         if (threadIdx.x == 0) atomicMax(expert_amax + e, __float_as_uint(amax));
         continue;
@@ -227,7 +217,7 @@ __global__ void __launch_bounds__(kActThreads)
         amax = fmaxf(amax, fabsf(v[ch][j]));
       }
     }
-    amax = block_max(amax);
+    amax = block_max<kActThreads>(amax);
     const float scale = numerics::fp8_scale(amax);
     if (threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;

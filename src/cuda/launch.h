@@ -102,6 +102,8 @@ class Event {
  private:
   void* event_ = nullptr;
 };
+// The median time of `fn` (what it enqueues on `stream`) over `reps` runs after 3 warm-up runs.
+double median_ms(int reps, const std::function<void()>& fn, void* stream);
 // Device-to-device copy bandwidth (bytes read + written per second, GB/s) and cuBLASLt's FP8 e4m3
 // GEMM rate at 8192^3 (TFLOP/s): the ceilings every benchmark reports its results against.
 double measure_copy_gbs(void* stream);

@@ -67,6 +67,9 @@ void Event::record(void*) {
 float Event::ms_since(const Event&) const {
   no_cuda("a CUDA event");
 }
+double median_ms(int, const std::function<void()>&, void*) {
+  no_cuda("a CUDA timer");
+}
 double measure_copy_gbs(void*) {
   no_cuda("the GPU's copy bandwidth");
 }

@@ -39,8 +39,9 @@ __global__ void fill_random_kernel(std::uint64_t* words, std::size_t n, std::uin
   }
 }
 
-template <class F>
-double median_ms(int reps, F&& fn, cudaStream_t stream) {
+}  // namespace
+
+double median_ms(int reps, const std::function<void()>& fn, void* stream) {
   Event a, b;
   for (int i = 0; i < 3; ++i) fn();  // warm-up
   std::vector<double> ms;
@@ -53,8 +54,6 @@ double median_ms(int reps, F&& fn, cudaStream_t stream) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
-
-}  // namespace
 
 void* create_stream() {
   cudaStream_t s = nullptr;
