@@ -28,9 +28,9 @@ struct ExpertsInput {
   const float* a1q_scale = nullptr;
   const std::int32_t* expert_num_tokens = nullptr;  // batched
   const std::int32_t* topk_ids = nullptr;           // standard
-  // Standard: rows of a1q. Batched: the tokens this rank fed the step (every dispatcher is assumed
-  // to feed as many), from which the experts expect num_tokens * D * topk / E rows per expert when
-  // they choose a GEMM config; the counts themselves stay on the device.
+  // Standard: rows of a1q. Batched: the tokens this rank fed the step; with one dispatcher it bounds
+  // the rows any expert can hold, which bounds the GEMM launches the experts need (the counts
+  // themselves stay on the device).
   std::int64_t num_tokens = 0;
   std::uint16_t* output = nullptr;  // batched
 };
