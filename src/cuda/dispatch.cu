@@ -184,13 +184,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
         const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
         if (c0 >= a.K) continue;
         const float scale = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
-        uint2 packed;
-        auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[ch][2 * j] / scale, v[ch][2 * j + 1] / scale), __NV_SATFINITE,
-                                            __NV_E4M3);
-        *reinterpret_cast<uint2*>(out + c0) = packed;
+        *reinterpret_cast<uint2*>(out + c0) = fp8x8(v[ch], scale);
         if (block && c0 % kQuantBlock == 0) a.scales[row * spr + c0 / kQuantBlock] = scale;
       }
       if (!per_tensor && !block && threadIdx.x == 0) a.scales[row] = row_scale;

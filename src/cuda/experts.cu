@@ -225,13 +225,7 @@ __global__ void __launch_bounds__(kActThreads)
     for (int ch = 0; ch < kChunks; ++ch) {
       const int c0 = (ch * kActThreads + static_cast<int>(threadIdx.x)) * 8;
       if (c0 >= I) continue;
-      uint2 packed;
-      auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[ch][2 * j] / scale, v[ch][2 * j + 1] / scale), __NV_SATFINITE,
-                                          __NV_E4M3);
-      *reinterpret_cast<uint2*>(out + c0) = packed;
+      *reinterpret_cast<uint2*>(out + c0) = fp8x8(v[ch], scale);
     }
   }
 }

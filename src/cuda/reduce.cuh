@@ -1,5 +1,8 @@
-// Block-wide reductions shared by the CUDA kernels.
+// Device helpers shared by the CUDA kernels: a block-wide max, and 8 values to FP8 by the
+// quantizer's rule (division by the scale, round to nearest even, saturate to +-448).
 #pragma once
+
+#include <cuda_fp8.h>
 
 namespace moekit::cuda {
 
@@ -15,6 +18,16 @@ __device__ float block_max(float v) {
   for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
   __syncthreads();
   return m;
+}
+
+// 8 values / scale -> 8 e4m3 codes in one 8-byte word, as cpu::quantize_activation encodes them.
+__device__ __forceinline__ uint2 fp8x8(const float (&v)[8], float scale) {
+  uint2 packed;
+  auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * j] / scale, v[2 * j + 1] / scale), __NV_SATFINITE, __NV_E4M3);
+  return packed;
 }
 
 }  // namespace moekit::cuda
