@@ -102,17 +102,8 @@ int main(int argc, char** argv) {
       memory->from_host(w2s.get(), s2.data(), w2s.bytes(), nullptr);
       memory->from_host(ws.get<float>("a1q_scale"), sa.data(), static_cast<std::int64_t>(sa.size() * 4), nullptr);
     }
-    ExpertWeightsView view;
-    view.device = Device::kCuda;
-    view.quant = p.quant;
-    view.E_local = E_local;
-    view.N = N;
-    view.K = K;
-    view.I = I;
-    view.w1 = w1.as<std::uint8_t>();
-    view.w2 = w2.as<std::uint8_t>();
-    view.w1_scale = w1s.as<float>();
-    view.w2_scale = w2s.as<float>();
+    const ExpertWeightsView view = ExpertWeightsView::of(p, Device::kCuda, w1.as<std::uint8_t>(), w1s.as<float>(),
+                                                         w2.as<std::uint8_t>(), w2s.as<float>());
     const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
                              ws.get<float>("a1q_scale"),
                              ws.get<std::int32_t>("expert_num_tokens"),

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "moekit/types.h"
 
@@ -67,6 +68,29 @@ class DeviceBuffer {
   Memory* memory_ = nullptr;
   void* ptr_ = nullptr;
   std::int64_t bytes_ = 0;
+};
+
+// Host data made readable on the device of `memory`: on the CPU the host memory itself (nothing is
+// copied; it must outlive its use), on a GPU a copy this object owns (nullptr for zero bytes).
+class DeviceCopies {
+ public:
+  explicit DeviceCopies(Memory& memory) : memory_(&memory) {}
+  Device device() const { return memory_->device(); }
+  const void* put(const void* host, std::int64_t bytes, std::string_view what) {
+    if (memory_->device() == Device::kCpu) return host;
+    if (bytes == 0) return nullptr;
+    buffers_.emplace_back(*memory_, bytes, what);
+    memory_->from_host(buffers_.back().get(), host, bytes, nullptr);
+    return buffers_.back().get();
+  }
+  template <class T>
+  const T* put(const std::vector<T>& host, std::string_view what) {
+    return static_cast<const T*>(put(host.data(), static_cast<std::int64_t>(host.size() * sizeof(T)), what));
+  }
+
+ private:
+  Memory* memory_;
+  std::vector<DeviceBuffer> buffers_;
 };
 
 }  // namespace moekit

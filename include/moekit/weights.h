@@ -31,6 +31,10 @@ struct ExpertWeightsView {
   std::int64_t w2_scale_stride() const;
   // One expert's view (E_local = 1), for references and tests.
   ExpertWeightsView expert(std::int64_t e) const;
+
+  // The view of `problem`'s local experts at these pointers, on `device`.
+  static ExpertWeightsView of(const MoeProblem& problem, Device device, const std::uint8_t* w1, const float* w1_scale,
+                              const std::uint8_t* w2, const float* w2_scale);
 };
 
 // Raises moekit::Error naming the field, its value and what the problem needs.

@@ -93,16 +93,8 @@ BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, st
                                1.0f / (448.0f * std::sqrt(static_cast<float>(I))));
   memory.from_host(w.device[2].get(), sc1.data(), w.device[2].bytes(), nullptr);
   memory.from_host(w.device[3].get(), sc2.data(), w.device[3].bytes(), nullptr);
-  w.view.device = device;
-  w.view.quant = p.quant;
-  w.view.E_local = p.E_local;
-  w.view.N = p.N;
-  w.view.K = p.K;
-  w.view.I = I;
-  w.view.w1 = w.device[0].as<std::uint8_t>();
-  w.view.w2 = w.device[1].as<std::uint8_t>();
-  w.view.w1_scale = w.device[2].as<float>();
-  w.view.w2_scale = w.device[3].as<float>();
+  w.view = ExpertWeightsView::of(p, device, w.device[0].as<std::uint8_t>(), w.device[2].as<float>(),
+                                 w.device[1].as<std::uint8_t>(), w.device[3].as<float>());
   return w;
 }
 
@@ -117,25 +109,15 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   // Tokens and router logits of the largest step (smaller steps take its first rows), on the device.
   const synthetic::Tokens tok = synthetic::make_tokens(model.hidden_size, model.num_experts, 0, max_T, req.seed);
   const std::vector<float> bias = synthetic::make_routing_bias(model.num_experts, req.seed);
-  auto put = [&](const void* host, std::int64_t bytes) {
-    DeviceBuffer b(*memory, bytes, "bench input");
-    memory->from_host(b.get(), host, bytes, nullptr);
-    return b;
-  };
-  DeviceBuffer hidden_dev, logits_dev, bias_dev, out_dev;
+  DeviceCopies inputs(*memory);
+  const std::uint16_t* hidden = inputs.put(tok.hidden, "hidden");
+  const float* logits = inputs.put(tok.logits, "logits");
+  const float* dbias = inputs.put(bias, "bias");
+  DeviceBuffer out_dev;
   std::vector<std::uint16_t> out_host(static_cast<std::size_t>(max_T * model.hidden_size));
-  const std::uint16_t* hidden = tok.hidden.data();
-  const float* logits = tok.logits.data();
-  const float* dbias = bias.data();
   std::uint16_t* output = out_host.data();
   if (device != Device::kCpu) {
-    hidden_dev = put(tok.hidden.data(), static_cast<std::int64_t>(2 * tok.hidden.size()));
-    logits_dev = put(tok.logits.data(), static_cast<std::int64_t>(4 * tok.logits.size()));
-    bias_dev = put(bias.data(), static_cast<std::int64_t>(4 * bias.size()));
     out_dev = DeviceBuffer(*memory, static_cast<std::int64_t>(2 * out_host.size()), "bench output");
-    hidden = hidden_dev.as<std::uint16_t>();
-    logits = logits_dev.as<float>();
-    dbias = bias_dev.as<float>();
     output = out_dev.as<std::uint16_t>();
   }
   const RoutingConfig routing = routing_config(model);

@@ -59,17 +59,6 @@ Device choose_device(const std::string& requested, ActivationFormat format, std:
   return gpu_layer ? Device::kCuda : Device::kCpu;
 }
 
-// The layer's inputs and weights on its device: the host values, or device copies of them.
-struct DeviceInputs {
-  std::vector<DeviceBuffer> buffers;
-  const void* put(Memory& memory, const void* host, std::int64_t bytes, const char* what) {
-    if (memory.device() == Device::kCpu || bytes == 0) return host;
-    buffers.emplace_back(memory, bytes, what);
-    memory.from_host(buffers.back().get(), host, bytes, nullptr);
-    return buffers.back().get();
-  }
-};
-
 int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm, int threads_per_rank,
              RunResults& results) {
   const bool root = comm.rank() == 0;
@@ -98,21 +87,11 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   const synthetic::Tokens tokens = synthetic::make_tokens(K, E, comm.rank() * T, T, req.seed);
 
   const std::unique_ptr<Memory> memory = make_memory(opt.device);
-  DeviceInputs dev;
-  ExpertWeightsView view = host_weights.view();
-  view.device = opt.device;
-  view.w1 = static_cast<const std::uint8_t*>(
-      dev.put(*memory, view.w1, static_cast<std::int64_t>(host_weights.w1.size()), "W1"));
-  view.w2 = static_cast<const std::uint8_t*>(
-      dev.put(*memory, view.w2, static_cast<std::int64_t>(host_weights.w2.size()), "W2"));
-  view.w1_scale = static_cast<const float*>(
-      dev.put(*memory, view.w1_scale, static_cast<std::int64_t>(4 * host_weights.w1_scale.size()), "W1 scales"));
-  view.w2_scale = static_cast<const float*>(
-      dev.put(*memory, view.w2_scale, static_cast<std::int64_t>(4 * host_weights.w2_scale.size()), "W2 scales"));
-  const auto* bias_ptr = static_cast<const float*>(
-      bias.empty() ? nullptr : dev.put(*memory, bias.data(), static_cast<std::int64_t>(4 * bias.size()), "bias"));
-  const auto* hidden = static_cast<const std::uint16_t*>(dev.put(*memory, tokens.hidden.data(), 2 * T * K, "hidden"));
-  const auto* logits = static_cast<const float*>(dev.put(*memory, tokens.logits.data(), 4 * T * E, "logits"));
+  DeviceCopies dev(*memory);
+  const ExpertWeightsView view = host_weights.view(dev);
+  const float* bias_ptr = bias.empty() ? nullptr : dev.put(bias, "bias");
+  const std::uint16_t* hidden = dev.put(tokens.hidden, "hidden");
+  const float* logits = dev.put(tokens.logits, "logits");
   std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
   DeviceBuffer out_dev;
   std::uint16_t* output = out.data();

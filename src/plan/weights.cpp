@@ -26,6 +26,22 @@ ExpertWeightsView ExpertWeightsView::expert(std::int64_t e) const {
   return v;
 }
 
+ExpertWeightsView ExpertWeightsView::of(const MoeProblem& p, Device device, const std::uint8_t* w1,
+                                        const float* w1_scale, const std::uint8_t* w2, const float* w2_scale) {
+  ExpertWeightsView v;
+  v.device = device;
+  v.quant = p.quant;
+  v.E_local = p.E_local;
+  v.N = p.N;
+  v.K = p.K;
+  v.I = p.I();
+  v.w1 = w1;
+  v.w1_scale = w1_scale;
+  v.w2 = w2;
+  v.w2_scale = w2_scale;
+  return v;
+}
+
 void validate_weights(const ExpertWeightsView& w, const MoeProblem& p, Device device) {
   MOEKIT_CHECK(w.device == device,
                "the expert weights are on the {} but the experts run on the {}: pass weights in {} memory",

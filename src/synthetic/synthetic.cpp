@@ -36,18 +36,12 @@ ModelConfig tiny_model(bool grouped) {
 }
 
 ExpertWeightsView HostExpertWeights::view() const {
-  ExpertWeightsView v;
-  v.device = Device::kCpu;
-  v.quant = problem.quant;
-  v.E_local = problem.E_local;
-  v.N = problem.N;
-  v.K = problem.K;
-  v.I = problem.I();
-  v.w1 = w1.data();
-  v.w1_scale = w1_scale.data();
-  v.w2 = w2.data();
-  v.w2_scale = w2_scale.data();
-  return v;
+  return ExpertWeightsView::of(problem, Device::kCpu, w1.data(), w1_scale.data(), w2.data(), w2_scale.data());
+}
+
+ExpertWeightsView HostExpertWeights::view(DeviceCopies& copies) const {
+  return ExpertWeightsView::of(problem, copies.device(), copies.put(w1, "W1"), copies.put(w1_scale, "W1 scales"),
+                               copies.put(w2, "W2"), copies.put(w2_scale, "W2 scales"));
 }
 
 HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_expert, std::uint64_t seed,

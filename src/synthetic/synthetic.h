@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "moekit/memory.h"
 #include "moekit/model.h"
 #include "moekit/problem.h"
 #include "moekit/weights.h"
@@ -28,6 +29,8 @@ struct HostExpertWeights {
   std::vector<std::uint8_t> w1, w2;
   std::vector<float> w1_scale, w2_scale;
   ExpertWeightsView view() const;  // on the host
+  // On the device of `copies`, which holds them (the host weights themselves on the CPU).
+  ExpertWeightsView view(DeviceCopies& copies) const;
 };
 
 // Experts [first_expert, first_expert + problem.E_local): normal(0, 1/sqrt(K)) W1 and normal(0,

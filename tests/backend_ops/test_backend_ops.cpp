@@ -46,22 +46,6 @@ bool device_present(Device d) {
 // --- Data on a device -------------------------------------------------------------------------------
 
 template <class T>
-struct OnDevice {
-  DeviceBuffer buffer;
-  const T* ptr = nullptr;
-  OnDevice(Memory& memory, const std::vector<T>& host) {
-    const auto bytes = static_cast<std::int64_t>(host.size() * sizeof(T));
-    if (memory.device() == Device::kCpu) {
-      ptr = host.data();
-      return;
-    }
-    buffer = DeviceBuffer(memory, bytes, "test input");
-    if (bytes > 0) memory.from_host(buffer.get(), host.data(), bytes, nullptr);
-    ptr = buffer.as<T>();
-  }
-};
-
-template <class T>
 std::vector<T> to_host(Memory& memory, const T* ptr, std::int64_t count) {
   std::vector<T> host(static_cast<std::size_t>(count));
   if (count > 0) memory.to_host(host.data(), ptr, count * static_cast<std::int64_t>(sizeof(T)), nullptr);
@@ -198,8 +182,10 @@ void router_case(const OpCase& c, Device device) {
     router->declare(p, b);
     Workspace ws(b.finish(), *memory);
     ws.poison(nullptr);
-    const OnDevice<float> logits(*memory, tok.logits), dbias(*memory, bias);
-    const RouterOutput out = router->route(p, logits.ptr, c.tokens, cfg.grouped ? dbias.ptr : nullptr, ws, nullptr);
+    DeviceCopies copies(*memory);
+    const float* logits = copies.put(tok.logits, "logits");
+    const float* dbias = copies.put(bias, "bias");
+    const RouterOutput out = router->route(p, logits, c.tokens, cfg.grouped ? dbias : nullptr, ws, nullptr);
     router->check_status(ws, nullptr);
     ws.verify_guards(nullptr);
     EXPECT_EQ(to_host(*memory, out.topk_ids, n), ids) << c.name() << " " << entry.name;
@@ -271,10 +257,11 @@ void prepare_finalize_case(const OpCase& c, Device device) {
     const std::vector<bf16_t> hidden(all.hidden.begin() + r * T * K, all.hidden.begin() + (r + 1) * T * K);
     const std::vector<std::int32_t> my_ids(ids.begin() + r * T * topk, ids.begin() + (r + 1) * T * topk);
     const std::vector<float> my_w(weights.begin() + r * T * topk, weights.begin() + (r + 1) * T * topk);
-    const OnDevice<bf16_t> dh(*memory, hidden);
-    const OnDevice<std::int32_t> di(*memory, my_ids);
-    const OnDevice<float> dw(*memory, my_w);
-    const ExpertsInput in = pf->prepare(p, {dh.ptr, di.ptr, dw.ptr, T}, ws, nullptr);
+    DeviceCopies copies(*memory);
+    const bf16_t* dh = copies.put(hidden, "hidden");
+    const std::int32_t* di = copies.put(my_ids, "topk_ids");
+    const float* dw = copies.put(my_w, "topk_weights");
+    const ExpertsInput in = pf->prepare(p, {dh, di, dw, T}, ws, nullptr);
     // Every row this rank received: a1q and its scales equal the host quantization of its token.
     std::vector<double> rows;  // the "expert output" of each received row: its dequantized token
     std::vector<bf16_t> expert_rows;
@@ -331,13 +318,12 @@ void prepare_finalize_case(const OpCase& c, Device device) {
               static_cast<float>(1 + my_ids[static_cast<std::size_t>(i)]));
       }
     }
-    const OnDevice<bf16_t> rows_dev(*memory, expert_rows);
-    const OnDevice<std::int32_t> row_of_dev(*memory, row_of);
+    const bf16_t* rows_dev = copies.put(expert_rows, "expert rows");
+    const std::int32_t* row_of_dev = copies.put(row_of, "row map");
     DeviceBuffer dout(*memory, std::max<std::int64_t>(T * K * 2, 2), "output");
-    const ExpertsOutput eo = c.format == ActivationFormat::kBatchedExperts
-                                 ? ExpertsOutput{in.output, nullptr}
-                                 : ExpertsOutput{rows_dev.ptr, row_of_dev.ptr};
-    pf->finalize(p, {dw.ptr, T, eo, dout.as<bf16_t>()}, ws, nullptr);
+    const ExpertsOutput eo = c.format == ActivationFormat::kBatchedExperts ? ExpertsOutput{in.output, nullptr}
+                                                                           : ExpertsOutput{rows_dev, row_of_dev};
+    pf->finalize(p, {dw, T, eo, dout.as<bf16_t>()}, ws, nullptr);
     ws.verify_guards(nullptr);
     const auto got = to_host(*memory, dout.as<bf16_t>(), T * K);
     std::lock_guard<std::mutex> lock(mutex);
@@ -436,22 +422,12 @@ std::vector<double> run_experts(const ExpertsEntry& entry, const ExpertsData& d,
   const auto experts = entry.make({&pool, nullptr});
   Workspace ws(plan_layer(p, entry, p.E / p.E_local, kGuardBytes), *memory);
   ws.poison(nullptr);
-  const auto& hw = d.weights;
-  const OnDevice<std::uint8_t> w1(*memory, hw.w1), w2(*memory, hw.w2);
-  const OnDevice<float> s1(*memory, hw.w1_scale), s2(*memory, hw.w2_scale);
-  ExpertWeightsView view = hw.view();
-  view.device = entry.device;
-  view.w1 = w1.ptr;
-  view.w2 = w2.ptr;
-  view.w1_scale = s1.ptr;
-  view.w2_scale = s2.ptr;
-  const OnDevice<fp8_t> a1q(*memory, d.a1q);
-  const OnDevice<float> a1q_scale(*memory, d.a1q_scale);
-  const OnDevice<std::int32_t> counts(*memory, d.counts), ids(*memory, d.ids);
-  ExpertsInput in{a1q.ptr,
-                  a1q_scale.ptr,
-                  counts.ptr,
-                  ids.ptr,
+  DeviceCopies copies(*memory);
+  const ExpertWeightsView view = d.weights.view(copies);
+  ExpertsInput in{copies.put(d.a1q, "a1q"),
+                  copies.put(d.a1q_scale, "a1q scales"),
+                  copies.put(d.counts, "expert_num_tokens"),
+                  copies.put(d.ids, "topk_ids"),
                   p.format == ActivationFormat::kStandard ? static_cast<std::int64_t>(d.ids.size()) / p.topk
                                                           : p.max_tokens_per_rank,
                   nullptr};
@@ -612,10 +588,11 @@ TEST_P(DispatchErrors, BadIdsAndOverCapacityAreReported) {
       const auto pf = find_prepare_finalize(device, ActivationFormat::kBatchedExperts, 1)->make({&pool, &comm});
       Workspace ws(plan_layer(p, find_experts("batched-fp8", device), 1, kGuardBytes), *memory);
       ws.poison(nullptr);
-      const OnDevice<bf16_t> dh(*memory, tok.hidden);
-      const OnDevice<std::int32_t> di(*memory, ids);
+      DeviceCopies copies(*memory);
+      const bf16_t* dh = copies.put(tok.hidden, "hidden");
+      const std::int32_t* di = copies.put(ids, "topk_ids");
       try {
-        pf->prepare(p, {dh.ptr, di.ptr, nullptr, T}, ws, nullptr);
+        pf->prepare(p, {dh, di, nullptr, T}, ws, nullptr);
         pf->check_status(ws, nullptr);
         ADD_FAILURE() << "not reported: " << needles.front();
       } catch (const Error& e) {

@@ -79,18 +79,9 @@ class GpuExperts {
   GpuExperts(const MoeProblem& p, const synthetic::HostExpertWeights& w)
       : p_(p),
         memory_(make_memory(Device::kCuda)),
-        w1_(upload(w.w1)),
-        w1s_(upload(w.w1_scale)),
-        w2_(upload(w.w2)),
-        w2s_(upload(w.w2_scale)),
-        ws_(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1, kGuardBytes), *memory_) {
-    view_ = w.view();
-    view_.device = Device::kCuda;
-    view_.w1 = w1_.as<std::uint8_t>();
-    view_.w2 = w2_.as<std::uint8_t>();
-    view_.w1_scale = w1s_.as<float>();
-    view_.w2_scale = w2s_.as<float>();
-  }
+        weight_copies_(*memory_),
+        view_(w.view(weight_copies_)),
+        ws_(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1, kGuardBytes), *memory_) {}
 
   // Poisons the workspace (regions NaN, guards their pattern), then writes the inputs.
   ExpertsInput load(const testing::BatchedInputs& in) {
@@ -129,12 +120,6 @@ class GpuExperts {
   Workspace& workspace() { return ws_; }
 
  private:
-  template <class T>
-  DeviceBuffer upload(const std::vector<T>& host) {
-    DeviceBuffer b(*memory_, static_cast<std::int64_t>(host.size() * sizeof(T)), "test weights");
-    memory_->from_host(b.get(), host.data(), b.bytes(), nullptr);
-    return b;
-  }
   void put(const char* region, const void* host, std::int64_t bytes) {
     ASSERT_LE(bytes, ws_.plan().region(region).bytes) << region;
     memory_->from_host(ws_.get<std::byte>(region), host, bytes, nullptr);
@@ -142,9 +127,9 @@ class GpuExperts {
 
   MoeProblem p_;
   std::unique_ptr<Memory> memory_;
-  DeviceBuffer w1_, w1s_, w2_, w2s_;
-  Workspace ws_;
+  DeviceCopies weight_copies_;
   ExpertWeightsView view_;
+  Workspace ws_;
 };
 
 struct CpuResult {

@@ -62,22 +62,11 @@ std::vector<std::uint16_t> with_layer(const Case& c, Device device, const synthe
   const auto w = synthetic::make_expert_weights(p, 0, kSeed, pool);
   const std::vector<float> bias = synthetic::make_routing_bias(m.num_experts, kSeed);
   const auto memory = make_memory(device);
-  std::vector<DeviceBuffer> keep;
-  auto put = [&](const void* host, std::size_t bytes) -> const void* {
-    if (device == Device::kCpu || bytes == 0) return host;
-    keep.emplace_back(*memory, static_cast<std::int64_t>(bytes), "test input");
-    memory->from_host(keep.back().get(), host, static_cast<std::int64_t>(bytes), nullptr);
-    return keep.back().get();
-  };
-  ExpertWeightsView view = w.view();
-  view.device = device;
-  view.w1 = static_cast<const std::uint8_t*>(put(w.w1.data(), w.w1.size()));
-  view.w2 = static_cast<const std::uint8_t*>(put(w.w2.data(), w.w2.size()));
-  view.w1_scale = static_cast<const float*>(put(w.w1_scale.data(), 4 * w.w1_scale.size()));
-  view.w2_scale = static_cast<const float*>(put(w.w2_scale.data(), 4 * w.w2_scale.size()));
-  const auto* dbias = static_cast<const float*>(put(bias.data(), 4 * bias.size()));
-  const auto* hidden = static_cast<const std::uint16_t*>(put(tokens.hidden.data(), 2 * tokens.hidden.size()));
-  const auto* logits = static_cast<const float*>(put(tokens.logits.data(), 4 * tokens.logits.size()));
+  DeviceCopies copies(*memory);
+  const ExpertWeightsView view = w.view(copies);
+  const float* dbias = copies.put(bias, "bias");
+  const std::uint16_t* hidden = copies.put(tokens.hidden, "hidden");
+  const float* logits = copies.put(tokens.logits, "logits");
   std::vector<std::uint16_t> out(tokens.hidden.size(), 0);
   DeviceBuffer dout;
   std::uint16_t* output = out.data();
@@ -256,17 +245,11 @@ TEST(LayerOnGpu, WorkspaceTheGpuCannotHoldIsAnError) {
   const ParallelConfig par{1, 1, std::int64_t{1} << 20, 0};
   const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
   const WorkspacePlan plan = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1);
-  ExpertWeightsView view;  // never read: construction fails at the allocation
-  view.device = Device::kCuda;
-  view.quant = p.quant;
-  view.E_local = p.E_local;
-  view.N = p.N;
-  view.K = p.K;
-  view.I = p.I();
   const auto memory = make_memory(Device::kCuda);
-  DeviceBuffer scratch(*memory, 1 << 20, "fake weights");
-  view.w1 = view.w2 = scratch.as<std::uint8_t>();
-  view.w1_scale = view.w2_scale = scratch.as<float>();
+  DeviceBuffer scratch(*memory, 1 << 20, "fake weights");  // never read: construction fails at the allocation
+  const ExpertWeightsView view =
+      ExpertWeightsView::of(p, Device::kCuda, scratch.as<std::uint8_t>(), scratch.as<float>(),
+                            scratch.as<std::uint8_t>(), scratch.as<float>());
   std::vector<float> bias(static_cast<std::size_t>(m.num_experts));
   DeviceBuffer dbias(*memory, 4 * m.num_experts, "bias");
   LayerOptions opt;
