@@ -7,12 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_MPI=OFF >/dev/null
-targets=(test_batched_experts test_backend_ops test_layer_devices bench_gpu_experts moekit)
+targets=(test_batched_experts test_backend_ops test_layer_devices test_layer_multi_gpu bench_gpu_experts moekit)
 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}"
 rm -rf .gpu && mkdir -p .gpu/lib
 cp build-gpu/tests/cuda/test_batched_experts build-gpu/tests/test_backend_ops build-gpu/tests/test_layer_devices \
+  build-gpu/tests/test_layer_multi_gpu \
   build-gpu/bench/cuda/bench_gpu_experts build-gpu/src/moekit .gpu/
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 .gpu/lib/
+# The CLI with MPI (for `mpirun -np 2 moekit-mpi run --device cuda ...`; the GPU image has Open MPI 4.1).
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$(nproc)" --target moekit
+cp build/src/moekit .gpu/moekit-mpi
 { git rev-parse HEAD; git status --porcelain | grep -q . && echo "(with uncommitted changes)" || true; } > .gpu/COMMIT
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 du -sh .gpu

@@ -5,14 +5,21 @@
 #          reduced cases;
 #   bench: `moekit bench layer` (DeepSeek-V3, 256 experts on the GPU, both formats) with the
 #          PyTorch layer (eager, torch.compile) in the same round, and the experts benchmark.
-# `bash scripts/gpu-check.sh tests|bench` runs one part (default: both). Logs and results in $OUT.
+#   ep:    (2+ GPUs) expert parallelism on NCCL: the multi-GPU tests, the whole layer on 2 GPUs
+#          checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
+# `bash scripts/gpu-check.sh tests|bench|ep` runs one part (default: tests and bench). Logs and
+# results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BIN=.gpu
 part=${1:-all}
-run() { LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# NCCL's device API is inlined into moekit's kernels: load the NCCL they were compiled against
+# (2.28.9, PyTorch's nvidia-nccl-cu13 wheel here), not the system's.
+NCCL_LIB=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+run() { LD_LIBRARY_PATH="$PWD/$BIN/lib${NCCL_LIB:+:$NCCL_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 commit=$(head -1 $BIN/COMMIT)
 { echo "commit $(cat $BIN/COMMIT | tr '\n' ' ')"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; } \
   | tee "$OUT/machine.txt"
@@ -54,4 +61,37 @@ if [[ $part == all || $part == bench ]]; then
   run $BIN/moekit bench layer --iters 20 --tokens 128,512 2>> "$OUT/bench_layer.log" | tee "$OUT/bench_layer_table.txt"
   PYTHONUNBUFFERED=1 timeout 420 python3 bench/torch_layer.py /tmp/layer.json "$OUT/layer_results.json" \
     "$OUT/layer_plot.png" "$commit" 2>&1 | tee "$OUT/layer_baseline.log"
+fi
+
+if [[ $part == ep ]]; then
+  echo "== expert parallelism on NCCL ($(nvidia-smi -L | wc -l) GPUs)"
+  nvidia-smi topo -m | head -4 | tee -a "$OUT/machine.txt"
+  echo "NCCL library: $NCCL_LIB" | tee -a "$OUT/machine.txt"
+  run timeout 300 $BIN/test_layer_multi_gpu --gtest_filter=-TwoGpusFaults.* > "$OUT/ep_tests.log" 2>&1
+  ep_rc=$?
+  run timeout 90 $BIN/test_layer_multi_gpu --gtest_filter=TwoGpusFaults.* >> "$OUT/ep_tests.log" 2>&1
+  fault_rc=$?
+  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran|GPUs vs 1|bit-identical|silent peer' "$OUT/ep_tests.log" | tail -40
+  echo "== the whole layer on 2 GPUs, checked against float64 and the CPU (in-process ranks, then mpirun)"
+  run timeout 120 $BIN/moekit run --device cuda --dp 2 --ep 2 --comm in-process --model deepseek-v3 --num-experts 32 \
+    --tokens-per-rank 24 --steps 3 --check 2>&1 | tail -7 | tee "$OUT/ep_run.log"
+  run timeout 120 mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NVSHMEM_DISABLE_NVLS \
+    -x TORCH_SYMM_MEM_DISABLE_MULTICAST $BIN/moekit-mpi run --device cuda --dp 2 --ep 2 --model qwen3-30b-a3b \
+    --tokens-per-rank 64 --steps 3 --check 2>&1 | grep -v "^moekit run: building" | tail -9 | tee -a "$OUT/ep_run.log"
+  echo "ep tests rc=$ep_rc fault tests rc=$fault_rc" | tee -a "$OUT/machine.txt"
+  echo "== bench dispatch (DeepSeek-V3, 256 experts, top-8) and the PyTorch baselines"
+  run timeout 240 $BIN/moekit bench dispatch --iters 40 --format json > "$OUT/dispatch.json" 2> "$OUT/bench_dispatch.log"
+  python3 - "$OUT/dispatch.json" <<'PY' | tee "$OUT/bench_dispatch_table.txt"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"moekit bench dispatch ({d['dispatch']}, {d['device']}, peer {d['peer_gbs']:.0f} GB/s, graph replay, max over ranks)")
+print(f"{'routing':<8} {'T':>5} {'disp us':>8} {'p99':>7} {'comb us':>8} {'p99':>7} {'round us':>9} {'p99':>7} {'disp MB':>8} {'GB/s':>6} {'comb MB':>8} {'GB/s':>6} {'buffers MB':>10}")
+for r in d["rows"]:
+    g1 = r["dispatch_bytes"] / (r["dispatch_us"][0] * 1e3); g2 = r["combine_bytes"] / (r["combine_us"][0] * 1e3)
+    print(f"{r['routing']:<8} {r['T']:>5} {r['dispatch_us'][0]:>8.1f} {r['dispatch_us'][1]:>7.1f} {r['combine_us'][0]:>8.1f} "
+          f"{r['combine_us'][1]:>7.1f} {r['round_trip_us'][0]:>9.1f} {r['round_trip_us'][1]:>7.1f} {r['dispatch_bytes']/1e6:>8.2f} "
+          f"{g1:>6.0f} {r['combine_bytes']/1e6:>8.2f} {g2:>6.0f} {r['buffer_bytes']/2**20:>10.1f}")
+PY
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_dispatch.py "$OUT/dispatch.json" "$OUT/dispatch_results.json" \
+    "$commit" 2>&1 | tail -20 | tee "$OUT/dispatch_baseline.log"
 fi

@@ -1,7 +1,7 @@
 // How ranks talk: one interface, three engines (in-process threads for tests and --ranks, MPI
-// between CPU processes, NCCL between GPUs later). Every call is collective: all ranks of the group
-// call it in the same order. A failure on one rank raises moekit::Error on every rank, never a hang
-// (in-process) or names the rank that failed (MPI aborts the job with the message).
+// between processes; NCCL between GPUs is a transport of the prepare/finalize, bootstrapped over one of these). Every
+// call is collective: all ranks of the group call it in the same order. A failure on one rank raises moekit::Error on
+// every rank, never a hang (in-process) or names the rank that failed (MPI aborts the job with the message).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,8 @@ class Communicator {
   virtual std::int64_t all_reduce_max(std::int64_t value) = 0;
   virtual double all_reduce_max(double value) = 0;
   virtual void barrier() = 0;
+  // Every rank's `data` (bytes each) becomes root's. Small payloads (e.g. NCCL's unique id).
+  virtual void broadcast(void* data, std::int64_t bytes, int root) = 0;
 };
 
 // Runs fn on `num_ranks` threads, each with its own rank of one in-process group, and joins them.

@@ -24,6 +24,9 @@ namespace moekit {
 struct LayerOptions {
   Device device = Device::kCpu;
   std::string experts = "batched-fp8";  // a registry name: batched-fp8 or standard-fp8
+  // The dispatch/combine, a registry name (e.g. nccl, nccl-reference); empty: the default for the
+  // device, format and ep (moekit plan prints it).
+  std::string prepare_finalize;
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::optional<Activation> activation;  // default: the model's
   // Checked mode: guard bands around every region, workspace and outputs poisoned with NaN before

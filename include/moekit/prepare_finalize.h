@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "moekit/experts.h"
@@ -46,6 +47,16 @@ class PrepareFinalize {
   // receive over capacity: those pairs were dropped, nothing written out of bounds). Synchronizes
   // the stream. The CPU raises the same errors in prepare().
   virtual void check_status(Workspace& workspace, Stream stream) = 0;
+  // Where the layer's one workspace allocation lives: a transport that stores into its peers'
+  // workspaces (NCCL's symmetric windows) returns its own allocator; nullptr: the device's. Collective
+  // for multi-rank implementations (every rank calls it, then allocates).
+  virtual std::unique_ptr<Memory> workspace_memory() { return nullptr; }
+  // Once, after the workspace is allocated (and poisoned in checked mode): set up the persistent
+  // regions (flags, epochs) and agree with the peers that they are. Collective for multi-rank ones.
+  virtual void attach(Workspace& workspace, Stream stream) {
+    (void)workspace;
+    (void)stream;
+  }
 };
 
 // The experts' input/output buffers of a format, the part of the declaration every prepare/finalize

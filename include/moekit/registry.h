@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -55,15 +56,19 @@ const std::vector<RouterEntry>& router_registry();
 
 // Lookups raise moekit::Error listing what exists.
 const ExpertsEntry& find_experts(std::string_view name, Device device);
-// The prepare/finalize a layer of this format uses on `device` with `ep` expert-parallel ranks;
-// nullptr when there is none yet.
-const PrepareFinalizeEntry* find_prepare_finalize(Device device, ActivationFormat format, std::int64_t ep);
+// The prepare/finalize a layer of this format uses on `device` with `ep` expert-parallel ranks: the
+// one called `name`, or (empty name) the first row that runs it; nullptr when there is none.
+const PrepareFinalizeEntry* find_prepare_finalize(Device device, ActivationFormat format, std::int64_t ep,
+                                                  std::string_view name = {});
+// The names of the prepare/finalize rows that run this format on `device` with `ep` ranks, for errors.
+std::string prepare_finalize_names(Device device, ActivationFormat format, std::int64_t ep);
 const RouterEntry* find_router(Device device);
 
 // The layer's one workspace: the experts' section first (offset 0; its size is what `moekit plan`
 // calls the workspace), then the prepare/finalize's buffers, then the routing output. Raises
 // moekit::Error when the experts do not run `problem` (their unsupported() reason).
+// `prepare_finalize` names the dispatch/combine (empty: find_prepare_finalize's default).
 WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& experts, std::int64_t ep,
-                         std::int64_t guard_bytes = 0);
+                         std::int64_t guard_bytes = 0, std::string_view prepare_finalize = {});
 
 }  // namespace moekit

@@ -33,6 +33,10 @@ struct Region {
   std::string alias_group;  // regions of one group share bytes; empty: none
   std::string section;      // the seam that declared it
   std::string what;         // one line: what it holds and why it has this shape
+  // Written by other ranks through a symmetric window, or transport state kept across steps (flags,
+  // epochs): never aliased, never poisoned per step (a peer may be writing it); its owner sets it up
+  // once (PrepareFinalize::attach).
+  bool persistent = false;
 };
 
 // The regions one seam declared, contiguous: [offset, offset + bytes), guard bands included.
@@ -71,6 +75,7 @@ struct RegionSpec {
   Stage live_from;
   Stage live_to;
   std::string what;
+  bool persistent = false;  // see Region::persistent
 };
 
 class WorkspaceBuilder {
@@ -139,7 +144,8 @@ class Workspace {
     return static_cast<T*>(region_ptr(name, sizeof(T), accepts<T>));
   }
 
-  // Checked mode: every region 0xFF (NaN in fp8, bf16 and fp32), every guard band its pattern.
+  // Checked mode: every region but the persistent ones 0xFF (NaN in fp8, bf16 and fp32), every guard
+  // band its pattern.
   void poison(Stream stream);
   // Raises moekit::Error naming the region just before the first damaged guard band.
   void verify_guards(Stream stream) const;

@@ -40,6 +40,12 @@ struct BenchRequest {
   int iters = 50;
   std::uint64_t seed = 1;
   std::string format = "table";
+  // bench dispatch
+  std::vector<std::string> routing{"uniform", "skewed"};
+  std::string dispatch = "nccl";
+  int ranks = 0;
+  std::int64_t max_tokens_per_rank = 0;
+  bool tokens_given = false;
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -206,7 +212,23 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
 }
 
 int bench_command(const BenchRequest& req) {
-  MOEKIT_CHECK(req.what == "layer", "moekit bench {}: the benchmarks are: layer", req.what);
+  MOEKIT_CHECK(req.what == "layer" || req.what == "dispatch", "moekit bench {}: the benchmarks are: layer, dispatch",
+               req.what);
+  if (req.what == "dispatch") {
+    DispatchBenchRequest d;
+    d.model = req.model;
+    d.num_experts = req.num_experts;
+    if (req.tokens_given) d.tokens = req.tokens;
+    d.routing = req.routing;
+    d.dispatch = req.dispatch;
+    d.quant = req.quant;
+    d.ranks = req.ranks;
+    d.max_tokens_per_rank = req.max_tokens_per_rank;
+    d.iters = req.iters;
+    d.seed = req.seed;
+    d.format = req.format;
+    return bench_dispatch_command(d);
+  }
   MOEKIT_CHECK(!req.tokens.empty() && *std::min_element(req.tokens.begin(), req.tokens.end()) >= 0,
                "--tokens needs one or more counts >= 0");
   MOEKIT_CHECK(req.iters >= 1, "--iters = {} must be >= 1", req.iters);
@@ -285,7 +307,8 @@ int bench_command(const BenchRequest& req) {
 std::function<int()> add_bench_command(CLI::App& app) {
   auto req = std::make_shared<BenchRequest>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure the layer: step time per tokens per step, against the floor");
-  cmd->add_option("what", req->what, "What to measure: layer")->required();
+  cmd->add_option("what", req->what, "What to measure: layer (the whole layer) or dispatch (the NCCL transport)")
+      ->required();
   cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
   cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep)")
       ->capture_default_str();
@@ -293,7 +316,18 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--experts", req->experts, "Experts implementations (repeatable)")->capture_default_str();
-  cmd->add_option("--tokens", req->tokens, "Tokens per step (repeatable)")->delimiter(',')->capture_default_str();
+  cmd->add_option("--tokens", req->tokens, "Tokens per step (per rank for dispatch; default 1,8,32,128,512,4096 there)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->each([req](const std::string&) { req->tokens_given = true; });
+  cmd->add_option("--routing", req->routing, "dispatch: uniform and/or skewed (every token to rank 0's experts)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--dispatch", req->dispatch, "dispatch: nccl (device-initiated) or nccl-reference")
+      ->capture_default_str();
+  cmd->add_option("--ranks", req->ranks, "dispatch: ranks, one per GPU (0: every GPU)")->capture_default_str();
+  cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank, "dispatch: capacity (0: each case's tokens)")
+      ->capture_default_str();
   cmd->add_option("--quant", req->quant, "per-tensor or per-token (block128 runs on the cpu only)")
       ->capture_default_str();
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();

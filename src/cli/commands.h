@@ -28,6 +28,7 @@ struct PlanRequest {
   std::string activation;       // empty: the model's
   std::string quant = "per-token";
   std::vector<std::string> experts;  // empty: every implementation on the device and the references
+  std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
   std::string gpu_memory;            // empty: not shown
   std::string format = "table";
 };
@@ -49,6 +50,22 @@ struct PlanReport {
 PlanReport make_plan_report(const PlanRequest& request);
 nlohmann::json plan_json(const PlanRequest& request, const PlanReport& report);
 std::string plan_table(const PlanRequest& request, const PlanReport& report);
+
+// `moekit bench dispatch` (bench_dispatch_cmd.cpp): the NCCL transport alone, one rank per GPU.
+struct DispatchBenchRequest {
+  std::string model = "deepseek-v3";
+  std::int64_t num_experts = 0;  // 0: the model's
+  std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 4096};
+  std::vector<std::string> routing{"uniform", "skewed"};
+  std::string dispatch = "nccl";
+  std::string quant = "per-token";
+  int ranks = 0;                         // 0: every GPU
+  std::int64_t max_tokens_per_rank = 0;  // 0: each case's tokens
+  int iters = 50;
+  std::uint64_t seed = 1;
+  std::string format = "table";
+};
+int bench_dispatch_command(const DispatchBenchRequest& request);
 
 // Registration: each returns a callback run when its subcommand was chosen.
 std::function<int()> add_plan_command(CLI::App& app);

@@ -75,6 +75,7 @@ PlanReport make_plan_report(const PlanRequest& req) {
   const QuantScheme quant = parse_quant(req.quant);
   if (!req.gpu_memory.empty()) report.gpu_memory = parse_bytes(req.gpu_memory);
   std::vector<std::string> known;
+  bool used_dispatch = false;
   auto wanted = [&](std::string_view name) {
     known.emplace_back(name);
     return req.experts.empty() || std::find(req.experts.begin(), req.experts.end(), name) != req.experts.end();
@@ -98,7 +99,10 @@ PlanReport make_plan_report(const PlanRequest& req) {
       report.entries.push_back({std::move(skipped), "", -1, -1, expert_weight_bytes(problem)});
       continue;
     }
-    add(plan_layer(problem, entry, req.parallel.ep),
+    const bool has_dispatch =
+        !req.dispatch.empty() && find_prepare_finalize(device, entry.format, req.parallel.ep, req.dispatch) != nullptr;
+    used_dispatch = used_dispatch || has_dispatch;
+    add(plan_layer(problem, entry, req.parallel.ep, 0, has_dispatch ? std::string_view(req.dispatch) : ""),
         experts->describe_config(problem, req.parallel.max_tokens_per_rank));
   }
   for (const auto& ref : plan::upstream_references()) {
@@ -106,6 +110,11 @@ PlanReport make_plan_report(const PlanRequest& req) {
     const MoeProblem problem = make_problem(report.model, req.parallel, ActivationFormat::kBatchedExperts, quant, act);
     add(plan::plan_upstream_reference(ref, problem), "");
   }
+  MOEKIT_CHECK(
+      req.dispatch.empty() || used_dispatch,
+      "--dispatch {}: no prepare/finalize of that name runs on {} with ep = {}: moekit has {} (batched format)",
+      req.dispatch, req.device, req.parallel.ep,
+      prepare_finalize_names(device, ActivationFormat::kBatchedExperts, req.parallel.ep));
   for (const auto& name : req.experts)
     MOEKIT_CHECK(std::find(known.begin(), known.end(), name) != known.end(),
                  "--experts {}: not an experts implementation on {} nor a reference; valid names are {}", name,
@@ -124,6 +133,7 @@ nlohmann::json region_json(const Region& r) {
           {"offset", r.offset},
           {"live", {std::string(stage_name(r.live_from)), std::string(stage_name(r.live_to))}},
           {"alias_group", r.alias_group},
+          {"persistent", r.persistent},
           {"what", r.what}};
 }
 
@@ -206,8 +216,9 @@ std::string plan_table(const PlanRequest& req, const PlanReport& report) {
           fmt::format("   {:<20} {:<9} {:<22} {:>12}  {:<22} {}\n", "region", "dtype", "shape", "size", "live", "what");
       for (const auto& r : plan.regions) {
         if (r.section != sec.name) continue;
-        const std::string live = fmt::format("{}..{}{}", stage_name(r.live_from), stage_name(r.live_to),
-                                             r.alias_group.empty() ? "" : " @" + r.alias_group);
+        const std::string live = r.persistent ? std::string("persistent")
+                                              : fmt::format("{}..{}{}", stage_name(r.live_from), stage_name(r.live_to),
+                                                            r.alias_group.empty() ? "" : " @" + r.alias_group);
         s += fmt::format("   {:<20} {:<9} {:<22} {:>12}  {:<22} {}\n", r.name, dtype_name(r.dtype),
                          fmt::format("[{}]", fmt::join(r.shape, ", ")), human_bytes(r.bytes), live, r.what);
       }
@@ -259,6 +270,9 @@ std::function<int()> add_plan_command(CLI::App& app) {
   cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
   cmd->add_option("--experts", req->experts,
                   "Only these experts implementations or references (repeatable; default: all)");
+  cmd->add_option("--dispatch", req->dispatch,
+                  "Plan this prepare/finalize where it runs the format (e.g. nccl, nccl-reference; default: the "
+                  "first that runs the layout)");
   cmd->add_option("--gpu-memory", req->gpu_memory, "GPU memory, e.g. 141GiB: adds what is left per plan");
   cmd->add_option("--format", req->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))

@@ -14,6 +14,7 @@
 #include "check/reference.h"
 #include "cli/commands.h"
 #include "cuda/backend.h"
+#include "cuda/device_info.h"
 #include "moekit/check.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
@@ -32,6 +33,7 @@ struct RunRequest {
   std::int64_t num_experts = 0;          // 0: the model's
   std::string device = "auto";
   std::string experts = "batched-fp8";
+  std::string dispatch;  // empty: the default prepare/finalize
   std::string quant = "per-token";
   std::string activation;
   std::int64_t steps = 2;
@@ -73,6 +75,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.num_threads = threads_per_rank;
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
   opt.device = choose_device(req.device, entry.format, par.ep);
+  opt.prepare_finalize = req.dispatch;
+  if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
   const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
   if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
 
@@ -104,11 +108,11 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   const MoeProblem& lp = layer.problem();
   if (root) {
     std::cout << fmt::format(
-        "moekit run: {} device={}{} experts={} comm={} ranks={} dp={} ep={} E={} E_local={} K={} I={} topk={} act={} "
-        "quant={} format={}\n",
-        model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts, comm.name(),
-        comm.size(), par.dp, par.ep, lp.E, lp.E_local, lp.K, lp.I(), lp.topk, activation_name(lp.activation),
-        quant_name(lp.quant), format_name(lp.format));
+        "moekit run: {} device={}{} experts={} dispatch={} comm={} ranks={} dp={} ep={} E={} E_local={} K={} I={} "
+        "topk={} act={} quant={} format={}\n",
+        model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts,
+        layer.plan().section("prepare-finalize").owner, comm.name(), comm.size(), par.dp, par.ep, lp.E, lp.E_local,
+        lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), format_name(lp.format));
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
     std::cout << fmt::format(
@@ -137,6 +141,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
     // The same step on the CPU backend with the same inputs and weights.
     LayerOptions cpu_opt = opt;
     cpu_opt.device = Device::kCpu;
+    cpu_opt.prepare_finalize.clear();
     MoeLayer cpu_layer(model, par, cpu_opt, {host_weights.view(), bias.empty() ? nullptr : bias.data()}, comm);
     std::vector<std::uint16_t> cpu_out(out.size());
     cpu_layer.forward(tokens.hidden.data(), tokens.logits.data(), T, cpu_out.data());
@@ -188,10 +193,15 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
     reference.add(t.hidden.data(), t.logits.data(), T, par.max_tokens_per_rank, results.output.data() + r * T * p.K);
   }
   const check::LayerError& err = reference.error();
-  bool ok = err.relative() <= req.tolerance && err.nan_outputs == 0;
+  // The float64 reference runs on the CPU's quantized operands; a GPU's FP8 codes flip where its bf16
+  // W1 outputs differ by an ulp, so a GPU run is held to the device-vs-CPU bound there.
+  const bool gpu = results.device_vs_cpu >= 0;
+  const double tolerance = gpu ? std::max(req.tolerance, req.cpu_tolerance) : req.tolerance;
+  bool ok = err.relative() <= tolerance && err.nan_outputs == 0;
   std::cout << fmt::format(
-      "check: relative error vs float64 {:.3e} {} tolerance {:.1e}; {} NaN outputs; guard bands intact\n",
-      err.relative(), err.relative() <= req.tolerance ? "<=" : ">", req.tolerance, err.nan_outputs);
+      "check: relative error vs float64 {:.3e} {} tolerance {:.1e}{}; {} NaN outputs; guard bands intact\n",
+      err.relative(), err.relative() <= tolerance ? "<=" : ">", tolerance,
+      gpu ? " (GPU: FP8 code flips against the CPU's operands)" : "", err.nan_outputs);
   if (results.device_vs_cpu >= 0) {
     ok = ok && results.device_vs_cpu <= req.cpu_tolerance;
     std::cout << fmt::format(
@@ -244,6 +254,9 @@ std::function<int()> add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--experts", req->experts, "Experts implementation: batched-fp8 or standard-fp8")
       ->capture_default_str();
+  cmd->add_option("--dispatch", req->dispatch,
+                  "Prepare/finalize (dispatch and combine) by registry name, e.g. nccl or nccl-reference on GPUs "
+                  "(default: the first that runs the layout; moekit plan prints it)");
   cmd->add_option("--dp", req->dp, "Data-parallel ranks (in-process threads, or the mpirun size)")
       ->capture_default_str();
   cmd->add_option("--ep", req->ep, "Expert-parallel ranks: dp (default, 0) or 1")->capture_default_str();

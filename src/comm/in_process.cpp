@@ -27,6 +27,7 @@ struct Slot {
   const std::int64_t* send_offsets = nullptr;
   const std::int64_t* recv_bytes = nullptr;
   const std::int64_t* counts = nullptr;
+  const void* payload = nullptr;
   std::int64_t value_i64 = 0;
   double value_f64 = 0.0;
 };
@@ -217,6 +218,15 @@ class InProcessCommunicator final : public Communicator {
   }
 
   void barrier() override { group_.barrier(rank_); }
+
+  void broadcast(void* data, std::int64_t bytes, int root) override {
+    MOEKIT_CHECK(root >= 0 && root < size() && bytes >= 0, "broadcast: root {} of {} ranks, {} bytes", root, size(),
+                 bytes);
+    group_.slot(rank_).payload = data;
+    group_.barrier(rank_);
+    if (rank_ != root && bytes > 0) std::memcpy(data, group_.slot(root).payload, static_cast<std::size_t>(bytes));
+    group_.closing_barrier(rank_);
+  }
 
  private:
   void check_span(const char* what, std::size_t n) const {

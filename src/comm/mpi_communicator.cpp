@@ -6,6 +6,7 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -146,6 +147,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  void broadcast(void* data, std::int64_t bytes, int root) override {
+    MOEKIT_CHECK(root >= 0 && root < size_ && bytes >= 0 && bytes <= std::numeric_limits<int>::max(),
+                 "broadcast: root {} of {} ranks, {} bytes", root, size_, bytes);
+    check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+  }
 
  private:
   // The local checks of all_to_all_v; returns the problem, or "" when there is none.

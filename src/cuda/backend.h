@@ -25,6 +25,10 @@ std::unique_ptr<Router> make_router(const RoutingConfig& config, const ExecConte
 std::unique_ptr<PrepareFinalize> make_scatter(const ExecContext& ctx);  // cuda/prepare_finalize.cpp
 // Standard format, ep == 1: quantize in place, combine the experts' permuted rows.
 std::unique_ptr<PrepareFinalize> make_local(const ExecContext& ctx);
+// Batched format over ranks on NCCL (cuda/ep_launch.h): the device-initiated transport, and the
+// reference one (grouped send/recv, counts on the host).
+std::unique_ptr<PrepareFinalize> make_nccl_device(const ExecContext& ctx);
+std::unique_ptr<PrepareFinalize> make_nccl_reference(const ExecContext& ctx);
 std::unique_ptr<Memory> make_device_memory();  // cuda/memory.cu
 bool available();                              // built with CUDA and a device present (never raises)
 

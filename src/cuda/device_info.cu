@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 #include <cutlass/version.h>
 
+#include <cstdlib>
+
 #include "cuda/check.h"
 #include "cuda/device_info.h"
 
@@ -29,6 +31,20 @@ DeviceInfo device_info(int device) {
   info.global_memory_bytes = static_cast<long long>(prop.totalGlobalMem);
   info.max_smem_per_block_optin = static_cast<long long>(prop.sharedMemPerBlockOptin);
   return info;
+}
+
+int use_device_of_rank(int rank) {
+  const int count = device_count();
+  MOEKIT_CUDA_REQUIRE(count > 0, "no CUDA device is present: use --device cpu");
+  int local = rank;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"})
+    if (const char* v = std::getenv(name)) {
+      local = std::atoi(v);
+      break;
+    }
+  const int device = local % count;
+  MOEKIT_CUDA_CHECK(cudaSetDevice(device));
+  return device;
 }
 
 std::string cutlass_version() {

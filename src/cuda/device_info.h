@@ -19,6 +19,10 @@ struct DeviceInfo {
 // Number of CUDA devices; 0 when there is no driver or no device (never an error).
 int device_count();
 DeviceInfo device_info(int device);
+// The GPU of rank `rank` of a multi-GPU run, made current on the calling thread: the node-local rank
+// (OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK when set, else `rank`) modulo the devices. Returns it.
+// Raises moekit::Error when no device is present.
+int use_device_of_rank(int rank);
 std::string cutlass_version();
 
 }  // namespace moekit::cuda

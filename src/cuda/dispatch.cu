@@ -14,6 +14,7 @@
 
 #include "cuda/check.h"
 #include "cuda/launch.h"
+#include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
@@ -124,9 +125,6 @@ __global__ void __launch_bounds__(kMapThreads)
 
 // --- quantize and scatter ------------------------------------------------------------------------
 
-constexpr int kQuantThreads = 256;
-constexpr int kQuantChunks = 4;  // K <= 256 threads x 8 values x 4 chunks = 8192
-
 struct QuantArgs {
   QuantScheme quant;
   const __nv_bfloat16* hidden;
@@ -137,57 +135,27 @@ struct QuantArgs {
   std::uint32_t* amax;  // per-tensor: the tensor's amax as bits (non-negative floats order like their bits)
 };
 
-// One block per token (grid-stride): the row's 8-value chunks in registers, the amax of the row or
-// of each 1x128 group (16 threads = one half-warp hold a group), the scale by fp8_scale, FP8 by
-// division and satfinite RNE (cpu::quantize_activation's arithmetic), 8-byte stores to every
-// destination row. Pass 0 of per-tensor only raises the tensor's amax.
+// One block per token (grid-stride): the row in registers (cuda/quantize.cuh), its scale by
+// fp8_scale, FP8 by division and satfinite RNE (cpu::quantize_activation's arithmetic), stores to
+// every destination row. Pass 0 of per-tensor only raises the tensor's amax.
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, int pass) {
-  const bool per_tensor = a.quant == QuantScheme::kPerTensor, block = a.quant == QuantScheme::kBlock128;
+  const bool per_tensor = a.quant == QuantScheme::kPerTensor;
   const int spr = static_cast<int>(numerics::activation_scales_per_row(a.quant, a.K));
   for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
-    const __nv_bfloat16* x = a.hidden + static_cast<std::int64_t>(t) * a.K;
-    float v[kQuantChunks][8];
-    float amax_thread = 0.0f, group_amax[kQuantChunks];
-#pragma unroll
-    for (int ch = 0; ch < kQuantChunks; ++ch) {
-      const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
-      float m = 0.0f;
-      if (c0 < a.K) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(x + c0);
-        const auto* b8 = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          v[ch][j] = __bfloat162float(b8[j]);
-          m = fmaxf(m, fabsf(v[ch][j]));  // fmaxf drops NaN, as the CPU's std::max does
-        }
-      }
-      amax_thread = fmaxf(amax_thread, m);
-      // 1x128 group: the 16 threads of a half-warp (c0 / 128 = (ch * 256 + tid) / 16).
-      for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      group_amax[ch] = m;
-    }
+    QuantRow row;
+    row.load(a.hidden + static_cast<std::int64_t>(t) * a.K, a.K);
     if (per_tensor && pass == 0) {
-      const float amax = block_max<kQuantThreads>(amax_thread);
+      const float amax = block_max<kQuantThreads>(row.amax_thread);
       if (threadIdx.x == 0) atomicMax(a.amax, __float_as_uint(amax));
       continue;
     }
-    const float row_scale = per_tensor ? numerics::fp8_scale(__uint_as_float(*a.amax))
-                                       : (block ? 0.0f : numerics::fp8_scale(block_max<kQuantThreads>(amax_thread)));
+    const float row_scale = per_tensor ? numerics::fp8_scale(__uint_as_float(*a.amax)) : row.token_scale(a.quant);
     const int destinations = a.pair_row != nullptr ? a.topk : 1;
     for (int k = 0; k < destinations; ++k) {
-      const std::int64_t row =
+      const std::int64_t r =
           a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k] : static_cast<std::int64_t>(t);
-      if (row < 0) continue;
-      std::uint8_t* out = a.q + row * a.K;
-#pragma unroll
-      for (int ch = 0; ch < kQuantChunks; ++ch) {
-        const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
-        if (c0 >= a.K) continue;
-        const float scale = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
-        *reinterpret_cast<uint2*>(out + c0) = fp8x8(v[ch], scale);
-        if (block && c0 % kQuantBlock == 0) a.scales[row * spr + c0 / kQuantBlock] = scale;
-      }
-      if (!per_tensor && !block && threadIdx.x == 0) a.scales[row] = row_scale;
+      if (r < 0) continue;
+      row.store(a.quant, row_scale, a.K, a.q + r * a.K, a.scales + r * spr);
     }
   }
 }

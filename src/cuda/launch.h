@@ -32,6 +32,8 @@ enum StatusCode : std::int32_t {
   kStatusNanLogit = 3,      // token, expert
   kStatusNoFiniteMax = 4,   // token: every logit -inf, or one +inf, under softmax
   kStatusOverCapacity = 5,  // expert, its rows: more than M (a token chose the expert twice)
+  kStatusPeerTimeout = 6,   // phase (0 dispatch, 1 combine), peer rank, CTA: a peer never signalled
+  kStatusBadRecord = 7,     // source rank, record (-1: its count), value: a received record is corrupt
 };
 // Synchronizes `stream`, reads the status words at `device_status` and raises moekit::Error for the
 // first error they hold, naming `who` and the limits (M rows per expert, E experts).

@@ -31,6 +31,9 @@ int device_count() {
 DeviceInfo device_info(int) {
   no_cuda("device_info");
 }
+int use_device_of_rank(int) {
+  no_cuda("the CUDA device of a rank");
+}
 std::string cutlass_version() {
   return "none";
 }

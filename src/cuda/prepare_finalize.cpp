@@ -4,9 +4,19 @@
 // expert's (M, K) buffer in (token, slot) order, the tokens are quantized straight into those rows
 // (no per-token copy in between), and the combine sums each token's rows back in slot order.
 // local (standard format, ep == 1): quantize in place; the experts permute; combine their rows.
+// nccl, nccl-reference (batched format, ranks on GPUs): the tokens quantized once, each sent once to
+// every rank holding any of its experts and fanned out there into (E_local, M, K) in the order one GPU
+// gives the same global tokens; the owner's partial sums come back (cuda/ep_launch.h, nccl/ep.cu).
+#include <cstdlib>
+#include <memory>
+#include <string>
+
 #include "cuda/backend.h"
+#include "cuda/ep_launch.h"
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "numerics/scales.h"
+#include "plan/ep_layout.h"
 
 namespace moekit::cuda {
 namespace {
@@ -131,7 +141,258 @@ class Local final : public PrepareFinalize {
   void check_status(Workspace&, Stream) override {}  // the standard experts validate the ids
 };
 
+// Expert parallelism over NCCL. Device-initiated (`nccl`): the kernels store records and partials
+// into the peers' symmetric windows and signal flags there: no host synchronization, capturable.
+// Reference (`nccl-reference`): grouped ncclSend/ncclRecv, the counts exchanged first and read on the
+// host; the oracle of the first and its fallback where NVLink load/store does not reach every peer.
+class NcclAllToAll final : public PrepareFinalize {
+ public:
+  NcclAllToAll(const ExecContext& ctx, bool device_initiated) : comm_(ctx.comm), device_(device_initiated) {
+    const char* env = std::getenv("MOEKIT_EP_TIMEOUT_MS");
+    if (env != nullptr) {
+      char* end = nullptr;
+      const long long ms = std::strtoll(env, &end, 10);
+      MOEKIT_CHECK(end != env && *end == '\0' && ms > 0,
+                   "MOEKIT_EP_TIMEOUT_MS = '{}' must be a positive number of milliseconds", env);
+      timeout_ms_ = ms;
+    }
+  }
+  std::string_view name() const override { return device_ ? "nccl" : "nccl-reference"; }
+  Device device() const override { return Device::kCuda; }
+  ActivationFormat format() const override { return ActivationFormat::kBatchedExperts; }
+
+  void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
+    const std::int64_t P = p.num_dispatchers, mt = p.max_tokens_per_rank, K = p.K, topk = p.topk;
+    const std::int64_t rb = plan::ep_record(p.quant, K, topk).bytes, pairs = P * mt * topk;
+    declare_experts_io(p, b);
+    b.add({"ep_token_destinations",
+           DType::kInt64,
+           {mt},
+           Stage::kPrepare,
+           Stage::kFinalize,
+           "bit r: the token went to rank r; the final sum adds those ranks' partials in rank order"});
+    if (!device_) {
+      b.add({"ep_send_index",
+             DType::kInt32,
+             {mt, P},
+             Stage::kPrepare,
+             Stage::kFinalize,
+             "each token's index among the tokens sent to each rank (-1: none): where its partial comes back"});
+      b.add({"ep_send_count", DType::kInt32, {P}, Stage::kPrepare, Stage::kFinalize, "tokens sent to each rank"});
+      b.add({"ep_send",
+             DType::kUint8,
+             {P, mt, rb},
+             Stage::kPrepare,
+             Stage::kPrepare,
+             "records packed per destination for ncclSend (header, FP8 row, scales)"});
+      b.add({"ep_recv_count", DType::kInt32, {P}, Stage::kPrepare, Stage::kFinalize, "records from each source"});
+    }
+    b.add({"ep_recv",
+           DType::kUint8,
+           {P, mt, rb},
+           Stage::kPrepare,
+           Stage::kFinalize,
+           device_ ? "records stored here by each source's kernels at [source][token] (symmetric window): one per "
+                     "token with an expert here, whatever its number of experts here; epoch-stamped"
+                   : "records received from each source (ncclRecv), in its send order",
+           device_});
+    b.add({"ep_recv_ids",
+           DType::kInt32,
+           {pairs},
+           Stage::kPrepare,
+           Stage::kPrepare,
+           "local expert of each received (record, slot), -1: none: the row map's input"});
+    b.add({"ep_pair_row",
+           DType::kInt32,
+           {pairs},
+           Stage::kPrepare,
+           Stage::kFinalize,
+           "row of each received (record, slot) in (E_local * M): the fan-out's and the combine's map"});
+    b.add({"row_map_tiles",
+           DType::kInt32,
+           {row_map_scratch_ints(pairs, p.E_local)},
+           Stage::kPrepare,
+           Stage::kPrepare,
+           "the row map's per-tile counts and first ranks per expert"});
+    if (device_) {
+      b.add({"ep_combine_recv",
+             DType::kFp32,
+             {mt, plan::ep_max_destinations(topk, P), K},
+             Stage::kPrepare,
+             Stage::kFinalize,
+             "partial sums of each token from each destination rank, stored by the owners",
+             true});
+      b.add({"ep_flags",
+             DType::kInt64,
+             {plan::kEpPhases, P, plan::kEpCtas},
+             Stage::kPrepare,
+             Stage::kFinalize,
+             "dispatch, combine and teardown arrival flags, set by each peer's CTAs (epochs)",
+             true});
+      b.add({"ep_epochs",
+             DType::kInt64,
+             {plan::kEpPhases, plan::kEpCtas},
+             Stage::kPrepare,
+             Stage::kFinalize,
+             "this rank's step count per CTA and phase: what the flags must reach",
+             true});
+    } else {
+      b.add({"ep_combine_send",
+             DType::kFp32,
+             {P, mt, K},
+             Stage::kFinalize,
+             Stage::kFinalize,
+             "partial sums of the received records, by source, for ncclSend"});
+      b.add({"ep_combine_recv",
+             DType::kFp32,
+             {P, mt, K},
+             Stage::kFinalize,
+             Stage::kFinalize,
+             "partial sums from each owner rank, by the tokens' send index"});
+    }
+    b.add({"dispatch_status",
+           DType::kInt32,
+           {kStatusWords},
+           Stage::kPrepare,
+           Stage::kFinalize,
+           "device error flags (expert ids, corrupt records, silent peers), read after the step"});
+  }
+
+  std::unique_ptr<Memory> workspace_memory() override {
+    require_comm();
+    if (group_ == nullptr) group_ = make_nccl_group(*comm_);
+    return device_ ? make_symmetric_memory(group_) : nullptr;
+  }
+
+  void attach(Workspace& ws, Stream stream) override {
+    require_comm();
+    if (group_ == nullptr) group_ = make_nccl_group(*comm_);
+    if (!device_) {
+      connect_nccl_peers(*group_, stream);  // connections now, while every rank is here
+      return;
+    }
+    // Zero flags and epochs, and the records (a stale header never carries a live epoch).
+    for (const char* name : {"ep_flags", "ep_epochs", "ep_recv"}) {
+      const Region& r = ws.plan().region(name);
+      ws.memory().fill(ws.base() + r.offset, 0, r.bytes, stream);
+    }
+    ws.memory().synchronize(stream);
+    set_ep_teardown(*group_, step(ws.problem(), nullptr, nullptr, 0, ws));
+    comm_->barrier();  // no peer signals before every rank's flags are zero
+  }
+
+  ExpertsInput prepare(const MoeProblem& p, const PrepareArgs& a, Workspace& ws, Stream stream) override {
+    ws.require(p, device_ ? "nccl prepare" : "nccl-reference prepare");
+    check_problem(p);
+    check_tokens(p, a);
+    MOEKIT_CHECK(group_ != nullptr, "{}: the layer attaches the transport before its first step", name());
+    MOEKIT_CHECK(comm_->size() == p.num_dispatchers && p.E_local * comm_->size() == p.E,
+                 "{}: {} ranks with D = {}, E_local = {}, E = {}: every rank dispatches and holds E / ranks experts",
+                 name(), comm_->size(), p.num_dispatchers, p.E_local, p.E);
+    EpStep s = step(p, a.topk_ids, a.topk_weights, a.num_tokens, ws);
+    s.hidden = a.hidden;
+    clear_status_words(s.status, stream);
+    launch_ep_dispatch(s, *group_, device_, stream);
+    return {s.a1q, s.a1q_scale, s.expert_num_tokens, nullptr, a.num_tokens, ws.get<std::uint16_t>("expert_output")};
+  }
+
+  void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream stream) override {
+    ws.require(p, device_ ? "nccl finalize" : "nccl-reference finalize");
+    EpStep s = step(p, nullptr, a.topk_weights, a.num_tokens, ws);
+    s.expert_output = a.experts.rows;
+    s.output = a.output;
+    launch_ep_combine(s, *group_, device_, stream);
+  }
+
+  void check_status(Workspace& ws, Stream stream) override {
+    auto* status = ws.get<std::int32_t>("dispatch_status");
+    std::int32_t w[kStatusWords] = {};
+    read_status_words(status, w, stream);
+    if (w[0] == kStatusPeerTimeout && group_ != nullptr)
+      abort_nccl_group(*group_, "rank " + std::to_string(w[2]) + " did not signal");
+    check_status_words(status, device_ ? "nccl (cuda)" : "nccl-reference (cuda)", ws.problem().M, ws.problem().E,
+                       stream);
+  }
+
+ private:
+  void require_comm() const {
+    MOEKIT_CHECK(comm_ != nullptr, "{} runs over a communicator of the layer's ranks (MPI or in-process)", name());
+  }
+
+  void check_problem(const MoeProblem& p) const {
+    MOEKIT_CHECK(p.quant != QuantScheme::kPerTensor,
+                 "{}: per-tensor activation scales are per rank and rows from several ranks cannot share one: use "
+                 "--quant per-token or block128",
+                 name());
+    MOEKIT_CHECK(p.num_dispatchers <= plan::kMaxEpRanks, "{}: {} ranks; the NCCL transports take at most {}", name(),
+                 p.num_dispatchers, plan::kMaxEpRanks);
+    MOEKIT_CHECK(p.topk <= plan::kMaxEpTopk, "{}: topk = {}; the NCCL transports take at most {}", name(), p.topk,
+                 plan::kMaxEpTopk);
+    MOEKIT_CHECK(p.max_tokens_per_rank <= 65535,
+                 "{}: max_tokens_per_rank = {}; the NCCL transports take at most 65535 per step: chunk the step",
+                 name(), p.max_tokens_per_rank);
+    MOEKIT_CHECK(p.K % 16 == 0, "{}: K = {} must be a multiple of 16 (16-byte row copies)", name(), p.K);
+    MOEKIT_CHECK(p.E_local <= kMaxRowMapExperts, "{}: E_local = {}; the row map takes at most {}", name(), p.E_local,
+                 kMaxRowMapExperts);
+  }
+
+  EpStep step(const MoeProblem& p, const std::int32_t* ids, const float* weights, std::int64_t tokens,
+              Workspace& ws) const {
+    EpStep s;
+    s.rank = comm_->rank();
+    s.ranks = comm_->size();
+    s.tokens = tokens;
+    s.max_tokens = p.max_tokens_per_rank;
+    s.K = p.K;
+    s.topk = p.topk;
+    s.E_local = p.E_local;
+    s.M = p.M;
+    s.quant = p.quant;
+    s.topk_ids = ids;
+    s.topk_weights = weights;
+    s.recv = ws.get<std::byte>("ep_recv");
+    s.token_destinations = ws.get<std::int64_t>("ep_token_destinations");
+    s.recv_ids = ws.get<std::int32_t>("ep_recv_ids");
+    s.pair_row = ws.get<std::int32_t>("ep_pair_row");
+    s.row_map_tiles = ws.get<std::int32_t>("row_map_tiles");
+    s.a1q = ws.get<std::uint8_t>("a1q");
+    s.a1q_scale = ws.get<float>("a1q_scale");
+    s.expert_num_tokens = ws.get<std::int32_t>("expert_num_tokens");
+    s.combine_recv = ws.get<float>("ep_combine_recv");
+    s.status = ws.get<std::int32_t>("dispatch_status");
+    s.timeout_ns = timeout_ms_ * 1000000;
+    const WorkspacePlan& plan = ws.plan();
+    s.recv_offset = plan.region("ep_recv").offset;
+    s.combine_recv_offset = plan.region("ep_combine_recv").offset;
+    if (device_) {
+      s.flags = reinterpret_cast<std::uint64_t*>(ws.get<std::int64_t>("ep_flags"));
+      s.epochs = reinterpret_cast<std::uint64_t*>(ws.get<std::int64_t>("ep_epochs"));
+      s.flags_offset = plan.region("ep_flags").offset;
+    } else {
+      s.send_index = ws.get<std::int32_t>("ep_send_index");
+      s.send_count = ws.get<std::int32_t>("ep_send_count");
+      s.recv_count = ws.get<std::int32_t>("ep_recv_count");
+      s.send = ws.get<std::byte>("ep_send");
+      s.combine_send = ws.get<float>("ep_combine_send");
+    }
+    return s;
+  }
+
+  Communicator* comm_;
+  bool device_;
+  long long timeout_ms_ = 10000;
+  std::shared_ptr<NcclGroup> group_;
+};
+
 }  // namespace
+
+std::unique_ptr<PrepareFinalize> make_nccl_device(const ExecContext& ctx) {
+  return std::make_unique<NcclAllToAll>(ctx, true);
+}
+
+std::unique_ptr<PrepareFinalize> make_nccl_reference(const ExecContext& ctx) {
+  return std::make_unique<NcclAllToAll>(ctx, false);
+}
 
 std::unique_ptr<PrepareFinalize> make_scatter(const ExecContext&) {
   return std::make_unique<Scatter>();

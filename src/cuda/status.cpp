@@ -37,6 +37,16 @@ void check_status_words(const std::int32_t* device_status, const char* who, std:
           "{}: expert {} received at least {} rows, more than M = {}: the rows past M were dropped; a token chose the "
           "expert twice",
           who, w[1], w[2], M);
+    case kStatusPeerTimeout:
+      MOEKIT_FAIL(
+          "{}: rank {} did not signal the {} within the timeout (CTA {}): it died, raised, or runs another step. The "
+          "NCCL communicator is aborted; rebuild the layer on every rank (MOEKIT_EP_TIMEOUT_MS sets the timeout)",
+          who, w[2], w[1] == 0 ? "dispatch" : "combine", w[3]);
+    case kStatusBadRecord:
+      MOEKIT_FAIL(
+          "{}: a record received from rank {} is corrupt (record {}, value {}): it was dropped. Every rank must run "
+          "the same moekit build and problem",
+          who, w[1], w[2], w[3]);
     default: MOEKIT_FAIL("{}: unknown device status code {} ({}, {}, {})", who, w[0], w[1], w[2], w[3]);
   }
 }

@@ -63,7 +63,12 @@ struct MoeLayer::Impl {
                    "per-tensor activation scales are per rank, and rows from {} ranks cannot share one: use --quant "
                    "per-token or block128 with dp > 1",
                    parallel.dp);
-    const PrepareFinalizeEntry* pf = find_prepare_finalize(options.device, entry.format, parallel.ep);
+    const PrepareFinalizeEntry* pf =
+        find_prepare_finalize(options.device, entry.format, parallel.ep, options.prepare_finalize);
+    MOEKIT_CHECK(pf != nullptr || options.prepare_finalize.empty(),
+                 "no prepare/finalize '{}' runs the {} format on {} with ep = {}: moekit has {}",
+                 options.prepare_finalize, format_name(entry.format), device_name(options.device), parallel.ep,
+                 prepare_finalize_names(options.device, entry.format, parallel.ep));
     MOEKIT_CHECK(pf != nullptr, "no prepare/finalize runs the {} format on {} with ep = {}{}",
                  format_name(entry.format), device_name(options.device), parallel.ep,
                  entry.format == ActivationFormat::kStandard ? ": the standard format runs with ep == 1; use the "
@@ -83,12 +88,14 @@ struct MoeLayer::Impl {
     prepare_finalize = pf->make(ctx);
     experts = entry.make(ctx);
     collective_chunks = pf->multi_rank;
-    memory = make_memory(options.device);
-    plan = plan_layer(problem, entry, parallel.ep);
+    memory = prepare_finalize->workspace_memory();  // symmetric memory for NCCL's device-initiated transport
+    if (memory == nullptr) memory = make_memory(options.device);
+    plan = plan_layer(problem, entry, parallel.ep, 0, pf->name);
     // One allocation, once, at the maximum size; never grown on the hot path.
     workspace = std::make_unique<Workspace>(
-        options.checked ? plan_layer(problem, entry, parallel.ep, options.guard_bytes) : plan, *memory);
+        options.checked ? plan_layer(problem, entry, parallel.ep, options.guard_bytes, pf->name) : plan, *memory);
     if (options.checked) workspace->poison(nullptr);
+    prepare_finalize->attach(*workspace, nullptr);
   }
 
   void run_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t tc, std::uint16_t* out, Stream stream,

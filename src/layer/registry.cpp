@@ -40,6 +40,14 @@ const std::vector<PrepareFinalizeEntry>& prepare_finalize_registry() {
        cuda::make_scatter},
       {"local", Device::kCuda, ActivationFormat::kStandard, false,
        "one GPU holding every expert: quantize in place, combine the experts' permuted rows", cuda::make_local},
+      {"nccl", Device::kCuda, ActivationFormat::kBatchedExperts, true,
+       "expert parallelism on NCCL's device API: each token once per destination GPU, stored by the kernels into "
+       "the peer's symmetric window, fanned out there; the owner's partial sums come back the same way",
+       cuda::make_nccl_device},
+      {"nccl-reference", Device::kCuda, ActivationFormat::kBatchedExperts, true,
+       "expert parallelism on grouped ncclSend/ncclRecv, counts exchanged first and read on the host: the oracle "
+       "and fallback of the nccl transport",
+       cuda::make_nccl_reference},
   };
   return all;
 }
@@ -61,10 +69,20 @@ const ExpertsEntry& find_experts(std::string_view name, Device device) {
   MOEKIT_FAIL("no experts '{}' on {}: moekit has {}", name, device_name(device), valid);
 }
 
-const PrepareFinalizeEntry* find_prepare_finalize(Device device, ActivationFormat format, std::int64_t ep) {
+const PrepareFinalizeEntry* find_prepare_finalize(Device device, ActivationFormat format, std::int64_t ep,
+                                                  std::string_view name) {
   for (const auto& e : prepare_finalize_registry())
-    if (e.device == device && e.format == format && (e.multi_rank || ep == 1)) return &e;
+    if (e.device == device && e.format == format && (e.multi_rank || ep == 1) && (name.empty() || e.name == name))
+      return &e;
   return nullptr;
+}
+
+std::string prepare_finalize_names(Device device, ActivationFormat format, std::int64_t ep) {
+  std::string names;
+  for (const auto& e : prepare_finalize_registry())
+    if (e.device == device && e.format == format && (e.multi_rank || ep == 1))
+      names += fmt::format("{}{}", names.empty() ? "" : ", ", e.name);
+  return names.empty() ? "none" : names;
 }
 
 const RouterEntry* find_router(Device device) {
@@ -78,7 +96,7 @@ std::unique_ptr<Memory> make_memory(Device device) {
 }
 
 WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& entry, std::int64_t ep,
-                         std::int64_t guard_bytes) {
+                         std::int64_t guard_bytes, std::string_view prepare_finalize) {
   validate_problem(problem);
   const auto experts = entry.make({});
   const std::string why = experts->unsupported(problem);
@@ -87,7 +105,11 @@ WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& entry, s
   WorkspaceBuilder b(owner, problem, guard_bytes);
   b.begin_section("experts", owner);
   experts->declare(problem, b);
-  const PrepareFinalizeEntry* pf = find_prepare_finalize(entry.device, entry.format, ep);
+  const PrepareFinalizeEntry* pf = find_prepare_finalize(entry.device, entry.format, ep, prepare_finalize);
+  MOEKIT_CHECK(pf != nullptr || prepare_finalize.empty(),
+               "no prepare/finalize '{}' runs the {} format on {} with ep = {}: moekit has {}", prepare_finalize,
+               format_name(entry.format), device_name(entry.device), ep,
+               prepare_finalize_names(entry.device, entry.format, ep));
   if (pf != nullptr) {
     b.begin_section("prepare-finalize", fmt::format("{} ({})", pf->name, device_name(pf->device)));
     pf->make({})->declare(problem, b);

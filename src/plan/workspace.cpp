@@ -129,6 +129,9 @@ void WorkspaceBuilder::add(const RegionSpec& spec) {
   r.alias_group = in_alias_ ? alias_group_ : std::string();
   r.section = plan_.sections.back().name;
   r.what = spec.what;
+  MOEKIT_CHECK(!(spec.persistent && in_alias_), "region '{}' is persistent and cannot share bytes (alias group '{}')",
+               spec.name, alias_group_);
+  r.persistent = spec.persistent;
   plan_.regions.push_back(std::move(r));
 }
 
@@ -198,7 +201,8 @@ void* Workspace::region_ptr(std::string_view name, std::size_t elem_size, bool (
 }
 
 void Workspace::poison(Stream stream) {
-  for (const auto& r : plan_.regions) memory_.fill(base_ + r.offset, 0xFF, r.bytes, stream);
+  for (const auto& r : plan_.regions)
+    if (!r.persistent) memory_.fill(base_ + r.offset, 0xFF, r.bytes, stream);
   for (const auto& g : plan_.guards) memory_.fill(base_ + g.offset, WorkspaceBuilder::kGuardByte, g.bytes, stream);
 }
 

@@ -54,6 +54,16 @@ TEST(Mpi, AllToAllCounts) {
     EXPECT_EQ(recv[r], 1000 * r + me + (std::int64_t{me} << 40)) << "rank " << me << ", from " << r;
 }
 
+TEST(Mpi, BroadcastFromEveryRoot) {
+  for (int root = 0; root < g_comm->size(); ++root) {
+    std::vector<std::uint8_t> data(128);
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>(g_comm->rank() * 31 + i);
+    g_comm->broadcast(data.data(), static_cast<std::int64_t>(data.size()), root);
+    for (std::size_t i = 0; i < data.size(); ++i)
+      ASSERT_EQ(data[i], static_cast<std::uint8_t>(root * 31 + i)) << "rank " << g_comm->rank() << " root " << root;
+  }
+}
+
 TEST(Mpi, AllReduceMax) {
   const int me = g_comm->rank();
   const std::int64_t mine = me == 2 ? (std::int64_t{1} << 40) : -me - 1;

@@ -97,6 +97,20 @@ TEST_P(InProcessSizes, AllReduceMax) {
   });
 }
 
+TEST_P(InProcessSizes, BroadcastFromEveryRoot) {
+  Watchdog watchdog("BroadcastFromEveryRoot");
+  const int n = GetParam();
+  run_in_process(n, [&](Communicator& comm) {
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::uint8_t> data(128);
+      for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>(comm.rank() * 31 + i);
+      comm.broadcast(data.data(), static_cast<std::int64_t>(data.size()), root);
+      for (std::size_t i = 0; i < data.size(); ++i)
+        ASSERT_EQ(data[i], static_cast<std::uint8_t>(root * 31 + i)) << "rank " << comm.rank() << " root " << root;
+    }
+  });
+}
+
 TEST_P(InProcessSizes, HundredRoundsOfMixedCollectives) {
   Watchdog watchdog("HundredRoundsOfMixedCollectives");
   const int n = GetParam();

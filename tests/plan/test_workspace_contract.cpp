@@ -266,7 +266,19 @@ TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
   const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
   EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{1073741824 + 268435456 + 524288});
   // The experts' input/output beside it: a1q 896 MiB + scales 512 KiB + counts + output 1.75 GiB.
-  EXPECT_EQ(gpu.section_bytes("prepare-finalize"), std::int64_t{939524096} + 524288 + 256 + 1879048192);
+  EXPECT_EQ(gpu.region("a1q").bytes + gpu.region("a1q_scale").bytes + gpu.region("expert_num_tokens").bytes +
+                gpu.region("expert_output").bytes,
+            std::int64_t{939524096} + 524288 + 64 + 1879048192);
+  // With 32 GPUs the prepare-finalize is NCCL's device-initiated transport: records from 32 sources x
+  // 256 tokens x (64 B header + 7168 FP8 + 4 B scale, 16-aligned = 7264 B), and one fp32 partial per
+  // (token, destination rank), at most topk = 8 destinations: 256 x 8 x 7168 x 4.
+  EXPECT_EQ(gpu.sections[1].owner, "nccl (cuda)");
+  EXPECT_EQ(gpu.region("ep_recv").bytes, std::int64_t{32} * 256 * 7264);
+  EXPECT_EQ(gpu.region("ep_combine_recv").bytes, std::int64_t{256} * 8 * 7168 * 4);
+  EXPECT_TRUE(gpu.region("ep_recv").persistent && gpu.region("ep_flags").persistent);
+  EXPECT_LT(gpu.section_bytes("prepare-finalize") - (std::int64_t{939524096} + 524288 + 64 + 1879048192),
+            130 * (std::int64_t{1} << 20))
+      << "the NCCL transport's own buffers stay under 130 MiB at DeepSeek-V3 DP 32";
 }
 
 TEST(GoldenFigures, DeepSeekV3Dp32Ep32EightLocalExperts) {

@@ -1,0 +1,66 @@
+// One token's FP8 quantization by one block, shared by the single-GPU quantize-and-scatter
+// (dispatch.cu) and the NCCL transports' pack kernel (nccl/ep.cu): the same arithmetic as
+// cpu::quantize_activation, so every destination row's codes and scales equal the CPU's.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "cuda/reduce.cuh"
+#include "moekit/types.h"
+#include "numerics/fp8.h"
+
+namespace moekit::cuda {
+
+inline constexpr int kQuantThreads = 256;
+inline constexpr int kQuantChunks = 4;  // K <= 256 threads x 8 values x 4 chunks = 8192
+
+// A row of K bf16 values in registers, 8-value chunks per thread; the amax of each 1x128 group
+// (16 threads = one half-warp hold a group) and of the thread's values.
+struct QuantRow {
+  float v[kQuantChunks][8];
+  float group_amax[kQuantChunks];
+  float amax_thread = 0.0f;
+
+  __device__ __forceinline__ void load(const __nv_bfloat16* x, int K) {
+#pragma unroll
+    for (int ch = 0; ch < kQuantChunks; ++ch) {
+      const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
+      float m = 0.0f;
+      if (c0 < K) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(x + c0);
+        const auto* b8 = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[ch][j] = __bfloat162float(b8[j]);
+          m = fmaxf(m, fabsf(v[ch][j]));  // fmaxf drops NaN, as the CPU's std::max does
+        }
+      }
+      amax_thread = fmaxf(amax_thread, m);
+      for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      group_amax[ch] = m;
+    }
+  }
+
+  // The row's scale (per-token; every thread of the block must call it), unused for block128.
+  __device__ __forceinline__ float token_scale(QuantScheme quant) const {
+    return quant == QuantScheme::kBlock128 ? 0.0f : numerics::fp8_scale(block_max<kQuantThreads>(amax_thread));
+  }
+
+  // Codes to out[0, K) and the row's scales to scales[0, spr): per-tensor and per-token take
+  // `row_scale` (per-token writes it as scales[0]), block128 each group's own.
+  __device__ __forceinline__ void store(QuantScheme quant, float row_scale, int K, std::uint8_t* out,
+                                        float* scales) const {
+    const bool block = quant == QuantScheme::kBlock128;
+#pragma unroll
+    for (int ch = 0; ch < kQuantChunks; ++ch) {
+      const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
+      if (c0 >= K) continue;
+      const float scale = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
+      *reinterpret_cast<uint2*>(out + c0) = fp8x8(v[ch], scale);
+      if (block && c0 % kQuantBlock == 0) scales[c0 / kQuantBlock] = scale;
+    }
+    if (quant == QuantScheme::kPerTokenPerChannel && threadIdx.x == 0) scales[0] = row_scale;
+  }
+};
+
+}  // namespace moekit::cuda
