@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cuda/backend.h"
 #include "cuda/device_info.h"
+#include "cuda/ep_launch.h"
 #include "moekit/check.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
@@ -54,10 +55,12 @@ struct RunResults {
   double device_vs_cpu = -1;  // a GPU run's relative difference to the CPU layer (-1: not run)
 };
 
-Device choose_device(const std::string& requested, ActivationFormat format, std::int64_t ep) {
+Device choose_device(const std::string& requested, ActivationFormat format, std::int64_t ep, std::int64_t ranks) {
   if (requested != "auto") return parse_device(requested);
+  // One GPU per rank: the NCCL transports do not share a GPU between ranks.
   const bool gpu_layer = cuda::available() && find_router(Device::kCuda) != nullptr &&
-                         find_prepare_finalize(Device::kCuda, format, ep) != nullptr;
+                         find_prepare_finalize(Device::kCuda, format, ep) != nullptr &&
+                         (ranks == 1 || cuda::nccl_built()) && cuda::device_count() >= ranks;
   return gpu_layer ? Device::kCuda : Device::kCpu;
 }
 
@@ -74,7 +77,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.checked = req.check;
   opt.num_threads = threads_per_rank;
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
-  opt.device = choose_device(req.device, entry.format, par.ep);
+  opt.device = choose_device(req.device, entry.format, par.ep, comm.size());
   opt.prepare_finalize = req.dispatch;
   if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
   const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
