@@ -21,7 +21,7 @@ namespace moekit {
 struct PrepareArgs {
   const std::uint16_t* hidden = nullptr;   // (num_tokens, K) bf16, this rank's tokens
   const std::int32_t* topk_ids = nullptr;  // (num_tokens, topk) global expert ids, -1: routed nowhere (-1: none)
-  const float* topk_weights = nullptr;     // (num_tokens, topk)
+  const float* topk_weights = nullptr;     // (num_tokens, topk); multi-rank ones apply them on the owner
   std::int64_t num_tokens = 0;             // <= max_tokens_per_rank
 };
 

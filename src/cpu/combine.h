@@ -13,5 +13,9 @@ namespace moekit::cpu {
 
 void combine_topk(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights,
                   const numerics::bf16_t* rows, const std::int32_t* row_of, numerics::bf16_t* output, ThreadPool& pool);
+// The same sums left in fp32 (no rounding): an expert-parallel owner's partial of one token over the
+// slots it holds (weights and row_of per (record, slot), topk of them).
+void combine_topk_fp32(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights,
+                       const numerics::bf16_t* rows, const std::int32_t* row_of, float* partials, ThreadPool& pool);
 
 }  // namespace moekit::cpu

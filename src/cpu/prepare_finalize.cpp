@@ -1,9 +1,13 @@
 // The PrepareFinalize seam on the CPU.
-// all-to-all (batched format, any number of ranks): every (token, slot) pair travels as one record
-// (header + FP8 row + its scales) to the rank owning its expert and lands in that expert's (M, K)
-// buffer, rows in (source rank, record) order; its bf16 result travels back and the source sums the
-// top-k results in slot order in fp32 and rounds once, so the output is bit-identical however the
-// tokens are spread over ranks. Record buffers are host staging of the communicator, sized per step.
+// all-to-all (batched format, any number of ranks): the semantics of the NCCL transports (plan/
+// ep_layout.h), over the communicator. Each token is quantized once and sent once to every rank
+// holding any of its experts, as one record (header, FP8 row, scales); the owner fans it out into
+// its experts' (M, K) buffers, rows in (source rank, token, slot) order: the rows one rank holding
+// every expert gives the same global tokens. The owner sums its slots of a token first (fp32, slot
+// order) and returns one fp32 partial; the source adds the partials in rank order and rounds once.
+// So outputs do not depend on how tokens are spread over ranks, and equal one rank's bit for bit
+// where a token's experts live on one rank. Record buffers are host staging of the communicator,
+// sized per step.
 // local (standard format, ep == 1): quantize in place; the experts permute; combine their rows.
 #include <fmt/format.h>
 
@@ -15,11 +19,10 @@
 #include "cpu/combine.h"
 #include "cpu/quant.h"
 #include "moekit/check.h"
+#include "plan/ep_layout.h"
 
 namespace moekit::cpu {
 namespace {
-
-constexpr std::int64_t kRecordHeader = 16;  // int32 token, slot, local expert, pad
 
 void check_ids(const MoeProblem& p, const PrepareArgs& a) {
   MOEKIT_CHECK(a.num_tokens >= 0 && a.num_tokens <= p.max_tokens_per_rank,
@@ -46,69 +49,92 @@ class AllToAll final : public PrepareFinalize {
     MOEKIT_CHECK(comm_->size() * p.E_local == p.E,
                  "all-to-all: {} ranks x E_local = {} do not hold the E = {} experts (one expert, one rank)",
                  comm_->size(), p.E_local, p.E);
+    MOEKIT_CHECK(comm_->size() <= plan::kMaxEpRanks && p.topk <= plan::kMaxEpTopk,
+                 "all-to-all: {} ranks and topk = {}; the transport takes at most {} ranks and topk {}", comm_->size(),
+                 p.topk, plan::kMaxEpRanks, plan::kMaxEpTopk);
     check_ids(p, a);
+    MOEKIT_CHECK(a.num_tokens == 0 || a.topk_weights != nullptr,
+                 "all-to-all prepare: topk_weights is null; the owner applies them before the combine");
     const std::int64_t K = p.K, M = p.M, topk = p.topk, E_local = p.E_local, tc = a.num_tokens;
-    const std::int64_t spr = activation_scales_per_row(p.quant, K);
+    const plan::EpRecord rl = plan::ep_record(p.quant, K, topk);
+    const std::int64_t spr = rl.scales_per_row, rb = rl.bytes;
     const int P = comm_->size();
     tok_q_.resize(static_cast<std::size_t>(p.max_tokens_per_rank * K));
     tok_scale_.resize(static_cast<std::size_t>(activation_scale_count(p.quant, p.max_tokens_per_rank, K)));
     quantize_activation(p.quant, a.hidden, tc, K, K, tok_q_.data(), K, tok_scale_.data());
 
-    // (token, slot) records grouped by destination rank, in (token, slot) order.
-    const std::int64_t rb = (kRecordHeader + K + 4 * spr + 15) / 16 * 16;
-    send_count_.assign(static_cast<std::size_t>(P), 0);
-    recv_count_.assign(static_cast<std::size_t>(P), 0);
-    for (std::int64_t i = 0; i < tc * topk; ++i)
-      if (a.topk_ids[i] >= 0) ++send_count_[static_cast<std::size_t>(a.topk_ids[i] / E_local)];
+    // Destinations of each token and its index among the tokens sent to each (token order).
+    const auto uP = static_cast<std::size_t>(P);
+    send_count_.assign(uP, 0);
+    send_index_.assign(static_cast<std::size_t>(tc) * uP, -1);
+    for (std::int64_t t = 0; t < tc; ++t)
+      for (int r = 0; r < P; ++r)
+        if (slot_mask(a, p, t, r) != 0)
+          send_index_[static_cast<std::size_t>(t) * uP + static_cast<std::size_t>(r)] =
+              send_count_[static_cast<std::size_t>(r)]++;
+    recv_count_.assign(uP, 0);
     comm_->all_to_all_counts(send_count_, recv_count_);
-    send_off_.assign(static_cast<std::size_t>(P), 0);
-    recv_off_.assign(static_cast<std::size_t>(P), 0);
+    send_off_.assign(uP, 0);
+    recv_off_.assign(uP, 0);
+    std::int64_t total_send = 0;
     total_recv_ = 0;
-    for (int r = 0; r < P; ++r) {
-      const auto ur = static_cast<std::size_t>(r);
-      send_off_[ur] = r == 0 ? 0 : send_off_[ur - 1] + send_count_[ur - 1];
-      recv_off_[ur] = total_recv_;
-      total_recv_ += recv_count_[ur];
+    for (std::size_t r = 0; r < uP; ++r) {
+      send_off_[r] = total_send;
+      total_send += send_count_[r];
+      recv_off_[r] = total_recv_;
+      total_recv_ += recv_count_[r];
     }
-    send_buf_.resize(static_cast<std::size_t>(tc * topk * rb));
+    send_buf_.assign(static_cast<std::size_t>(total_send * rb), std::byte{0});
     recv_buf_.resize(static_cast<std::size_t>(total_recv_ * rb));
-    std::vector<std::int64_t> fill(send_off_);
-    pair_record_.resize(static_cast<std::size_t>(tc * topk));  // record index of each pair at its destination
-    for (std::int64_t i = 0; i < tc * topk; ++i) {
-      const std::int32_t e = a.topk_ids[i];
-      if (e < 0) {
-        pair_record_[static_cast<std::size_t>(i)] = -1;  // routed nowhere: no record, skipped by the combine
-        continue;
+    for (std::int64_t t = 0; t < tc; ++t) {
+      int ordinal = 0;
+      for (int r = 0; r < P; ++r) {
+        const std::int64_t idx = send_index_[static_cast<std::size_t>(t) * uP + static_cast<std::size_t>(r)];
+        if (idx < 0) continue;
+        std::byte* rec = send_buf_.data() + (send_off_[static_cast<std::size_t>(r)] + idx) * rb;
+        std::vector<std::int32_t> hdr(static_cast<std::size_t>(rl.header_bytes / 4), 0);
+        const std::int32_t mask = slot_mask(a, p, t, r);
+        hdr[plan::kEpHeaderToken] = static_cast<std::int32_t>(t);
+        hdr[plan::kEpHeaderSlotMask] = mask;
+        hdr[plan::kEpHeaderOrdinal] = ordinal++;
+        for (std::int64_t k = 0; k < topk; ++k) {
+          const bool here = mask >> k & 1;
+          hdr[static_cast<std::size_t>(plan::kEpHeaderExperts + k)] =
+              here ? static_cast<std::int32_t>(a.topk_ids[t * topk + k] - r * E_local) : -1;
+          const float w = here ? a.topk_weights[t * topk + k] : 0.0f;
+          std::memcpy(&hdr[static_cast<std::size_t>(plan::ep_header_weight(topk) + k)], &w, 4);
+        }
+        std::memcpy(rec, hdr.data(), static_cast<std::size_t>(rl.header_bytes));
+        std::memcpy(rec + rl.row_offset, tok_q_.data() + t * K, static_cast<std::size_t>(K));
+        std::memcpy(rec + rl.scale_offset, tok_scale_.data() + t * spr, static_cast<std::size_t>(4 * spr));
       }
-      const std::int64_t idx = fill[static_cast<std::size_t>(e / E_local)]++;
-      pair_record_[static_cast<std::size_t>(i)] = idx;
-      std::byte* rec = send_buf_.data() + idx * rb;
-      const std::int32_t header[4] = {static_cast<std::int32_t>(i / topk), static_cast<std::int32_t>(i % topk),
-                                      static_cast<std::int32_t>(e % E_local), 0};
-      std::memcpy(rec, header, sizeof(header));
-      std::memcpy(rec + kRecordHeader, tok_q_.data() + (i / topk) * K, static_cast<std::size_t>(K));
-      std::memcpy(rec + kRecordHeader + K, tok_scale_.data() + (i / topk) * spr, static_cast<std::size_t>(4 * spr));
     }
     comm_->all_to_all_v(send_buf_.data(), times(send_count_, rb), times(send_off_, rb), recv_buf_.data(),
                         times(recv_count_, rb), times(recv_off_, rb));
 
-    // Scatter into (E_local, M, K): rows in (source rank, record) order.
+    // Fan out into (E_local, M, K): rows in (source rank, token, slot) order.
     auto* a1q = ws.get<fp8_t>("a1q");
     auto* a1q_scale = ws.get<float>("a1q_scale");
     auto* counts = ws.get<std::int32_t>("expert_num_tokens");
     std::fill(counts, counts + E_local, 0);
-    recv_row_.resize(static_cast<std::size_t>(total_recv_));  // le * M + row of each record
+    recv_row_.assign(static_cast<std::size_t>(total_recv_ * topk), -1);  // row of each (record, slot)
+    recv_weight_.assign(recv_row_.size(), 0.0f);
     for (std::int64_t j = 0; j < total_recv_; ++j) {
       const std::byte* rec = recv_buf_.data() + j * rb;
-      std::int32_t header[4];
-      std::memcpy(header, rec, sizeof(header));
-      const std::int32_t le = header[2];
-      MOEKIT_CHECK(le >= 0 && le < E_local, "dispatch record {} names local expert {} outside [0, {})", j, le, E_local);
-      const std::int64_t row = counts[le]++;
-      MOEKIT_CHECK(row < M, "expert {} received more than M = {} rows: dispatch capacity exceeded", le, M);
-      recv_row_[static_cast<std::size_t>(j)] = le * M + row;
-      std::memcpy(a1q + (le * M + row) * K, rec + kRecordHeader, static_cast<std::size_t>(K));
-      std::memcpy(a1q_scale + (le * M + row) * spr, rec + kRecordHeader + K, static_cast<std::size_t>(4 * spr));
+      for (std::int64_t k = 0; k < topk; ++k) {
+        std::int32_t le = 0;
+        std::memcpy(&le, rec + 4 * (plan::kEpHeaderExperts + k), 4);
+        std::memcpy(&recv_weight_[static_cast<std::size_t>(j * topk + k)], rec + 4 * (plan::ep_header_weight(topk) + k),
+                    4);
+        if (le == -1) continue;
+        MOEKIT_CHECK(le >= 0 && le < E_local, "dispatch record {} names local expert {} outside [0, {})", j, le,
+                     E_local);
+        const std::int64_t row = counts[le]++;
+        MOEKIT_CHECK(row < M, "expert {} received more than M = {} rows: dispatch capacity exceeded", le, M);
+        recv_row_[static_cast<std::size_t>(j * topk + k)] = static_cast<std::int32_t>(le * M + row);
+        std::memcpy(a1q + (le * M + row) * K, rec + rl.row_offset, static_cast<std::size_t>(K));
+        std::memcpy(a1q_scale + (le * M + row) * spr, rec + rl.scale_offset, static_cast<std::size_t>(4 * spr));
+      }
     }
     // Per-tensor (dp == 1 only): one scale per expert tensor, the rank's own.
     if (p.quant == QuantScheme::kPerTensor)
@@ -120,24 +146,33 @@ class AllToAll final : public PrepareFinalize {
 
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "all-to-all finalize");
-    const std::int64_t K = p.K, topk = p.topk, tc = a.num_tokens, ret = 2 * K;
-    // Results travel back in the order their records came.
-    back_buf_.resize(static_cast<std::size_t>(total_recv_ * ret));
-    pool_->parallel_for(total_recv_, [&](std::int64_t j0, std::int64_t j1) {
-      for (std::int64_t j = j0; j < j1; ++j)
-        std::memcpy(back_buf_.data() + j * ret, a.experts.rows + recv_row_[static_cast<std::size_t>(j)] * K,
-                    static_cast<std::size_t>(ret));
-    });
-    ret_buf_.resize(static_cast<std::size_t>(tc * topk * ret));
+    const std::int64_t K = p.K, topk = p.topk, tc = a.num_tokens, ret = 4 * K;
+    const int P = comm_->size();
+    const auto uP = static_cast<std::size_t>(P);
+    // The owner's partial of each received record (its slots, fp32, slot order), back in the order
+    // the records came.
+    back_buf_.resize(static_cast<std::size_t>(total_recv_ * K));
+    combine_topk_fp32(total_recv_, topk, K, recv_weight_.data(), a.experts.rows, recv_row_.data(), back_buf_.data(),
+                      *pool_);
+    std::int64_t total_send = 0;
+    for (auto c : send_count_) total_send += c;
+    ret_buf_.resize(static_cast<std::size_t>(total_send * K));
     comm_->all_to_all_v(back_buf_.data(), times(recv_count_, ret), times(recv_off_, ret), ret_buf_.data(),
                         times(send_count_, ret), times(send_off_, ret));
-    // ret_buf_ holds one row per record, in the order the pairs were sent: the combine reads each
-    // pair's row through its record index (-1: none).
-    pair_row_.resize(static_cast<std::size_t>(tc * topk));
-    for (std::int64_t i = 0; i < tc * topk; ++i)
-      pair_row_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair_record_[static_cast<std::size_t>(i)]);
-    combine_topk(tc, topk, K, a.topk_weights, reinterpret_cast<const bf16_t*>(ret_buf_.data()), pair_row_.data(),
-                 a.output, *pool_);
+    // The source: partials in rank order, one bf16 rounding (a token routed nowhere: 0).
+    pool_->parallel_for(tc, [&](std::int64_t t0, std::int64_t t1) {
+      std::vector<float> acc(static_cast<std::size_t>(K));
+      for (std::int64_t t = t0; t < t1; ++t) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (std::size_t r = 0; r < uP; ++r) {
+          const std::int64_t idx = send_index_[static_cast<std::size_t>(t) * uP + r];
+          if (idx < 0) continue;
+          const float* part = ret_buf_.data() + (send_off_[r] + idx) * K;
+          for (std::int64_t c = 0; c < K; ++c) acc[static_cast<std::size_t>(c)] += part[c];
+        }
+        for (std::int64_t c = 0; c < K; ++c) a.output[t * K + c] = bf16_encode(acc[static_cast<std::size_t>(c)]);
+      }
+    });
   }
 
  private:
@@ -146,15 +181,26 @@ class AllToAll final : public PrepareFinalize {
     return v;
   }
 
+  // Bit k: slot k of token t routes to an expert rank r holds.
+  static std::int32_t slot_mask(const PrepareArgs& a, const MoeProblem& p, std::int64_t t, int r) {
+    std::int32_t mask = 0;
+    for (std::int64_t k = 0; k < p.topk; ++k) {
+      const std::int32_t e = a.topk_ids[t * p.topk + k];
+      if (e >= 0 && e / p.E_local == r) mask |= 1 << k;
+    }
+    return mask;
+  }
+
   ThreadPool* pool_;
   Communicator* comm_;
   std::vector<fp8_t> tok_q_;
   std::vector<float> tok_scale_;
   // Kept across chunks and steps: resize() stops allocating once each has reached its largest size.
-  std::vector<std::byte> send_buf_, recv_buf_, back_buf_, ret_buf_;
-  std::vector<std::int64_t> send_count_, recv_count_, send_off_, recv_off_, recv_row_, pair_record_;
+  std::vector<std::byte> send_buf_, recv_buf_;
+  std::vector<float> back_buf_, ret_buf_, recv_weight_;
+  std::vector<std::int64_t> send_count_, recv_count_, send_off_, recv_off_, send_index_;
+  std::vector<std::int32_t> recv_row_;
   std::int64_t total_recv_ = 0;
-  std::vector<std::int32_t> pair_row_;
 };
 
 class Local final : public PrepareFinalize {

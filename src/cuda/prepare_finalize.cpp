@@ -289,6 +289,10 @@ class NcclAllToAll final : public PrepareFinalize {
     MOEKIT_CHECK(comm_->size() == p.num_dispatchers && p.E_local * comm_->size() == p.E,
                  "{}: {} ranks with D = {}, E_local = {}, E = {}: every rank dispatches and holds E / ranks experts",
                  name(), comm_->size(), p.num_dispatchers, p.E_local, p.E);
+    MOEKIT_CHECK(a.num_tokens == 0 || (a.hidden && a.topk_ids && a.topk_weights),
+                 "{} prepare: hidden, topk_ids and topk_weights must be non-null for {} tokens (the owner applies the "
+                 "weights before the combine)",
+                 name(), a.num_tokens);
     EpStep s = step(p, a.topk_ids, a.topk_weights, a.num_tokens, ws);
     s.hidden = a.hidden;
     clear_status_words(s.status, stream);

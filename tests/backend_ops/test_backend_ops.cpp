@@ -591,8 +591,9 @@ TEST_P(DispatchErrors, BadIdsAndOverCapacityAreReported) {
       DeviceCopies copies(*memory);
       const bf16_t* dh = copies.put(tok.hidden, "hidden");
       const std::int32_t* di = copies.put(ids, "topk_ids");
+      const float* dw = copies.put(w, "topk_weights");
       try {
-        pf->prepare(p, {dh, di, nullptr, T}, ws, nullptr);
+        pf->prepare(p, {dh, di, dw, T}, ws, nullptr);
         pf->check_status(ws, nullptr);
         ADD_FAILURE() << "not reported: " << needles.front();
       } catch (const Error& e) {
