@@ -31,4 +31,10 @@ if ! "$python" -c 'import cutlass_library' 2>/dev/null; then
   echo "install-deps: installing nvidia-cutlass==4.2.0.0 (headers) from PyPI" >&2
   "$python" -m pip install -q --no-deps nvidia-cutlass==4.2.0.0
 fi
+# The Python package's build and tests: nanobind (the module), NumPy and pytest (tests/python),
+# scikit-build-core (pip install .).
+if ! "$python" -c 'import nanobind, numpy, pytest, scikit_build_core' 2>/dev/null; then
+  echo "install-deps: installing nanobind, numpy, pytest, scikit-build-core from PyPI" >&2
+  "$python" -m pip install -q nanobind==2.9.2 numpy pytest scikit-build-core
+fi
 echo "install-deps: ok" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test on this machine: dependencies, the formatting check, the release build
-# (with the CUDA backend compiled when nvcc exists; GPU tests report SKIPPED without a device), the
+# (with the CUDA backend compiled when nvcc exists; GPU tests report SKIPPED without a device; the
+# Python module and its pytest suite, python.pytest), the
 # CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ bash scripts/install-deps.sh
 bash scripts/format.sh --check
 
 echo "== release build (build/)" >&2
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_PYTHON=ON >/dev/null
 cmake --build build -j "$jobs"
 (cd build && ctest --output-on-failure -j "$jobs")
 

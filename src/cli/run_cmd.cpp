@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,7 @@ struct RunRequest {
   std::uint64_t seed = 1;
   int threads = 0;  // 0: hardware threads
   std::string comm = "auto";
+  std::string output;  // write each rank's last outputs here (raw bf16 bits; ".rank<r>" appended when dp > 1)
   double tolerance = 1e-2;
   double cpu_tolerance = 3e-2;
 };
@@ -138,8 +140,14 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
                        s.experts_ms, s.finalize_ms)
                 << std::flush;
   }
+  if (output != out.data() && T > 0) memory->to_host(out.data(), output, 2 * T * K, nullptr);
+  if (!req.output.empty()) {
+    const std::string path = comm.size() > 1 ? fmt::format("{}.rank{}", req.output, comm.rank()) : req.output;
+    std::ofstream file(path, std::ios::binary);
+    file.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(2 * out.size()));
+    MOEKIT_CHECK(file.good(), "--output: cannot write {} bytes to '{}'", 2 * out.size(), path);
+  }
   if (!req.check) return 0;
-  if (output != out.data()) memory->to_host(out.data(), output, 2 * T * K, nullptr);
   if (opt.device != Device::kCpu) {
     // The same step on the CPU backend with the same inputs and weights.
     LayerOptions cpu_opt = opt;
@@ -282,6 +290,9 @@ std::function<int()> add_run_command(CLI::App& app) {
   cmd->add_option("--seed", req->seed, "Seed of weights, tokens and logits")->capture_default_str();
   cmd->add_option("--threads", req->threads, "CPU threads in all (0: hardware threads)")->capture_default_str();
   cmd->add_option("--comm", req->comm, "auto (mpi under mpirun), in-process or mpi")->capture_default_str();
+  cmd->add_option("--output", req->output,
+                  "Write each rank's outputs of the last step (tokens-per-rank x K bf16 bits) to this file "
+                  "(.rank<r> appended when dp > 1)");
   return [cmd, req]() -> int {
     if (!cmd->parsed()) return -1;
     return run_command(*req);

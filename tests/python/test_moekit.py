@@ -1,0 +1,136 @@
+"""The Python package over the CPU backend (no GPU, no torch): plan figures equal the C++ golden
+figures and `moekit plan --format json`; a layer forward equals `moekit run`'s outputs on the same
+seed bit for bit; bad dtypes, shapes, layouts and devices raise moekit.Error; constructing and
+running layers in a loop does not grow the process. ctest runs it (python.pytest) with the build's
+package on PYTHONPATH and the CLI in MOEKIT_CLI."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import moekit
+
+CLI = os.environ.get("MOEKIT_CLI", "moekit")
+
+
+def small_model(tmp_path, name="qwen3-30b-a3b", experts=16):
+    """A preset's config.json with fewer experts: the same shapes, a short run."""
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "models", f"{name}.json")
+    data = json.load(open(src))
+    for key in ("num_experts", "n_routed_experts"):
+        if key in data:
+            data[key] = experts
+    path = tmp_path / f"{name}-{experts}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_plan_golden_figures():
+    plans = {p.name: p for p in moekit.plan("deepseek-v3", dp=32, ep=32, max_tokens_per_rank=256, local_experts=16)}
+    assert plans["upstream-batched-cutlass-before-fix"].workspace_bytes == 120259084288  # 112 GiB
+    assert plans["upstream-batched-cutlass-after-fix"].workspace_bytes == 3758096384  # 3.5 GiB
+    ours = plans["batched-fp8 (cuda)"]
+    assert ours.M == 8192 and ours.E_local == 16 and ours.reference is False and ours.runs
+    assert ours.workspace_bytes == 1073741824 + 268435456 + 524288 + 6144 + 6144 + 1048576 + 256 + 256
+    assert ours.region("w1_out").shape == (16, 8192, 4096)
+    assert ours.region("ep_recv").persistent
+    assert sum(s.bytes for s in ours.sections) == ours.total_bytes
+
+
+@pytest.mark.parametrize("device,dispatch", [("cuda", None), ("cuda", "nccl-reference"), ("cpu", None)])
+def test_plan_equals_cli_json(device, dispatch):
+    args = [CLI, "plan", "--model", "kimi-k2", "--dp", "8", "--ep", "8", "--max-tokens-per-rank", "128", "--device",
+            device, "--format", "json"] + (["--dispatch", dispatch] if dispatch else [])
+    cli = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["plans"]
+    py = moekit.plan("kimi-k2", dp=8, ep=8, max_tokens_per_rank=128, device=device, dispatch=dispatch)
+    assert [p["name"] for p in cli] == [p.name for p in py]
+    for c, p in zip(cli, py):
+        assert (c["total_bytes"], c["workspace_bytes"]) == (p.total_bytes, p.workspace_bytes)
+        assert [r["name"] for r in c["regions"]] == [r.name for r in p.regions]
+        assert [r["bytes"] for r in c["regions"]] == [r.bytes for r in p.regions]
+
+
+def test_plan_errors_are_moekit_errors():
+    with pytest.raises(moekit.Error, match="dp = 0 must be >= 1"):
+        moekit.plan("deepseek-v3", dp=0)
+    with pytest.raises(moekit.Error, match="no prepare/finalize of that name"):
+        moekit.plan("deepseek-v3", dispatch="magic")
+
+
+@pytest.mark.parametrize("quant", ["per-token", "block128"])
+def test_forward_equals_the_cli(tmp_path, quant):
+    model = small_model(tmp_path)
+    T, seed = 6, 3
+    out_file = tmp_path / "out.bin"
+    subprocess.run([CLI, "run", "--model", model, "--dp", "1", "--tokens-per-rank", str(T), "--steps", "1",
+                    "--device", "cpu", "--quant", quant, "--seed", str(seed), "--output", str(out_file)],
+                   check=True, capture_output=True)
+    cli_out = np.fromfile(out_file, dtype=np.uint16)
+    w = moekit.synthetic_inputs(model, tokens=T, quant=quant, seed=seed)
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant=quant)
+    out = layer.forward(w["hidden"], w["router_logits"])
+    assert out.dtype == np.uint16 and out.shape == (T, w["hidden"].shape[1])
+    assert np.array_equal(out.reshape(-1), cli_out)
+    # The workspace is the plan's total for this layout (CPU, dp = ep = 1).
+    plans = {p.name: p for p in moekit.plan(model, dp=1, ep=1, max_tokens_per_rank=T, device="cpu", quant=quant)}
+    assert layer.workspace_bytes == plans["batched-fp8 (cpu)"].total_bytes
+    # In place, and chunked steps give the same bits.
+    again = np.full_like(out, 0xFFFF)
+    layer.forward(w["hidden"], w["router_logits"], out=again)
+    assert np.array_equal(again, out)
+    chunked = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4, quant=quant)
+    assert np.array_equal(chunked.forward(w["hidden"], w["router_logits"]), out)
+
+
+def test_bad_inputs_raise_moekit_error(tmp_path):
+    model = small_model(tmp_path)
+    w = moekit.synthetic_inputs(model, tokens=4)
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4)
+    h, g = w["hidden"], w["router_logits"]
+    cases = [
+        ((h.astype(np.float32), g), "hidden: dtype float32 where bfloat16"),
+        ((h, g.astype(np.float64)), "router_logits: dtype float64 where float32"),
+        ((h[:, :100], g), "hidden: shape \\(4, 100\\) where \\(4, 2048\\)"),
+        ((h, g[:3]), "router_logits: shape \\(3, 16\\) where \\(4, 16\\)"),
+        ((np.asfortranarray(h), g), "hidden: not C-contiguous"),
+        ((np.ascontiguousarray(np.asfortranarray(h)), g), None),  # a contiguous copy is fine
+    ]
+    for args, message in cases:
+        if message is None:
+            layer.forward(*args)
+            continue
+        with pytest.raises(moekit.Error, match=message):
+            layer.forward(*args)
+    with pytest.raises(moekit.Error, match="tokens .* exceed|max_tokens_per_rank|must be"):
+        moekit.MoeLayer(model, weights=w, max_tokens_per_rank=0)
+    bad = dict(w)
+    bad["w1"] = w["w1"][:, :, :-16]
+    with pytest.raises(moekit.Error, match="w1: shape"):
+        moekit.MoeLayer(model, weights=bad, max_tokens_per_rank=4)
+    bad = dict(w)
+    bad["w2_scale"] = w["w2_scale"].astype(np.float16)
+    with pytest.raises(moekit.Error, match="w2_scale: dtype float16 where float32"):
+        moekit.MoeLayer(model, weights=bad, max_tokens_per_rank=4)
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_nothing_grows_in_a_loop(tmp_path):
+    model = small_model(tmp_path)
+    w = moekit.synthetic_inputs(model, tokens=4)
+    sizes = []
+    for _ in range(6):
+        layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4)
+        layer.forward(w["hidden"], w["router_logits"])
+        del layer
+        try:
+            moekit.MoeLayer(model, weights={**w, "w1": w["w1"][:1]}, max_tokens_per_rank=4)
+        except moekit.Error:
+            pass
+        sizes.append(rss_bytes())
+    assert sizes[-1] - sizes[1] < 8 << 20, f"RSS grew from {sizes[1]} to {sizes[-1]} bytes"
