@@ -9,10 +9,11 @@
     out = layer.forward(w["hidden"], w["router_logits"])           # (8, K) bfloat16 bits (uint16)
 
 What runs today: the plan (every device's declarations, the same figures as `moekit plan --format
-json`) and the layer on the CPU over NumPy arrays (or anything DLPack hands over on the CPU),
-zero copy, one rank holding every expert. Arrays are validated where they enter (dtype, shape,
+json`), the layer on the CPU over NumPy arrays (or anything DLPack hands over on the CPU), zero
+copy, one rank holding every expert, and moekit.ops.batched_experts (the experts alone in the
+BatchedExperts convention; torch.ops.moekit.batched_experts when torch is present). Arrays are validated where they enter (dtype, shape,
 C-contiguity); anything wrong raises moekit.Error with the C++ message: the value, the limit, the
-fix. Not yet: CUDA tensors, the torch custom op, expert parallelism from Python.
+fix. Not yet: CUDA tensors, expert parallelism from Python.
 
 Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales, docs/DESIGN.md):
   w1 (E_local, N, K): gate rows [0, I) then up rows [I, 2I) (interleaved pairs for swigluoai)
@@ -32,8 +33,9 @@ import numpy as np
 
 from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
+from . import ops  # noqa: F401  (moekit.ops.batched_experts; torch.ops.moekit.* when torch is present)
 
-__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "synthetic_inputs"]
+__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "synthetic_inputs", "ops"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,13 +9,18 @@
 
 #include <fmt/format.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cpu/thread_pool.h"
 #include "moekit/check.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -194,6 +199,96 @@ class Layer {
   std::unique_ptr<MoeLayer> layer_;
 };
 
+// The experts alone in the BatchedExperts convention, on the CPU: shapes read off the arrays, the
+// scheme off the scales' shapes, one workspace per problem kept for the next call.
+class ExpertsOp {
+ public:
+  void run(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
+           const std::string& activation_name, int num_threads) {
+    MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
+                 "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
+                 "and {}",
+                 shape_text(a1q), shape_text(w1), shape_text(w2));
+    MoeProblem p;
+    p.format = ActivationFormat::kBatchedExperts;
+    p.E_local = p.E = static_cast<std::int64_t>(a1q.shape(0));
+    p.M = p.max_tokens_per_rank = static_cast<std::int64_t>(a1q.shape(1));
+    p.K = static_cast<std::int64_t>(a1q.shape(2));
+    p.N = static_cast<std::int64_t>(w1.shape(1));
+    p.topk = 1;
+    p.num_dispatchers = 1;
+    p.activation = parse_activation(activation_name);
+    // The scheme, from the activation scales' shape.
+    const auto s0 = a1q_scale.ndim() > 0 ? static_cast<std::int64_t>(a1q_scale.shape(0)) : -1;
+    p.quant = a1q_scale.ndim() == 1 && s0 == p.E_local ? QuantScheme::kPerTensor
+              : a1q_scale.ndim() == 3                  ? QuantScheme::kBlock128
+                                                       : QuantScheme::kPerTokenPerChannel;
+    validate_problem(p);
+    const std::int64_t spr = numerics::activation_scales_per_row(p.quant, p.K);
+    require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes");
+    require(a1q_scale, "a1q_scale", {kFloat}, 32,
+            p.quant == QuantScheme::kPerTensor  ? std::vector<std::int64_t>{p.E_local}
+            : p.quant == QuantScheme::kBlock128 ? std::vector<std::int64_t>{p.E_local, p.M, spr}
+                                                : std::vector<std::int64_t>{p.E_local, p.M},
+            "float32 (E_local,) per-tensor, (E_local, M) per-token or (E_local, M, ceil(K/128)) 1x128");
+    require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32");
+    require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes");
+    require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes");
+    require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)},
+            "float32");
+    require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())},
+            "float32");
+    require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)");
+    const std::string key = p.describe() + "/" + std::to_string(num_threads);
+    Runner& r = runner(key, p, std::max(1, num_threads));
+    const ExpertWeightsView w = ExpertWeightsView::of(
+        p, Device::kCpu, static_cast<const std::uint8_t*>(w1.data()), static_cast<const float*>(w1_scale.data()),
+        static_cast<const std::uint8_t*>(w2.data()), static_cast<const float*>(w2_scale.data()));
+    const ExpertsInput in{static_cast<const std::uint8_t*>(a1q.data()),
+                          static_cast<const float*>(a1q_scale.data()),
+                          static_cast<const std::int32_t*>(counts.data()),
+                          nullptr,
+                          p.M,
+                          static_cast<std::uint16_t*>(out.data())};
+    nb::gil_scoped_release release;
+    r.experts->run(p, in, w, *r.workspace, nullptr);
+  }
+
+ private:
+  struct Runner {
+    std::unique_ptr<cpu::ThreadPool> pool;
+    std::unique_ptr<Experts> experts;
+    std::unique_ptr<Memory> memory;
+    std::unique_ptr<Workspace> workspace;
+  };
+
+  Runner& runner(const std::string& key, const MoeProblem& p, int threads) {
+    std::lock_guard lock(mu_);
+    auto it = runners_.find(key);
+    if (it != runners_.end()) return *it->second;
+    if (runners_.size() >= 8) runners_.clear();  // a few shapes at a time; a new one rebuilds
+    auto r = std::make_unique<Runner>();
+    r->pool = std::make_unique<cpu::ThreadPool>(threads);
+    r->experts = find_experts("batched-fp8", Device::kCpu).make({r->pool.get(), nullptr});
+    const std::string why = r->experts->unsupported(p);
+    MOEKIT_CHECK(why.empty(), "batched_experts: {}", why);
+    WorkspaceBuilder b("batched_experts op", p);
+    b.begin_section("experts", "batched-fp8 (cpu)");
+    r->experts->declare(p, b);
+    r->memory = make_memory(Device::kCpu);
+    r->workspace = std::make_unique<Workspace>(b.finish(), *r->memory);
+    return *runners_.emplace(key, std::move(r)).first->second;
+  }
+
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Runner>> runners_;
+};
+
+ExpertsOp& experts_op() {
+  static ExpertsOp op;
+  return op;
+}
+
 // Seeded synthetic weights and tokens, as `moekit run --seed` draws them (one rank, every expert).
 nb::dict synthetic(const std::string& model_name, std::int64_t tokens, std::int64_t max_tokens,
                    const std::string& quant, std::uint64_t seed) {
@@ -236,6 +331,14 @@ NB_MODULE(_moekit, m) {
         nb::arg("dispatch"));
   m.def("synthetic", &synthetic, nb::arg("model"), nb::arg("tokens"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
         nb::arg("seed"));
+  m.def(
+      "batched_experts",
+      [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
+         const std::string& activation, int num_threads) {
+        experts_op().run(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, num_threads);
+      },
+      nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
+      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("num_threads"));
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const std::string&, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, Array, Array, Array, Array, std::optional<Array>, int>(),
