@@ -5,6 +5,9 @@
 // over ranks. Routing: uniform (each token's top-k distinct experts drawn at random) or skewed (every
 // token's experts on rank 0). Reports the bytes that cross to other GPUs, their rate against NCCL's
 // measured point-to-point bandwidth in the same run, and the transport's buffer bytes.
+// Dispatch alone and combine alone are replayed back to back without the other phase's handshake,
+// so a peer may overwrite records this rank is still reading: their data is racy (only their time
+// is reported); the round trip is the layer's own pattern.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -3,6 +3,8 @@
 // Router -> prepare -> experts -> finalize per chunk. Nothing here computes.
 #include "moekit/layer.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -88,14 +90,38 @@ struct MoeLayer::Impl {
     prepare_finalize = pf->make(ctx);
     experts = entry.make(ctx);
     collective_chunks = pf->multi_rank;
+    plan = plan_layer(problem, entry, parallel.ep, 0, pf->name);
+    WorkspacePlan allocated =
+        options.checked ? plan_layer(problem, entry, parallel.ep, options.guard_bytes, pf->name) : plan;
+    // Ranks that exchange data must have planned the same layer: a transport stores at its own
+    // region offsets in its peers' workspaces. Agreed before anything is allocated or registered.
+    if (collective_chunks) require_same_plan(allocated);
     memory = prepare_finalize->workspace_memory();  // symmetric memory for NCCL's device-initiated transport
     if (memory == nullptr) memory = make_memory(options.device);
-    plan = plan_layer(problem, entry, parallel.ep, 0, pf->name);
     // One allocation, once, at the maximum size; never grown on the hot path.
-    workspace = std::make_unique<Workspace>(
-        options.checked ? plan_layer(problem, entry, parallel.ep, options.guard_bytes, pf->name) : plan, *memory);
+    workspace = std::make_unique<Workspace>(std::move(allocated), *memory);
     if (options.checked) workspace->poison(nullptr);
     prepare_finalize->attach(*workspace, nullptr);
+  }
+
+  // Every rank's plan (problem, regions, offsets, sizes, guard bands) hashes the same, or every rank
+  // raises moekit::Error.
+  void require_same_plan(const WorkspacePlan& p) {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the plan's description
+    auto mix = [&h](std::string_view s) {
+      for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    };
+    mix(problem.describe());
+    mix(p.name);
+    for (const auto& r : p.regions) mix(fmt::format("{}:{}:{};", r.name, r.offset, r.bytes));
+    mix(fmt::format("{}:{}", p.total_bytes, p.guards.size()));
+    const auto mine = static_cast<std::int64_t>(h >> 1);  // non-negative: -mine never overflows
+    const std::int64_t highest = comm.all_reduce_max(mine), lowest = -comm.all_reduce_max(-mine);  // both, always
+    const bool same = highest == mine && lowest == mine;
+    MOEKIT_CHECK(same,
+                 "rank {} planned a different layer than another rank ({}, {} bytes{}): every rank must build it with "
+                 "the same model, parallel layout, experts, quantization, dispatch and checked mode",
+                 comm.rank(), problem.describe(), p.total_bytes, p.guards.empty() ? "" : ", guard bands");
   }
 
   void run_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t tc, std::uint16_t* out, Stream stream,

@@ -6,6 +6,7 @@
 // workspace equal to the plan, and bad input.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "cpu/routing.h"
@@ -155,6 +156,26 @@ void expect_error(const std::function<void()>& fn, const std::string& needle) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+// Ranks that planned different layers (here: checked mode, i.e. guard bands, on one rank only)
+// would store at different offsets in each other's buffers: every rank raises before allocating.
+TEST(LayerBadInput, RanksWithDifferentPlansRaiseOnEveryRank) {
+  const ModelConfig m = tiny_model(false);
+  std::atomic<int> raised{0};
+  run_in_process(2, [&](Communicator& comm) {
+    const ParallelConfig par{2, 2, 4, 0};
+    const LayerOptions opt = options(QuantScheme::kPerTokenPerChannel, comm.rank() == 1);
+    const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, opt.quant);
+    cpu::ThreadPool pool(1);
+    const auto w = synthetic::make_expert_weights(p, first_local_expert(par, p, comm.rank()), kSeed, pool);
+    try {
+      MoeLayer layer(m, par, opt, {w.view(), nullptr}, comm);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("planned a different layer") != std::string::npos) ++raised;
+    }
+  });
+  EXPECT_EQ(raised.load(), 2);
 }
 
 TEST(LayerBadInput, Construction) {

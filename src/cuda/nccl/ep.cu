@@ -408,8 +408,15 @@ Window window_of(const NcclGroup& g) {
   return {g.window, g.dev.rank - g.dev.lsaRank};
 }
 
-void check_step(const EpStep& s, NcclGroup& g, bool device_initiated) {
+void check_step(const EpStep& s, NcclGroup& g, bool device_initiated, cudaStream_t stream) {
   require_live(g);
+  if (!device_initiated) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    MOEKIT_CUDA_REQUIRE(capturing == cudaStreamCaptureStatusNone,
+                        "nccl-reference reads the counts on the host and cannot be captured in a CUDA graph: use "
+                        "--dispatch nccl");
+  }
   MOEKIT_CUDA_REQUIRE(s.ranks == g.size && s.rank == g.rank,
                       "the NCCL group has " + std::to_string(g.size) + " ranks, the step " + std::to_string(s.ranks));
   MOEKIT_CUDA_REQUIRE(!device_initiated || (g.window != nullptr && g.has_dev),
@@ -455,6 +462,7 @@ class SymmetricMemory final : public Memory {
   void deallocate(void* p) noexcept override {
     NcclGroup& g = *group_;
     if (p == nullptr) return;
+    (void)cudaSetDevice(g.device);  // the layer may be destroyed from another thread (a Python GC)
     const bool trace = std::getenv("MOEKIT_EP_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "moekit ep: rank %d frees its window (aborted %d)\n", g.rank, g.aborted ? 1 : 0);
     if (!g.aborted) {
@@ -606,7 +614,7 @@ double measure_peer_gbs(NcclGroup& g, void* stream_ptr) {
 
 void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  check_step(s, g, device_initiated);
+  check_step(s, g, device_initiated, stream);
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const Window w = device_initiated ? window_of(g) : Window{};
   MOEKIT_CUDA_REQUIRE(
@@ -621,11 +629,6 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
       s, w, device_initiated);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!device_initiated) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    MOEKIT_CUDA_REQUIRE(capturing == cudaStreamCaptureStatusNone,
-                        "the nccl-reference dispatch reads the counts on the host and cannot be captured in a CUDA "
-                        "graph: use --dispatch nccl");
     nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < s.ranks; ++r) {
       nccl_check(ncclSend(s.send_count + r, 1, ncclInt32, r, g.nccl, stream), "ncclSend (counts)");
@@ -636,13 +639,14 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
     MOEKIT_CUDA_CHECK(
         cudaMemcpyAsync(g.host_counts + plan::kMaxEpRanks, s.recv_count, 4 * s.ranks, cudaMemcpyDeviceToHost, stream));
     wait_bounded(g, stream, s.timeout_ns, "nccl-reference dispatch (counts)");
+    for (int r = 0; r < s.ranks; ++r)  // all checked before the group opens: nothing throws inside it
+      MOEKIT_CUDA_REQUIRE(g.received(r) >= 0 && g.received(r) <= s.max_tokens,
+                          "nccl-reference: rank " + std::to_string(r) + " sends " + std::to_string(g.received(r)) +
+                              " records, over max_tokens_per_rank = " + std::to_string(s.max_tokens));
     nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < s.ranks; ++r) {
       const std::int64_t seg = static_cast<std::int64_t>(r) * s.max_tokens * rl.bytes;
       const std::int32_t sent = g.sent(r), got = g.received(r);
-      MOEKIT_CUDA_REQUIRE(got >= 0 && got <= s.max_tokens, "nccl-reference: rank " + std::to_string(r) + " sends " +
-                                                               std::to_string(got) +
-                                                               " records, over max_tokens_per_rank");
       nccl_check(ncclSend(s.send + seg, static_cast<size_t>(sent * rl.bytes), ncclUint8, r, g.nccl, stream),
                  "ncclSend (records)");
       nccl_check(ncclRecv(s.recv + seg, static_cast<size_t>(got * rl.bytes), ncclUint8, r, g.nccl, stream),
@@ -661,7 +665,7 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
 
 void launch_ep_combine(const EpStep& s, NcclGroup& g, bool device_initiated, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  check_step(s, g, device_initiated);
+  check_step(s, g, device_initiated, stream);
   const Window w = device_initiated ? window_of(g) : Window{};
   const std::int64_t records = s.ranks * s.max_tokens;
   partial_kernel<<<device_initiated ? kEpCtas : grid_for(records, 4096), kCopyThreads, 0, stream>>>(s, w,
