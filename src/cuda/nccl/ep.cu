@@ -404,6 +404,18 @@ void wait_bounded(NcclGroup& g, cudaStream_t stream, std::int64_t timeout_ns, co
   }
 }
 
+// Before a collective NCCL call that a failed rank would never make (and the others would wait in
+// for ever): every rank learns whether any rank failed its local step; all raise. Returns normally
+// only when every rank succeeded.
+void agree(Communicator& comm, const std::string& local_error, const std::string& step) {
+  const std::int64_t failed = comm.all_reduce_max(local_error.empty() ? std::int64_t{-1} : std::int64_t{comm.rank()});
+  const std::string prefix = "moekit: ";  // an Error's text already carries it
+  MOEKIT_CUDA_REQUIRE(local_error.empty(),
+                      local_error.rfind(prefix, 0) == 0 ? local_error.substr(prefix.size()) : local_error);
+  MOEKIT_CUDA_REQUIRE(failed < 0, step + ": rank " + std::to_string(failed) +
+                                      " failed (its own error says why); every rank stops here");
+}
+
 Window window_of(const NcclGroup& g) {
   return {g.window, g.dev.rank - g.dev.lsaRank};
 }
@@ -435,12 +447,20 @@ class SymmetricMemory final : public Memory {
     MOEKIT_CUDA_REQUIRE(g.window == nullptr, "one symmetric allocation per NCCL group (the layer's workspace)");
     void* p = nullptr;
     const ncclResult_t r = ncclMemAlloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 4096));
+    std::string error;
     if (r != ncclSuccess) {
       std::size_t free_bytes = 0, total_bytes = 0;
       (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-      nccl_check(r, "ncclMemAlloc",
-                 std::to_string(bytes) + " bytes of symmetric memory for " + std::string(what) + "; " +
-                     std::to_string(free_bytes) + " bytes free on the GPU. `moekit plan` shows where the bytes go");
+      error = std::string("ncclMemAlloc failed: ") + ncclGetErrorString(r) + " for " + std::to_string(bytes) +
+              " bytes of symmetric memory (" + std::string(what) + "); " + std::to_string(free_bytes) +
+              " bytes free on the GPU. `moekit plan` shows where the bytes go";
+      p = nullptr;
+    }
+    try {
+      agree(*g.comm, error, "symmetric memory for the layer's workspace");  // window registration is collective
+    } catch (...) {
+      if (p != nullptr) (void)ncclMemFree(p);
+      throw;
     }
     nccl_check(ncclCommWindowRegister(g.nccl, p, static_cast<size_t>(bytes > 0 ? bytes : 4096), &g.window,
                                       NCCL_WIN_COLL_SYMMETRIC),
@@ -516,19 +536,25 @@ std::string nccl_compiled_version() {
 }
 
 std::shared_ptr<NcclGroup> make_nccl_group(Communicator& comm) {
-  int loaded = 0;
-  nccl_check(ncclGetVersion(&loaded), "ncclGetVersion");
-  MOEKIT_CUDA_REQUIRE(loaded == NCCL_VERSION_CODE,
-                      "moekit's kernels inline NCCL " + version_text(NCCL_VERSION_CODE) +
-                          "'s device API, but this process loaded NCCL " + version_text(loaded) +
-                          ": put the matching libnccl.so.2 first on the library path (e.g. LD_LIBRARY_PATH=<python "
-                          "site-packages>/nvidia/nccl/lib for the nvidia-nccl-cu13 wheel)");
   auto g = std::make_shared<NcclGroup>();
   g->comm = &comm;
   g->rank = comm.rank();
   g->size = comm.size();
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&g->device));
-  MOEKIT_CUDA_CHECK(cudaMallocHost(&g->host_counts, 2 * plan::kMaxEpRanks * sizeof(std::int32_t)));
+  std::string error;
+  try {
+    int loaded = 0;
+    nccl_check(ncclGetVersion(&loaded), "ncclGetVersion");
+    MOEKIT_CUDA_REQUIRE(loaded == NCCL_VERSION_CODE,
+                        "moekit's kernels inline NCCL " + version_text(NCCL_VERSION_CODE) +
+                            "'s device API, but this process loaded NCCL " + version_text(loaded) +
+                            ": put the matching libnccl.so.2 first on the library path (e.g. LD_LIBRARY_PATH=<python "
+                            "site-packages>/nvidia/nccl/lib for the nvidia-nccl-cu13 wheel)");
+    MOEKIT_CUDA_CHECK(cudaGetDevice(&g->device));
+    MOEKIT_CUDA_CHECK(cudaMallocHost(&g->host_counts, 2 * plan::kMaxEpRanks * sizeof(std::int32_t)));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(comm, error, "the NCCL communicator");  // ncclCommInitRank is collective
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (comm.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
