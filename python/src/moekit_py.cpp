@@ -84,6 +84,19 @@ const auto kUInt = nb::dlpack::dtype_code::UInt;
 const auto kInt = nb::dlpack::dtype_code::Int;
 const auto kBfloat = nb::dlpack::dtype_code::Bfloat;
 
+// The experts' weights of `p` (moekit/weights.h layouts), validated, as a view of the arrays.
+ExpertWeightsView weights_of(const MoeProblem& p, const Array& w1, const Array& w1_scale, const Array& w2,
+                             const Array& w2_scale) {
+  require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes");
+  require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes");
+  require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)}, "float32");
+  require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())},
+          "float32");
+  return ExpertWeightsView::of(p, Device::kCpu, static_cast<const std::uint8_t*>(w1.data()),
+                               static_cast<const float*>(w1_scale.data()), static_cast<const std::uint8_t*>(w2.data()),
+                               static_cast<const float*>(w2_scale.data()));
+}
+
 std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64_t ep, std::int64_t max_tokens,
                            std::int64_t local_experts, const std::string& device, const std::string& quant,
                            const std::string& activation, const std::vector<std::string>& experts,
@@ -118,12 +131,7 @@ class Layer {
     const ExpertsEntry& entry = find_experts(experts, Device::kCpu);
     problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation));
     const MoeProblem& p = problem_;
-    require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes");
-    require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes");
-    require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)},
-            "float32");
-    require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())},
-            "float32");
+    weights_ = weights_of(p, w1, w1_scale, w2, w2_scale);
     const float* bias_ptr = nullptr;
     if (model_.has_score_correction_bias) {
       MOEKIT_CHECK(bias.has_value(), "model '{}' routes with e_score_correction_bias: pass {} float32 values",
@@ -131,9 +139,6 @@ class Layer {
       require(*bias, "e_score_correction_bias", {kFloat}, 32, {p.E}, "float32");
       bias_ptr = static_cast<const float*>(bias->data());
     }
-    weights_ = ExpertWeightsView::of(
-        p, Device::kCpu, static_cast<const std::uint8_t*>(w1.data()), static_cast<const float*>(w1_scale.data()),
-        static_cast<const std::uint8_t*>(w2.data()), static_cast<const float*>(w2_scale.data()));
     // One rank: the layer's collectives are over a group of one, held for the layer's life.
     group_ = std::make_unique<Group>();
     layer_ = std::make_unique<MoeLayer>(model_, par, opt, LayerWeights{weights_, bias_ptr}, group_->comm());
@@ -232,18 +237,10 @@ class ExpertsOp {
                                                 : std::vector<std::int64_t>{p.E_local, p.M},
             "float32 (E_local,) per-tensor, (E_local, M) per-token or (E_local, M, ceil(K/128)) 1x128");
     require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32");
-    require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes");
-    require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes");
-    require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)},
-            "float32");
-    require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())},
-            "float32");
+    const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale);
     require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)");
     const std::string key = p.describe() + "/" + std::to_string(num_threads);
     Runner& r = runner(key, p, std::max(1, num_threads));
-    const ExpertWeightsView w = ExpertWeightsView::of(
-        p, Device::kCpu, static_cast<const std::uint8_t*>(w1.data()), static_cast<const float*>(w1_scale.data()),
-        static_cast<const std::uint8_t*>(w2.data()), static_cast<const float*>(w2_scale.data()));
     const ExpertsInput in{static_cast<const std::uint8_t*>(a1q.data()),
                           static_cast<const float*>(a1q_scale.data()),
                           static_cast<const std::int32_t*>(counts.data()),

@@ -27,6 +27,14 @@
 #include "synthetic/synthetic.h"
 
 namespace moekit::cli {
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(
+      std::min<double>(static_cast<double>(v.size() - 1), std::ceil(q * static_cast<double>(v.size())) - 1));
+  return v[i];
+}
+
 namespace {
 
 struct BenchRequest {
@@ -47,13 +55,6 @@ struct BenchRequest {
   std::int64_t max_tokens_per_rank = 0;
   bool tokens_given = false;
 };
-
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const auto i = static_cast<std::size_t>(
-      std::min<double>(static_cast<double>(v.size() - 1), std::ceil(q * static_cast<double>(v.size())) - 1));
-  return v[i];
-}
 
 const char* kStages[] = {"route", "prepare", "experts", "finalize"};
 

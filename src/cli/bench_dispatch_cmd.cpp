@@ -29,13 +29,6 @@
 namespace moekit::cli {
 namespace {
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const auto i = static_cast<std::size_t>(
-      std::min<double>(static_cast<double>(v.size() - 1), std::ceil(q * static_cast<double>(v.size())) - 1));
-  return v[i];
-}
-
 struct Timing {
   double median_us = 0, p99_us = 0;
 };

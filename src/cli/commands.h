@@ -51,6 +51,9 @@ PlanReport make_plan_report(const PlanRequest& request);
 nlohmann::json plan_json(const PlanRequest& request, const PlanReport& report);
 std::string plan_table(const PlanRequest& request, const PlanReport& report);
 
+// The q-quantile (0 < q <= 1) of a benchmark's samples, nearest rank (bench_cmd.cpp).
+double percentile(std::vector<double> samples, double q);
+
 // `moekit bench dispatch` (bench_dispatch_cmd.cpp): the NCCL transport alone, one rank per GPU.
 struct DispatchBenchRequest {
   std::string model = "deepseek-v3";

@@ -95,16 +95,6 @@ std::vector<std::uint16_t> run_layer(const Case& c, Device device, const synthet
                     [&](LayerIo& io) { io.layer.forward(io.hidden, io.logits, c.tokens, io.output); });
 }
 
-double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& ref) {
-  double err = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double x = bf16_decode(a[i]), y = bf16_decode(ref[i]);
-    err += (x - y) * (x - y);
-    norm += y * y;
-  }
-  return norm > 0 ? std::sqrt(err / norm) : 0.0;
-}
-
 std::string name_of(const Case& c) {
   std::string n = c.model + "_" + c.experts + "_" + std::string(quant_name(c.quant)) + "_" +
                   std::string(activation_name(c.activation)) + "_T" + std::to_string(c.tokens);
@@ -126,7 +116,7 @@ TEST_P(LayerOnDevice, MatchesTheCpuLayer) {
   const auto tokens = tokens_of(c);
   const auto cpu = run_layer(c, Device::kCpu, tokens);
   const auto gpu = run_layer(c, Device::kCuda, tokens);
-  const double err = rel_err(gpu, cpu);
+  const double err = testing::relative_difference(gpu, cpu);
   EXPECT_LT(err, kDeviceVsCpu) << name_of(c);
   for (std::size_t i = 0; i < gpu.size(); ++i) {
     if (std::isnan(bf16_decode(gpu[i]))) {
@@ -173,7 +163,7 @@ TEST_P(LayerEveryDevice, EveryTokenToOneExpert) {
     for (std::int64_t t = 0; t < c.tokens; ++t) tokens.logits[static_cast<std::size_t>(t * 16 + 5)] = 50.0f;
     const auto out = run_layer(c, GetParam(), tokens);
     const auto cpu = run_layer(c, Device::kCpu, tokens);
-    EXPECT_LT(rel_err(out, cpu), kDeviceVsCpu) << experts;
+    EXPECT_LT(testing::relative_difference(out, cpu), kDeviceVsCpu) << experts;
   }
 }
 

@@ -69,16 +69,6 @@ std::int64_t max_of(const std::vector<std::int64_t>& v) {
   return m;
 }
 
-double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& ref) {
-  double err = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double x = bf16_decode(a[i]), y = bf16_decode(ref[i]);
-    err += (x - y) * (x - y);
-    norm += y * y;
-  }
-  return norm > 0 ? std::sqrt(err / norm) : 0.0;
-}
-
 // What `body` gets on each rank: its layer and its tokens on its GPU.
 struct RankIo {
   MoeLayer& layer;
@@ -167,7 +157,7 @@ TEST_P(TwoGpus, LayerEqualsOneGpu) {
   const auto tokens = tokens_of(c);
   const auto one = run_ranks(one_gpu(c), tokens);
   const auto two = run_ranks(c, tokens);
-  const double err = rel_err(two, one);
+  const double err = testing::relative_difference(two, one);
   EXPECT_LT(err, kTwoVsOne) << name_of(c);
   std::size_t same = 0;
   for (std::size_t i = 0; i < one.size(); ++i) same += one[i] == two[i];
