@@ -86,13 +86,14 @@ class AllToAll final : public PrepareFinalize {
     }
     send_buf_.assign(static_cast<std::size_t>(total_send * rb), std::byte{0});
     recv_buf_.resize(static_cast<std::size_t>(total_recv_ * rb));
+    std::vector<std::int32_t> hdr(static_cast<std::size_t>(rl.header_bytes / 4));
     for (std::int64_t t = 0; t < tc; ++t) {
       int ordinal = 0;
       for (int r = 0; r < P; ++r) {
         const std::int64_t idx = send_index_[static_cast<std::size_t>(t) * uP + static_cast<std::size_t>(r)];
         if (idx < 0) continue;
         std::byte* rec = send_buf_.data() + (send_off_[static_cast<std::size_t>(r)] + idx) * rb;
-        std::vector<std::int32_t> hdr(static_cast<std::size_t>(rl.header_bytes / 4), 0);
+        std::fill(hdr.begin(), hdr.end(), 0);
         const std::int32_t mask = slot_mask(a, p, t, r);
         hdr[plan::kEpHeaderToken] = static_cast<std::int32_t>(t);
         hdr[plan::kEpHeaderSlotMask] = mask;

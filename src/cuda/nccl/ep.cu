@@ -416,6 +416,25 @@ void agree(Communicator& comm, const std::string& local_error, const std::string
                                       " failed (its own error says why); every rank stops here");
 }
 
+// One grouped exchange with every rank: to rank r, send_units(r) units from send + r * segment; from
+// rank r, recv_units(r) units into recv + r * segment (unit_bytes each). Callers check the counts
+// before: nothing throws inside the open group but NCCL itself.
+template <class SendUnits, class RecvUnits>
+void exchange(NcclGroup& g, const void* send, void* recv, std::int64_t segment_bytes, std::int64_t unit_bytes,
+              SendUnits send_units, RecvUnits recv_units, cudaStream_t stream, const std::string& what) {
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < g.size; ++r) {
+    const std::int64_t at = r * segment_bytes;
+    nccl_check(ncclSend(static_cast<const std::byte*>(send) + at, static_cast<size_t>(send_units(r) * unit_bytes),
+                        ncclUint8, r, g.nccl, stream),
+               ("ncclSend (" + what + ")").c_str());
+    nccl_check(ncclRecv(static_cast<std::byte*>(recv) + at, static_cast<size_t>(recv_units(r) * unit_bytes), ncclUint8,
+                        r, g.nccl, stream),
+               ("ncclRecv (" + what + ")").c_str());
+  }
+  nccl_check(ncclGroupEnd(), ("ncclGroupEnd (" + what + ")").c_str());
+}
+
 Window window_of(const NcclGroup& g) {
   return {g.window, g.dev.rank - g.dev.lsaRank};
 }
@@ -576,12 +595,8 @@ void connect_nccl_peers(NcclGroup& g, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   std::int32_t* word = nullptr;
   MOEKIT_CUDA_CHECK(cudaMalloc(&word, 8));
-  nccl_check(ncclGroupStart(), "ncclGroupStart");
-  for (int r = 0; r < g.size; ++r) {
-    nccl_check(ncclSend(word, 1, ncclInt32, r, g.nccl, stream), "ncclSend (connect)");
-    nccl_check(ncclRecv(word + 1, 1, ncclInt32, r, g.nccl, stream), "ncclRecv (connect)");
-  }
-  nccl_check(ncclGroupEnd(), "ncclGroupEnd (connect)");
+  const auto one = [](int) { return std::int64_t{1}; };
+  exchange(g, word, word + 1, 0, sizeof(std::int32_t), one, one, stream, "connect");
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   (void)cudaFree(word);
 }
@@ -655,12 +670,8 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
       s, w, device_initiated);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!device_initiated) {
-    nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int r = 0; r < s.ranks; ++r) {
-      nccl_check(ncclSend(s.send_count + r, 1, ncclInt32, r, g.nccl, stream), "ncclSend (counts)");
-      nccl_check(ncclRecv(s.recv_count + r, 1, ncclInt32, r, g.nccl, stream), "ncclRecv (counts)");
-    }
-    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    const auto one = [](int) { return std::int64_t{1}; };
+    exchange(g, s.send_count, s.recv_count, sizeof(std::int32_t), sizeof(std::int32_t), one, one, stream, "counts");
     MOEKIT_CUDA_CHECK(cudaMemcpyAsync(g.host_counts, s.send_count, 4 * s.ranks, cudaMemcpyDeviceToHost, stream));
     MOEKIT_CUDA_CHECK(
         cudaMemcpyAsync(g.host_counts + plan::kMaxEpRanks, s.recv_count, 4 * s.ranks, cudaMemcpyDeviceToHost, stream));
@@ -669,16 +680,9 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
       MOEKIT_CUDA_REQUIRE(g.received(r) >= 0 && g.received(r) <= s.max_tokens,
                           "nccl-reference: rank " + std::to_string(r) + " sends " + std::to_string(g.received(r)) +
                               " records, over max_tokens_per_rank = " + std::to_string(s.max_tokens));
-    nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int r = 0; r < s.ranks; ++r) {
-      const std::int64_t seg = static_cast<std::int64_t>(r) * s.max_tokens * rl.bytes;
-      const std::int32_t sent = g.sent(r), got = g.received(r);
-      nccl_check(ncclSend(s.send + seg, static_cast<size_t>(sent * rl.bytes), ncclUint8, r, g.nccl, stream),
-                 "ncclSend (records)");
-      nccl_check(ncclRecv(s.recv + seg, static_cast<size_t>(got * rl.bytes), ncclUint8, r, g.nccl, stream),
-                 "ncclRecv (records)");
-    }
-    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    exchange(
+        g, s.send, s.recv, s.max_tokens * rl.bytes, rl.bytes, [&g](int r) { return std::int64_t{g.sent(r)}; },
+        [&g](int r) { return std::int64_t{g.received(r)}; }, stream, "records");
   }
   const std::int64_t records = s.ranks * s.max_tokens;
   recv_ids_kernel<<<grid_for((records + 255) / 256, 1024), 256, 0, stream>>>(s, device_initiated);
@@ -698,16 +702,11 @@ void launch_ep_combine(const EpStep& s, NcclGroup& g, bool device_initiated, voi
                                                                                                     device_initiated);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!device_initiated) {
-    nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (int r = 0; r < s.ranks; ++r) {
-      const std::int64_t seg = static_cast<std::int64_t>(r) * s.max_tokens * s.K;
-      const std::int64_t sent = g.sent(r), got = g.received(r);
-      nccl_check(ncclSend(s.combine_send + seg, static_cast<size_t>(got * s.K), ncclFloat32, r, g.nccl, stream),
-                 "ncclSend (partials)");
-      nccl_check(ncclRecv(s.combine_recv + seg, static_cast<size_t>(sent * s.K), ncclFloat32, r, g.nccl, stream),
-                 "ncclRecv (partials)");
-    }
-    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    // Each received record's partial goes back to its source; each token sent comes back once.
+    exchange(
+        g, s.combine_send, s.combine_recv, s.max_tokens * s.K * 4, s.K * 4,
+        [&g](int r) { return std::int64_t{g.received(r)}; }, [&g](int r) { return std::int64_t{g.sent(r)}; }, stream,
+        "partials");
   }
   const std::int64_t work = s.tokens * (s.K / 8);
   if (work > 0) {
