@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Baseline for bench_gpu_experts, run on the GPU machine in the same round: the same experts
 pipeline (W1 grouped FP8 GEMM -> SiLU-and-mul -> per-token FP8 quantization -> W2 grouped FP8 GEMM)
-with PyTorch's torch._scaled_grouped_mm on the valid rows gathered contiguously. Merges its times
+with PyTorch's torch._scaled_grouped_mm on the valid rows gathered contiguously. Per-token only
+(PyTorch has no block-scaled grouped GEMM on Hopper): block128 cases carry the per-token baseline
+of their m_e for reference. Merges its times
 into the C++ results, writes the results JSON and a plot of time vs m_e with the floor drawn in.
 
 usage: torch_baseline.py bench.json results.json plot.png [commit]
@@ -76,14 +78,14 @@ def main():
     with open(out_path, "w") as f:
         json.dump(res, f, indent=2)
 
-    print(f"{'M':>6} {'m_e':>6} {'config':<20} {'ms':>9} {'floor':>9} {'x floor':>8} {'torch ms':>9} "
+    print(f"{'quant':<9} {'M':>6} {'m_e':>6} {'config':<20} {'ms':>9} {'floor':>9} {'x floor':>8} {'torch ms':>9} "
           f"{'torch gemms':>11} {'x torch':>8}")
     for c in res["cases"]:
         if not c["selected"]:
             continue
         b = c["baseline_ms"]
         bg = c["baseline_gemms_ms"]
-        print(f"{c['M']:>6} {c['m_e']:>6} {c['config']:<20} {c['ms']:>9.4f} {c['floor_ms']:>9.4f} "
+        print(f"{c.get('quant', 'per-token'):<9} {c['M']:>6} {c['m_e']:>6} {c['config']:<20} {c['ms']:>9.4f} {c['floor_ms']:>9.4f} "
               f"{c['ms'] / c['floor_ms']:>8.2f} {b if b else float('nan'):>9.4f} {bg if bg else float('nan'):>11.4f} "
               f"{(b / c['ms']) if b else float('nan'):>8.2f}")
 
@@ -93,10 +95,14 @@ def main():
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for M, style in ((2048, "o-"), (8192, "s-")):
-            sel = sorted((c for c in res["cases"] if c["selected"] and c["M"] == M), key=lambda c: c["m_e"])
-            if sel:
-                ax.plot([c["m_e"] for c in sel], [c["ms"] for c in sel], style, label=f"moekit, M={M}")
-        sel = sorted((c for c in res["cases"] if c["selected"] and c["M"] == 8192), key=lambda c: c["m_e"])
+            for quant in ("per-token", "block128"):
+                sel = sorted((c for c in res["cases"] if c["selected"] and c["M"] == M
+                              and c.get("quant", "per-token") == quant), key=lambda c: c["m_e"])
+                if sel:
+                    ax.plot([c["m_e"] for c in sel], [c["ms"] for c in sel], style if quant == "per-token" else
+                            style.replace("-", ":"), label=f"moekit {quant}, M={M}")
+        sel = sorted((c for c in res["cases"] if c["selected"] and c["M"] == 8192
+                      and c.get("quant", "per-token") == "per-token"), key=lambda c: c["m_e"])
         ax.plot([c["m_e"] for c in sel], [c["floor_ms"] for c in sel], "k--", label="floor (measured ceilings)")
         bl = [(c["m_e"], c["baseline_ms"]) for c in sel if c["baseline_ms"]]
         if bl:

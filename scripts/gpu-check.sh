@@ -4,10 +4,12 @@
 #          harness and the layer on every device, compute-sanitizer memcheck and racecheck on
 #          reduced cases;
 #   bench: `moekit bench layer` (DeepSeek-V3, 256 experts on the GPU, both formats) with the
-#          PyTorch layer (eager, torch.compile) in the same round, and the experts benchmark.
+#          PyTorch layer (eager, torch.compile) in the same round.
+#   experts: the experts benchmark (DeepSeek-V3 shapes, E_local = 16, per-token and block128) with
+#          PyTorch's grouped-GEMM pipeline in the same round.
 #   ep:    (2+ GPUs) expert parallelism on NCCL: the multi-GPU tests, the whole layer on 2 GPUs
 #          checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
-# `bash scripts/gpu-check.sh tests|bench|ep` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|ep` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +45,11 @@ if [[ $part == all || $part == tests ]]; then
   san_rc=0
   for tool in memcheck racecheck; do
     run compute-sanitizer --tool $tool --error-exitcode 9 $BIN/test_layer_devices \
-      --gtest_filter='Cases/LayerOnDevice.MatchesTheCpuLayer/tiny_*_per_token_silu_T37:Devices/LayerEveryDevice.*/cuda' \
+      --gtest_filter='Cases/LayerOnDevice.MatchesTheCpuLayer/tiny_*_silu_T37:Devices/LayerEveryDevice.*/cuda' \
       >> "$OUT/sanitizer.log" 2>&1 || san_rc=$((san_rc | $?))
   done
   run compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
-    --gtest_filter='BatchedExpertsGpuContract.*' >> "$OUT/sanitizer.log" 2>&1 || san_rc=$((san_rc | $?))
+    --gtest_filter='BatchedExpertsGpuContract*' >> "$OUT/sanitizer.log" 2>&1 || san_rc=$((san_rc | $?))
   run compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_backend_ops \
     --gtest_filter='*cuda_router*T37*:*cuda_prepare_finalize*T13*:*DispatchErrors*' >> "$OUT/sanitizer.log" 2>&1 \
     || san_rc=$((san_rc | $?))
@@ -61,6 +63,14 @@ if [[ $part == all || $part == bench ]]; then
   run $BIN/moekit bench layer --iters 20 --tokens 128,512 2>> "$OUT/bench_layer.log" | tee "$OUT/bench_layer_table.txt"
   PYTHONUNBUFFERED=1 timeout 420 python3 bench/torch_layer.py /tmp/layer.json "$OUT/layer_results.json" \
     "$OUT/layer_plot.png" "$commit" 2>&1 | tee "$OUT/layer_baseline.log"
+fi
+
+if [[ $part == experts ]]; then
+  echo "== experts benchmark (per-token and block128) and the PyTorch pipeline"
+  run timeout 400 $BIN/bench_gpu_experts /tmp/experts.json > "$OUT/bench_experts.log" 2>&1
+  grep -E "^(device|ceilings)|selected" "$OUT/bench_experts.log"
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/torch_baseline.py /tmp/experts.json "$OUT/experts_results.json" \
+    "$OUT/experts_plot.png" "$commit" 2>&1 | tee "$OUT/experts_baseline.log"
 fi
 
 if [[ $part == ep ]]; then

@@ -4,10 +4,11 @@
 // {8, 64, 256, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
 // quantization, W2 GEMM) per config of the table (both GEMMs on it) and for the pair the runtime's
 // rule selects, TFLOP/s on valid rows, the floor max(flops / FP8 peak, (weight + activation bytes) /
-// bandwidth), the ratio to it, and the time to read the local experts' weights once. Writes JSON
-// (argv[1]) for bench/torch_baseline.py.
-// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e]  (--case: that case only, selected config;
-// for profiling under ncu)
+// bandwidth), the ratio to it, and the time to read the local experts' weights once; for each
+// quantization scheme asked for (per-token and block128 by default, in the same process, so the
+// two are compared on the same machine state). Writes JSON (argv[1]) for bench/torch_baseline.py.
+// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128]
+// (--case: that case only, selected config; for profiling under ncu)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "moekit/model.h"
 #include "moekit/registry.h"
 #include "moekit/workspace.h"
+#include "numerics/scales.h"
 
 using namespace moekit;
 
@@ -36,8 +38,18 @@ int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
   std::int64_t only_M = 0, only_m_e = 0;
+  std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
   for (int a = 2; a < argc; ++a) {
     if (std::string(argv[a]) == "--quick") quick = true;
+    if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
+      quants.clear();
+      std::string list = argv[a + 1];
+      for (std::size_t pos = 0; pos <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', pos), list.size());
+        quants.push_back(parse_quant(list.substr(pos, comma - pos)));
+        pos = comma + 1;
+      }
+    }
     if (std::string(argv[a]) == "--case" && a + 2 < argc) {
       only_M = std::stoll(argv[a + 1]);
       only_m_e = std::stoll(argv[a + 2]);
@@ -66,121 +78,127 @@ int main(int argc, char** argv) {
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
           "},\n  \"E_local\": 16, \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
-  std::printf("%6s %6s %-20s %9s %9s %9s %8s %9s %10s\n", "M", "m_e", "config", "ms", "TFLOP/s", "floor ms", "x floor",
-              "weights", "x weights");
+  std::printf("%-9s %6s %6s %-20s %9s %9s %9s %8s %9s %10s\n", "quant", "M", "m_e", "config", "ms", "TFLOP/s",
+              "floor ms", "x floor", "weights", "x weights");
   bool first = true;
   const auto memory = make_memory(Device::kCuda);
   const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
-  for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
-    if (only_M != 0 && M != only_M) continue;
-    MoeProblem p;
-    p.format = ActivationFormat::kBatchedExperts;
-    p.M = M;
-    p.K = model.hidden_size;
-    p.N = 2 * model.moe_intermediate_size;
-    p.topk = model.topk;
-    p.E = model.num_experts;
-    p.E_local = E_local;
-    p.activation = Activation::kSilu;
-    p.quant = QuantScheme::kPerTokenPerChannel;
-    p.max_tokens_per_rank = M;
-    p.num_dispatchers = 1;
-    validate_problem(p);
-    const std::int64_t K = p.K, N = p.N, I = p.I();
-    // Weights: random FP8 codes and scales of the right magnitude (timing does not need a
-    // quantizer pass over 704 MiB on the host).
-    DeviceBuffer w1(*memory, E_local * N * K, "W1"), w2(*memory, E_local * K * I, "W2");
-    DeviceBuffer w1s(*memory, E_local * N * 4, "W1 scales"), w2s(*memory, E_local * K * 4, "W2 scales");
-    cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
-    cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
-    Workspace ws(plan_layer(p, entry, 1), *memory);
-    cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
-                            true);
-    {
-      std::vector<float> s1(E_local * N, 1.0f / 448.0f), s2(E_local * K, 1.0f / 448.0f), sa(E_local * M, 1.0f / 16.0f);
-      memory->from_host(w1s.get(), s1.data(), w1s.bytes(), nullptr);
-      memory->from_host(w2s.get(), s2.data(), w2s.bytes(), nullptr);
-      memory->from_host(ws.get<float>("a1q_scale"), sa.data(), static_cast<std::int64_t>(sa.size() * 4), nullptr);
-    }
-    const ExpertWeightsView view = ExpertWeightsView::of(p, Device::kCuda, w1.as<std::uint8_t>(), w1s.as<float>(),
-                                                         w2.as<std::uint8_t>(), w2s.as<float>());
-    const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
-                             ws.get<float>("a1q_scale"),
-                             ws.get<std::int32_t>("expert_num_tokens"),
-                             nullptr,
-                             M,
-                             ws.get<std::uint16_t>("expert_output")};
-    const double weight_bytes = double(E_local) * double(N * K + K * I);
-    for (std::int64_t m_e : {std::int64_t{8}, std::int64_t{64}, std::int64_t{256}, std::int64_t{1024}}) {
-      if (m_e > M || (only_m_e != 0 && m_e != only_m_e)) continue;
-      std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
-      memory->from_host(ws.get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
-      const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
-      const double act_bytes = double(E_local) * double(m_e) * double(K + 2 * K);
-      const double floor_ms = std::max(flops / (peak * 1e12), (weight_bytes + act_bytes) / (bw * 1e9)) * 1e3;
-      const double weights_ms = weight_bytes / (bw * 1e9) * 1e3;
-      // Each config of the table on every expert of both GEMMs, then what the runtime runs: its
-      // launches for experts of up to m_e rows (here all of them hold m_e).
-      struct Variant {
-        std::string name;
-        plan::ExpertsGemmPlan gemms;
-        bool selected;
-      };
-      std::vector<Variant> sweep;
-      for (const auto& cfg : plan::kGemmConfigs)
-        if (plan::supports(cfg, N, K) && plan::supports(cfg, K, I) && !quick)
-          sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id), false});
+  for (const QuantScheme quant : quants)
+    for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
+      if (only_M != 0 && M != only_M) continue;
+      MoeProblem p;
+      p.format = ActivationFormat::kBatchedExperts;
+      p.M = M;
+      p.K = model.hidden_size;
+      p.N = 2 * model.moe_intermediate_size;
+      p.topk = model.topk;
+      p.E = model.num_experts;
+      p.E_local = E_local;
+      p.activation = Activation::kSilu;
+      p.quant = quant;
+      p.max_tokens_per_rank = M;
+      p.num_dispatchers = 1;
+      validate_problem(p);
+      const std::int64_t K = p.K, N = p.N, I = p.I();
+      // Weights: random FP8 codes and scales of the right magnitude (timing does not need a
+      // quantizer pass over 704 MiB on the host).
+      DeviceBuffer w1(*memory, E_local * N * K, "W1"), w2(*memory, E_local * K * I, "W2");
+      const std::int64_t s1_count = E_local * numerics::weight_scale_count(quant, N, K),
+                         s2_count = E_local * numerics::weight_scale_count(quant, K, I),
+                         sa_count = numerics::activation_scale_count(quant, E_local * M, K);
+      DeviceBuffer w1s(*memory, s1_count * 4, "W1 scales"), w2s(*memory, s2_count * 4, "W2 scales");
+      cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
+      cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
+      Workspace ws(plan_layer(p, entry, 1), *memory);
+      cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
+                              true);
       {
-        const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
-        sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true});
+        std::vector<float> s1(s1_count, 1.0f / 448.0f), s2(s2_count, 1.0f / 448.0f), sa(sa_count, 1.0f / 16.0f);
+        memory->from_host(w1s.get(), s1.data(), w1s.bytes(), nullptr);
+        memory->from_host(w2s.get(), s2.data(), w2s.bytes(), nullptr);
+        memory->from_host(ws.get<float>("a1q_scale"), sa.data(), static_cast<std::int64_t>(sa.size() * 4), nullptr);
       }
-      for (const auto& v : sweep) {
-        const auto& name = v.name;
-        const bool chosen = v.selected;
-        const cuda::BatchedExpertsLaunch l = cuda::make_launch(p, input, view, ws, dev.num_sms, v.gemms);
-        const double ms = median_ms(
-            quick ? 5 : 20,
-            [&] {
-              cuda::clear_status_words(l.status, stream);
-              cuda::launch_batched_experts(l, stream);
-            },
-            stream);
-        cuda::check_status_words(l.status, "bench", M, p.E, stream);
-        // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
-        // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
-        cuda::launch_experts_prepare(l, stream);
-        auto time_gemm = [&](int which) {
-          return median_ms(
-              quick ? 5 : 20, [&] { cuda::launch_experts_gemm(l, which, stream); }, stream);
+      const ExpertWeightsView view = ExpertWeightsView::of(p, Device::kCuda, w1.as<std::uint8_t>(), w1s.as<float>(),
+                                                           w2.as<std::uint8_t>(), w2s.as<float>());
+      const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
+                               ws.get<float>("a1q_scale"),
+                               ws.get<std::int32_t>("expert_num_tokens"),
+                               nullptr,
+                               M,
+                               ws.get<std::uint16_t>("expert_output")};
+      const double weight_bytes = double(E_local) * double(N * K + K * I);
+      for (std::int64_t m_e : {std::int64_t{8}, std::int64_t{64}, std::int64_t{256}, std::int64_t{1024}}) {
+        if (m_e > M || (only_m_e != 0 && m_e != only_m_e)) continue;
+        std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
+        memory->from_host(ws.get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
+        const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
+        const double act_bytes = double(E_local) * double(m_e) * double(K + 2 * K);
+        const double floor_ms = std::max(flops / (peak * 1e12), (weight_bytes + act_bytes) / (bw * 1e9)) * 1e3;
+        const double weights_ms = weight_bytes / (bw * 1e9) * 1e3;
+        // Each config of the table on every expert of both GEMMs, then what the runtime runs: its
+        // launches for experts of up to m_e rows (here all of them hold m_e).
+        struct Variant {
+          std::string name;
+          plan::ExpertsGemmPlan gemms;
+          bool selected;
         };
-        const double g1_ms = time_gemm(1), g2_ms = time_gemm(2);
-        std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
-                    g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
-                    2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
-        if (chosen) {
-          // The activation stage alone, per kernel variant (w1_out holds real values now).
-          const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
-          for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
-                                       std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"}}) {
-            const double us =
-                1e3 * median_ms(
-                          quick ? 5 : 20, [&] { cuda::launch_activation_quant(l, kernel, stream); }, stream);
-            std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", kname, us, act_bytes_moved / (us * 1e3));
-          }
+        std::vector<Variant> sweep;
+        for (const auto& cfg : plan::kGemmConfigs)
+          if (plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant) && !quick)
+            sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id), false});
+        {
+          const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
+          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true});
         }
-        std::printf("%6lld %6lld %-20s %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n", static_cast<long long>(M),
-                    static_cast<long long>(m_e), name.c_str(), ms, flops / (ms * 1e-3) / 1e12, floor_ms, ms / floor_ms,
-                    weights_ms, ms / weights_ms, chosen ? "  <- selected" : "");
-        json += std::string(first ? "" : ",\n") + "    {\"M\": " + std::to_string(M) +
-                ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
-                "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
-                ", \"floor_ms\": " + std::to_string(floor_ms) + ", \"weights_read_ms\": " + std::to_string(weights_ms) +
-                ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) +
-                ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
-        first = false;
+        for (const auto& v : sweep) {
+          const auto& name = v.name;
+          const bool chosen = v.selected;
+          const cuda::BatchedExpertsLaunch l = cuda::make_launch(p, input, view, ws, dev.num_sms, v.gemms);
+          const double ms = median_ms(
+              quick ? 5 : 20,
+              [&] {
+                cuda::clear_status_words(l.status, stream);
+                cuda::launch_batched_experts(l, stream);
+              },
+              stream);
+          cuda::check_status_words(l.status, "bench", M, p.E, stream);
+          // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
+          // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
+          cuda::launch_experts_prepare(l, stream);
+          auto time_gemm = [&](int which) {
+            return median_ms(
+                quick ? 5 : 20, [&] { cuda::launch_experts_gemm(l, which, stream); }, stream);
+          };
+          const double g1_ms = time_gemm(1), g2_ms = time_gemm(2);
+          std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
+                      g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
+                      2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
+          if (chosen) {
+            // The activation stage alone, per kernel variant (w1_out holds real values now).
+            const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
+            for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
+                                         std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"}}) {
+              const double us =
+                  1e3 * median_ms(
+                            quick ? 5 : 20, [&] { cuda::launch_activation_quant(l, kernel, stream); }, stream);
+              std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", kname, us, act_bytes_moved / (us * 1e3));
+            }
+          }
+          std::printf("%-9s %6lld %6lld %-20s %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n",
+                      std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
+                      name.c_str(), ms, flops / (ms * 1e-3) / 1e12, floor_ms, ms / floor_ms, weights_ms,
+                      ms / weights_ms, chosen ? "  <- selected" : "");
+          json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
+                  "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
+                  "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
+                  ", \"floor_ms\": " + std::to_string(floor_ms) +
+                  ", \"weights_read_ms\": " + std::to_string(weights_ms) +
+                  ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) +
+                  ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
+          first = false;
+        }
       }
     }
-  }
   json += "\n  ]\n}\n";
   std::ofstream(out_path) << json;
   std::printf("wrote %s\n", out_path.c_str());

@@ -329,8 +329,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--ranks", req->ranks, "dispatch: ranks, one per GPU (0: every GPU)")->capture_default_str();
   cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank, "dispatch: capacity (0: each case's tokens)")
       ->capture_default_str();
-  cmd->add_option("--quant", req->quant, "per-tensor or per-token (block128 runs on the cpu only)")
-      ->capture_default_str();
+  cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
   cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")

@@ -26,14 +26,18 @@ class CudaBatchedExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override {
     if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
-    if (p.quant == QuantScheme::kBlock128)
-      return "block-wise 1x128 / 128x128 scales are not in the Hopper experts yet: use --quant per-token or "
-             "per-tensor on cuda, or block128 on the cpu";
     if (p.M > std::numeric_limits<std::int32_t>::max() || p.E_local > 65535)
       return fmt::format(
           "M = {} and E_local = {} must fit the kernels' 32-bit rows and grid (M < 2^31, E_local <= "
           "65535)",
           p.M, p.E_local);
+    if (forced_) {
+      const plan::GemmConfigInfo& c = plan::gemm_config_info(*forced_);
+      if (!plan::supports(c, p.N, p.K, p.quant) || !plan::supports(c, p.K, p.I(), p.quant))
+        return fmt::format("GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) with {} scales{}",
+                           c.name, p.N, p.K, p.K, p.I(), quant_name(p.quant),
+                           c.block_scaled ? "" : " (it has no block-scaled instance)");
+    }
     return {};
   }
 

@@ -19,6 +19,7 @@
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
+#include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
@@ -30,7 +31,7 @@ namespace {
 
 using numerics::DeviceMath;
 
-constexpr int kActThreads = 256;
+constexpr int kActThreads = kQuantThreads;  // the row-per-block kernel holds a row as QuantRowOf
 constexpr int kPrepareThreads = 1024;
 
 // --- prepare --------------------------------------------------------------------------------------
@@ -44,6 +45,9 @@ struct GemmOperands {
   const float* sb;        // per column (g * n + col) or per group (g)
   std::uint16_t* D;       // group g at D + row_start * n
   int n, k;
+  int sa_per_row;             // scales per row of A: 1 (per token) or ceil(k / 128) (1x128 groups)
+  std::int64_t sb_per_group;  // scales per expert's weight: n (per channel) or 128x128 blocks
+  bool block;                 // kBlock128: the kernel reads block-scale layouts too
   int launches;
   bool swap_ab[plan::kMaxGemmLaunches];
   std::int64_t lo[plan::kMaxGemmLaunches], hi[plan::kMaxGemmLaunches];
@@ -56,8 +60,14 @@ __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int
   const void* tokens = op.A + row_start * op.k;
   const void* weights = op.B + static_cast<std::int64_t>(g) * op.n * op.k;
   // Per-tensor: one activation scale per expert tensor (batched) or for all rows (contiguous).
-  const float* sa = per_row ? op.sa + row_start : (contiguous ? op.sa : op.sa + g);
-  const float* sb = per_row ? op.sb + static_cast<std::int64_t>(g) * op.n : op.sb + g;
+  const float* sa = per_row ? op.sa + row_start * op.sa_per_row : (contiguous ? op.sa : op.sa + g);
+  const float* sb = per_row ? op.sb + g * op.sb_per_group : op.sb + g;
+  const int k_blocks = static_cast<int>(numerics::ceil_div(op.k, kQuantBlock));
+  if (op.block) {
+    const int weight_blocks = static_cast<int>(numerics::ceil_div(op.n, kQuantBlock));
+    write_block_scale_layout(a.layout_sfa + 5 * g, op.swap_ab[j] ? weight_blocks : m, k_blocks);
+    write_block_scale_layout(a.layout_sfb + 5 * g, op.swap_ab[j] ? m : weight_blocks, k_blocks);
+  }
   a.ptr_D[g] = op.D + row_start * op.n;
   a.stride_A[g] = op.k;
   a.stride_B[g] = op.k;
@@ -155,8 +165,9 @@ __device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat
 // A persistent grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
+// Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_kernel(Activation act, int pass, bool per_tensor, bool contiguous,
+    activation_quant_kernel(Activation act, int pass, bool per_tensor, bool block, bool contiguous,
                             const __nv_bfloat16* __restrict__ w1_out, const std::int32_t* __restrict__ row_offsets,
                             int E, int M, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                             float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
@@ -166,6 +177,29 @@ __global__ void __launch_bounds__(kActThreads)
     if (!contiguous) locate_row(row_offsets, E, i, e, r);  // contiguous: one tensor (e = 0) of rows i
     const std::int64_t row_idx = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
     const __nv_bfloat16* row = w1_out + row_idx * N;
+    if (block) {
+      const int groups = static_cast<int>(numerics::ceil_div(I, kQuantBlock));
+      const int lane = static_cast<int>(threadIdx.x) % 32;
+      for (int grp = static_cast<int>(threadIdx.x) / 32; grp < groups; grp += kActThreads / 32) {
+        float v[4];
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
+          v[j] = c < I ? activation_at(act, row, I, c) : 0.0f;
+          m = fmaxf(m, fabsf(v[j]));
+        }
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        const float scale = numerics::fp8_scale(m);
+        if (lane == 0) act_scale[row_idx * groups + grp] = scale;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
+          if (c < I) act_q[row_idx * I + c] = __nv_fp8_e4m3(v[j] / scale);
+        }
+      }
+      continue;
+    }
     float amax = 0.0f;
     if (!per_tensor || pass == 0) {
       for (int c = threadIdx.x; c < I; c += kActThreads) amax = fmaxf(amax, fabsf(activation_at(act, row, I, c)));
@@ -185,48 +219,36 @@ __global__ void __launch_bounds__(kActThreads)
   }
 }
 
-// Per-token, one block per row: 16-byte loads of 8 gate and 8 up values per thread, the row's
-// values kept in registers (kChunks x 8 per thread) between the amax and the quantization, 8-byte
-// stores. NOTES: for I <= 256 * 8 * kChunks and halves-layout activations; swigluoai (interleaved)
-// and per-tensor take activation_quant_kernel.
+// Per-token or block128, one block per row: 16-byte loads of 8 gate and 8 up values per thread,
+// the row's values kept in registers (cuda/quantize.cuh's QuantRowOf, the quantize-and-scatter's
+// arithmetic) between the amax and the quantization, 8-byte stores. NOTES: for
+// I <= 256 * 8 * kChunks and halves-layout activations; swigluoai (interleaved) and per-tensor take
+// activation_quant_kernel.
 template <int kChunks>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(Activation act, bool gated, bool contiguous,
+    activation_quant_row_per_block(Activation act, bool gated, QuantScheme quant, bool contiguous,
                                    const __nv_bfloat16* __restrict__ w1_out,
                                    const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
                                    __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
   const int total = __ldg(row_offsets + E);
+  const int spr = static_cast<int>(numerics::activation_scales_per_row(quant, I));
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0, r = 0;
     if (!contiguous) locate_row(row_offsets, E, i, e, r);
     const std::int64_t row_idx = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
     const __nv_bfloat16* row = w1_out + row_idx * N;
-    float v[kChunks][8];
-    float amax = 0.0f;
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch) {
-      const int c0 = (ch * kActThreads + static_cast<int>(threadIdx.x)) * 8;
-      if (c0 >= I) continue;
+    QuantRowOf<kChunks> q;
+    q.load_with(I, [&](int c0, float(&out)[8]) {
       const uint4 graw = *reinterpret_cast<const uint4*>(row + c0);
       const uint4 uraw = gated ? *reinterpret_cast<const uint4*>(row + I + c0) : graw;
       const auto* g8 = reinterpret_cast<const __nv_bfloat16*>(&graw);
       const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        v[ch][j] = numerics::activation_value<float, DeviceMath>(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
-        amax = fmaxf(amax, fabsf(v[ch][j]));
-      }
-    }
-    amax = block_max<kActThreads>(amax);
-    const float scale = numerics::fp8_scale(amax);
-    if (threadIdx.x == 0) act_scale[row_idx] = scale;
-    __nv_fp8_e4m3* out = act_q + row_idx * I;
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch) {
-      const int c0 = (ch * kActThreads + static_cast<int>(threadIdx.x)) * 8;
-      if (c0 >= I) continue;
-      *reinterpret_cast<uint2*>(out + c0) = fp8x8(v[ch], scale);
-    }
+      for (int j = 0; j < 8; ++j)
+        out[j] = numerics::activation_value<float, DeviceMath>(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
+    });
+    const float scale = q.token_scale(quant);
+    q.store(quant, scale, I, reinterpret_cast<std::uint8_t*>(act_q + row_idx * I), act_scale + row_idx * spr);
   }
 }
 
@@ -247,6 +269,9 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
     op = {l.gemm_args_w2,     l.act_q,  l.act_scale,           l.weights.w2,
           l.weights.w2_scale, l.output, static_cast<int>(p.K), static_cast<int>(p.I())};
   }
+  op.sa_per_row = static_cast<int>(numerics::activation_scales_per_row(p.quant, op.k));
+  op.sb_per_group = numerics::weight_scale_count(p.quant, op.n, op.k);
+  op.block = p.quant == QuantScheme::kBlock128;
   op.launches = launches.count;
   for (int j = 0; j < launches.count; ++j) {
     op.swap_ab[j] = plan::gemm_config_info(launches.config[j]).swap_ab;
@@ -279,6 +304,7 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.n = which == 1 ? p.N : p.K;
     g.k = which == 1 ? p.K : p.I();
     g.scales_per_row = p.quant != QuantScheme::kPerTensor;
+    g.block_scaled = p.quant == QuantScheme::kBlock128;
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
@@ -313,7 +339,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
     const int grid = one_wave(reinterpret_cast<const void*>(activation_quant_kernel));
     for (int pass = 0; pass < 2; ++pass) {
-      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, pass, true, l.contiguous, w1_out,
+      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, pass, true, false, l.contiguous, w1_out,
                                                                 l.row_offsets, E, M, N, I, act_q, l.act_scale, amax);
       MOEKIT_CUDA_CHECK_LAUNCH();
     }
@@ -325,7 +351,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     auto launch = [&](auto k) {
       k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, is_gated(p.activation), l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
+          p.activation, is_gated(p.activation), p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q,
+          l.act_scale);
     };
     if (chunks == 1)
       launch(activation_quant_row_per_block<1>);
@@ -335,15 +362,13 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       launch(activation_quant_row_per_block<4>);
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
-                              stream>>>(p.activation, 1, false, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q,
-                                        l.act_scale, nullptr);
+                              stream>>>(p.activation, 1, false, p.quant == QuantScheme::kBlock128, l.contiguous, w1_out,
+                                        l.row_offsets, E, M, N, I, act_q, l.act_scale, nullptr);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
-  MOEKIT_CUDA_REQUIRE(l.problem.quant != QuantScheme::kBlock128,
-                      "launch_batched_experts: per-token or per-tensor scales");
   launch_experts_prepare(l, stream);
   launch_experts_gemm(l, 1, stream);
   launch_activation_quant(l, ActivationKernel::kAuto, stream);

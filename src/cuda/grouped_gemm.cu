@@ -1,17 +1,29 @@
-// Dispatch from a named config to its instantiation (no CUTLASS here).
+// Dispatch from a named config and scaling to its instantiation (no CUTLASS here).
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 
 namespace moekit::cuda {
 
+namespace {
+template <plan::GemmConfig kConfig>
+void instance(const GroupedGemmLaunch& l, void* stream) {
+  if constexpr (plan::gemm_config_info(kConfig).block_scaled) {
+    if (l.block_scaled) return grouped_fp8_gemm_block_instance<kConfig>(l, stream);
+  } else {
+    MOEKIT_CUDA_REQUIRE(!l.block_scaled, "grouped_fp8_gemm: config " +
+                                             std::string(plan::gemm_config_info(kConfig).name) +
+                                             " has no block-scaled instance (plan/gemm_config.h)");
+  }
+  grouped_fp8_gemm_instance<kConfig>(l, stream);
+}
+}  // namespace
+
 void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& l, void* stream) {
   switch (config) {
-    case plan::GemmConfig::kSwapAB128x32: return grouped_fp8_gemm_instance<plan::GemmConfig::kSwapAB128x32>(l, stream);
-    case plan::GemmConfig::kSwapAB128x64: return grouped_fp8_gemm_instance<plan::GemmConfig::kSwapAB128x64>(l, stream);
-    case plan::GemmConfig::kPingpong64x256:
-      return grouped_fp8_gemm_instance<plan::GemmConfig::kPingpong64x256>(l, stream);
-    case plan::GemmConfig::kCooperative128x128:
-      return grouped_fp8_gemm_instance<plan::GemmConfig::kCooperative128x128>(l, stream);
+    case plan::GemmConfig::kSwapAB128x32: return instance<plan::GemmConfig::kSwapAB128x32>(l, stream);
+    case plan::GemmConfig::kSwapAB128x64: return instance<plan::GemmConfig::kSwapAB128x64>(l, stream);
+    case plan::GemmConfig::kPingpong64x256: return instance<plan::GemmConfig::kPingpong64x256>(l, stream);
+    case plan::GemmConfig::kCooperative128x128: return instance<plan::GemmConfig::kCooperative128x128>(l, stream);
   }
   MOEKIT_CUDA_REQUIRE(false, "unknown GEMM config " + std::to_string(static_cast<int>(config)));
 }

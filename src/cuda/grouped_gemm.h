@@ -3,7 +3,11 @@
 //   D[g] (m_g x n) = bf16((A[g] (m_g x k) . B[g]^T) * sa[g][row] * sb[g][col])
 // A row-major (lda = k), B (n x k) row-major (a weight, k contiguous), D row-major (ldd = n); fp32
 // accumulation. With swap A/B the kernel computes D^T = B . A^T (weights on its 128-row side); D^T
-// column-major is D row-major, so the memory contract is the same. No CUTLASS type appears here:
+// column-major is D row-major, so the memory contract is the same.
+// Block-scaled (QuantScheme::kBlock128): the scales multiply each 128-deep k-block's partial sum in
+// the main loop, D[g] = bf16(sum_kb (A_kb . B_kb^T) * sa[row][kb] * sb[col/128][kb]), sa per 1x128
+// group of a token row, sb per 128x128 weight block (numerics/scales.h, k-blocks contiguous: the
+// kernel reads them K-major where they lie, nothing re-packs them). No CUTLASS type appears here:
 // src/cuda/grouped_gemm_<config>.cu instantiate the kernel for each row of the config table and
 // check that CUTLASS's argument types have the layout below.
 #pragma once
@@ -17,8 +21,9 @@
 namespace moekit::cuda {
 
 // The per-group argument arrays of one GEMM, struct-of-arrays inside its gemm_args region: eight
-// 8-byte arrays (pointers; strides, the leading dimension of each operand) then the problem shapes,
-// three ints (m, n, k) per group as the kernel sees them (swapped: (n, m, k)).
+// 8-byte arrays (pointers; strides, the leading dimension of each operand), the problem shapes,
+// three ints (m, n, k) per group as the kernel sees them (swapped: (n, m, k)), then, block-scaled
+// only, the layouts of the kernel's A and B scales (BlockScaleLayout, five ints per group).
 struct GroupedGemmArrays {
   const void** ptr_A;
   const void** ptr_B;
@@ -29,8 +34,10 @@ struct GroupedGemmArrays {
   std::int64_t* stride_B;
   std::int64_t* stride_D;
   int* shapes;
+  int* layout_sfa;  // block-scaled: the scales of the kernel's A (ptr_col), then of its B (ptr_row)
+  int* layout_sfb;
 
-  static constexpr std::int64_t kBytesPerGroup = 8 * 8 + 3 * 4;
+  static constexpr std::int64_t kBytesPerGroup = 8 * 8 + 3 * 4 + 2 * 5 * 4;
   static_assert(kBytesPerGroup <= kGemmArgsBytesPerGroup, "grouped GEMM arguments exceed kGemmArgsBytesPerGroup");
 
 #if defined(__CUDACC__)
@@ -49,9 +56,28 @@ struct GroupedGemmArrays {
     a.stride_B = reinterpret_cast<std::int64_t*>(array(6));
     a.stride_D = reinterpret_cast<std::int64_t*>(array(7));
     a.shapes = reinterpret_cast<int*>(array(8));
+    a.layout_sfa = a.shapes + 3 * groups;
+    a.layout_sfb = a.layout_sfa + 5 * groups;
     return a;
   }
 };
+
+// The block-scaled kernel's layout of one operand's scales, as five ints: (units, k-blocks, 1) and
+// strides (k-blocks, units * k-blocks). `units` are the operand's rows (tokens: one scale per 1x128
+// group of a row) or its 128-row blocks (weights: one per 128x128 block); a unit's k-block scales
+// are contiguous (K-major). This is CUTLASS's Sm90BlockwiseScaleConfig layout with K-major scales,
+// checked against CUTLASS's own at run time (grouped_gemm_impl.cuh).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    inline void
+    write_block_scale_layout(int* out, int units, int k_blocks) {
+  out[0] = units;
+  out[1] = k_blocks;
+  out[2] = 1;
+  out[3] = k_blocks;
+  out[4] = units * k_blocks;
+}
 
 // Runs one grouped GEMM whose arguments are already in `args` (a GroupedGemmArrays region of
 // `groups` groups). `scales_per_row`: sa and sb are vectors (per token / per channel) or one scalar
@@ -62,14 +88,17 @@ struct GroupedGemmLaunch {
   int groups = 0;
   std::int64_t n = 0, k = 0;  // the logical GEMM's (checked against the config table)
   bool scales_per_row = true;
+  bool block_scaled = false;  // kBlock128: the arrays' layout_sfa / layout_sfb are written
   std::byte* scratch = nullptr;
   std::int64_t scratch_bytes = 0;
   int num_sms = 0;
 };
 void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& launch, void* stream);
 
-// One entry point per config (one CUTLASS instantiation per .cu file).
+// One entry point per config and scaling (one CUTLASS instantiation per .cu file).
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_instance(const GroupedGemmLaunch& launch, void* stream);
+template <plan::GemmConfig kConfig>
+void grouped_fp8_gemm_block_instance(const GroupedGemmLaunch& launch, void* stream);
 
 }  // namespace moekit::cuda

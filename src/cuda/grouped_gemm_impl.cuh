@@ -1,8 +1,11 @@
-// The CUTLASS 4.2 sm90 pointer-array grouped FP8 GEMM behind grouped_gemm.h, as a template over a
+// The CUTLASS 4.2 sm90 pointer-array grouped FP8 GEMMs behind grouped_gemm.h, as templates over a
 // row of the config table (plan/gemm_config.h): its tile, schedule and swap come from the table.
-// Each src/cuda/grouped_gemm_<config>.cu instantiates it once. Epilogue (EVT): D = bf16(sb * (sa *
-// acc)) with sa and sb broadcast per row / per column, or per group (per-tensor), from per-group
-// pointer arrays.
+// Each src/cuda/grouped_gemm_<config>.cu and grouped_gemm_block_<config>.cu instantiates one.
+//   GroupedFp8Gemm: per-token / per-tensor scales in the epilogue (EVT): D = bf16(sb * (sa * acc))
+//     with sa and sb broadcast per row / per column, or per group (per-tensor), from per-group
+//     pointer arrays.
+//   GroupedFp8BlockGemm: 1x128 / 128x128 block scales applied to each k-block's partial sums in the
+//     main loop (CUTLASS's FP8 blockwise mainloop, cf. its example 68), D = bf16(acc).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +17,7 @@
 #include "cuda/grouped_gemm.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -107,6 +111,81 @@ struct GroupedFp8Gemm {
   }
 };
 
+// The block-scaled twin. The scale granularity follows the swap: unswapped, the kernel's A is the
+// tokens (one scale per row and k-block: granularity 1 x 128) and its B the weights (128 x 128);
+// swapped, the other way round.
+template <plan::GemmConfig kConfig>
+struct GroupedFp8BlockGemm {
+  static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
+  static constexpr bool kSwapAB = kInfo.swap_ab;
+  static constexpr bool kPingpong = kInfo.schedule == plan::GemmSchedule::kPingpong;
+  using TileShape = Shape<Int<kInfo.tile_m>, Int<kInfo.tile_n>, Int<kInfo.tile_k>>;
+  using KernelSchedule =
+      cute::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise,
+                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>;
+  using EpilogueSchedule = cute::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+  using ElementA = cutlass::float_e4m3_t;
+  using ElementB = cutlass::float_e4m3_t;
+  using ElementD = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutD = cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kAlignAB = 16;
+  static constexpr int kAlignD = 8;
+  static constexpr int kGranularityM = kSwapAB ? static_cast<int>(kQuantBlock) : 1;
+  static constexpr int kGranularityN = kSwapAB ? 1 : static_cast<int>(kQuantBlock);
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<kGranularityM, kGranularityN, static_cast<int>(kQuantBlock),
+                                                cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD, LayoutD*,
+      kAlignD, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB,
+      ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+
+  static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
+                "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
+  static_assert(sizeof(LayoutSFA) == 5 * sizeof(int) && sizeof(LayoutSFB) == 5 * sizeof(int),
+                "a CUTLASS block-scale layout is not five ints: write_block_scale_layout no longer matches it");
+
+  // The per-token checks, plus write_block_scale_layout against CUTLASS's layouts for a problem
+  // (m, n, k) = (5, 384, 320): tokens 5 rows x 3 k-blocks, weights 3 blocks x 3 k-blocks.
+  static bool layout_matches() {
+    const int m = 5, n = 384, k = 320;
+    const auto sfa = ScaleConfig::tile_atom_to_shape_SFA(make_shape(kSwapAB ? n : m, kSwapAB ? m : n, k, 1));
+    const auto sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(kSwapAB ? n : m, kSwapAB ? m : n, k, 1));
+    const LayoutSFA a = sfa;
+    const LayoutSFB b = sfb;
+    int want_tokens[5], want_weights[5];
+    write_block_scale_layout(want_tokens, m, 3);
+    write_block_scale_layout(want_weights, 3, 3);
+    return std::memcmp(&a, kSwapAB ? want_weights : want_tokens, sizeof(a)) == 0 &&
+           std::memcmp(&b, kSwapAB ? want_tokens : want_weights, sizeof(b)) == 0 &&
+           GroupedFp8Gemm<kConfig>::layout_matches();
+  }
+};
+
 template <class G>
 void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   static const bool layout_ok = G::layout_matches();
@@ -158,6 +237,56 @@ void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
+template <class G>
+void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
+  static const bool layout_ok = G::layout_matches();
+  MOEKIT_CUDA_REQUIRE(layout_ok, std::string("grouped_fp8_gemm ") + std::string(G::kInfo.name) +
+                                     " (block-scaled): CUTLASS's argument layout differs from GroupedGemmArrays "
+                                     "(cuda/grouped_gemm.h)");
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k),
+                      std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) +
+                          " (block-scaled) does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
+                          " (see plan/gemm_config.h)");
+  const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
+  using Gemm = typename G::Gemm;
+  cutlass::KernelHardwareInfo hw;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&hw.device_id));
+  hw.sm_count = l.num_sms;
+  typename Gemm::Arguments arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr},
+      {reinterpret_cast<const typename G::ElementA**>(a.ptr_A), reinterpret_cast<typename G::StrideA*>(a.stride_A),
+       reinterpret_cast<const typename G::ElementB**>(a.ptr_B), reinterpret_cast<typename G::StrideB*>(a.stride_B),
+       a.ptr_col, reinterpret_cast<typename G::LayoutSFA*>(a.layout_sfa), a.ptr_row,
+       reinterpret_cast<typename G::LayoutSFB*>(a.layout_sfb)},
+      {{},
+       nullptr,
+       nullptr,
+       reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+       reinterpret_cast<typename G::StrideD*>(a.stride_D)},
+      hw};
+  arguments.epilogue.thread.alpha = 1.0f;
+  arguments.epilogue.thread.beta = 0.0f;
+  const std::size_t need = Gemm::get_workspace_size(arguments);
+  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
+                      "grouped_fp8_gemm (block-scaled): CUTLASS needs " + std::to_string(need) +
+                          " bytes of workspace, the plan's gemm_scratch holds " + std::to_string(l.scratch_bytes) +
+                          ": raise cuda::kGemmScratchBytes (and its contract test)");
+  Gemm gemm;
+  const cutlass::Status can = gemm.can_implement(arguments);
+  MOEKIT_CUDA_REQUIRE(
+      can == cutlass::Status::kSuccess,
+      std::string("grouped_fp8_gemm (block-scaled): CUTLASS cannot run this problem: ") + cutlassGetStatusString(can));
+  const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
+  MOEKIT_CUDA_REQUIRE(
+      init == cutlass::Status::kSuccess,
+      std::string("grouped_fp8_gemm (block-scaled): initialize failed: ") + cutlassGetStatusString(init));
+  const cutlass::Status run = gemm.run(stream);
+  MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess,
+                      std::string("grouped_fp8_gemm (block-scaled): run failed: ") + cutlassGetStatusString(run));
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace moekit::cuda::detail
 
 // The one line each grouped_gemm_<config>.cu holds, inside namespace moekit::cuda.
@@ -165,4 +294,12 @@ void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   template <>                                                                                                \
   void grouped_fp8_gemm_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                    \
     detail::run_grouped_fp8_gemm<detail::GroupedFp8Gemm<CONFIG>>(launch, static_cast<cudaStream_t>(stream)); \
+  }
+
+// The one line each grouped_gemm_block_<config>.cu holds.
+#define MOEKIT_GROUPED_GEMM_BLOCK_INSTANCE(CONFIG)                                                              \
+  template <>                                                                                                   \
+  void grouped_fp8_gemm_block_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                 \
+    detail::run_grouped_fp8_block_gemm<detail::GroupedFp8BlockGemm<CONFIG>>(launch,                             \
+                                                                            static_cast<cudaStream_t>(stream)); \
   }

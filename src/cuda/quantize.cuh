@@ -14,26 +14,35 @@ namespace moekit::cuda {
 inline constexpr int kQuantThreads = 256;
 inline constexpr int kQuantChunks = 4;  // K <= 256 threads x 8 values x 4 chunks = 8192
 
-// A row of K bf16 values in registers, 8-value chunks per thread; the amax of each 1x128 group
-// (16 threads = one half-warp hold a group) and of the thread's values.
-struct QuantRow {
-  float v[kQuantChunks][8];
-  float group_amax[kQuantChunks];
+// A row of K values in registers, 8-value chunks per thread (kChunks x 8 x 256 threads >= K); the
+// amax of each 1x128 group (16 threads = one half-warp hold a group) and of the thread's values.
+// The quantize-and-scatter loads bf16 tokens; the experts' activation loads its activation values.
+template <int kChunks>
+struct QuantRowOf {
+  float v[kChunks][8];
+  float group_amax[kChunks];
   float amax_thread = 0.0f;
 
   __device__ __forceinline__ void load(const __nv_bfloat16* x, int K) {
+    load_with(K, [&](int c0, float(&out)[8]) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + c0);
+      const auto* b8 = reinterpret_cast<const __nv_bfloat16*>(&raw);
 #pragma unroll
-    for (int ch = 0; ch < kQuantChunks; ++ch) {
+      for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(b8[j]);
+    });
+  }
+
+  // values(c0, out): the 8 values of columns [c0, c0 + 8), for each c0 < K this thread holds.
+  template <class Values>
+  __device__ __forceinline__ void load_with(int K, Values values) {
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
       const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
       float m = 0.0f;
       if (c0 < K) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(x + c0);
-        const auto* b8 = reinterpret_cast<const __nv_bfloat16*>(&raw);
+        values(c0, v[ch]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          v[ch][j] = __bfloat162float(b8[j]);
-          m = fmaxf(m, fabsf(v[ch][j]));  // fmaxf drops NaN, as the CPU's std::max does
-        }
+        for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[ch][j]));  // drops NaN, as the CPU's std::max does
       }
       amax_thread = fmaxf(amax_thread, m);
       for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
@@ -52,7 +61,7 @@ struct QuantRow {
                                         float* scales) const {
     const bool block = quant == QuantScheme::kBlock128;
 #pragma unroll
-    for (int ch = 0; ch < kQuantChunks; ++ch) {
+    for (int ch = 0; ch < kChunks; ++ch) {
       const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
       if (c0 >= K) continue;
       const float scale = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
@@ -62,5 +71,6 @@ struct QuantRow {
     if (quant == QuantScheme::kPerTokenPerChannel && threadIdx.x == 0) scales[0] = row_scale;
   }
 };
+using QuantRow = QuantRowOf<kQuantChunks>;
 
 }  // namespace moekit::cuda

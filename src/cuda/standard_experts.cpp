@@ -23,9 +23,6 @@ class CudaStandardExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override {
     if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
-    if (p.quant == QuantScheme::kBlock128)
-      return "block-wise 1x128 / 128x128 scales are not in the Hopper experts yet: use --quant per-token or "
-             "per-tensor on cuda, or block128 on the cpu";
     if (p.E_local > kMaxRowMapExperts)
       return fmt::format("E_local = {} exceeds the {} experts the CUDA row map holds", p.E_local, kMaxRowMapExperts);
     if (p.M * p.topk > std::numeric_limits<std::int32_t>::max())

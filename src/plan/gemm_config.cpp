@@ -17,19 +17,19 @@ GemmConfig parse_gemm_config(std::string_view name) {
   MOEKIT_FAIL("unknown GEMM config '{}': valid configs are {}", name, valid);
 }
 
-GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k) {
+GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k, QuantScheme quant) {
   MOEKIT_CHECK(rows >= 0 && n >= 1 && k >= 1, "select_gemm_config: rows = {}, n = {}, k = {}", rows, n, k);
   for (const auto& c : kGemmConfigs)
-    if (supports(c, n, k) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
+    if (supports(c, n, k, quant) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
   MOEKIT_FAIL("no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be multiples of 16", n, k);
 }
 
-GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows) {
+GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows, QuantScheme quant) {
   MOEKIT_CHECK(max_rows >= 0, "plan_gemm_launches: max_rows = {} must be >= 0", max_rows);
   GemmLaunches l;
   std::int64_t lo = 0;
   for (const auto& c : kGemmConfigs) {
-    if (!supports(c, n, k)) continue;
+    if (!supports(c, n, k, quant)) continue;
     const std::int64_t hi = c.max_rows < 0 ? std::numeric_limits<std::int64_t>::max() : c.max_rows;
     if (hi < lo) continue;
     if (lo <= std::max<std::int64_t>(max_rows, 1)) {
@@ -77,7 +77,7 @@ std::int64_t max_rows_per_expert(const MoeProblem& p, std::int64_t tokens_per_ra
 
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
-  return {plan_gemm_launches(p.N, p.K, rows), plan_gemm_launches(p.K, p.I(), rows)};
+  return {plan_gemm_launches(p.N, p.K, rows, p.quant), plan_gemm_launches(p.K, p.I(), rows, p.quant)};
 }
 
 ExpertsGemmPlan single_config(GemmConfig config) {

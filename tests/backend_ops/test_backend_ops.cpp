@@ -126,6 +126,12 @@ std::vector<OpCase> op_cases() {
   // Real shapes on every device: DeepSeek-V3 and gpt-oss (interleaved swigluoai, K = 2880).
   cases.push_back({.op = "experts", .model = "deepseek-v3", .counts = "ragged", .E_local = 3, .M = 96});
   cases.push_back({.op = "experts",
+                   .model = "deepseek-v3",
+                   .quant = QuantScheme::kBlock128,
+                   .counts = "ragged",
+                   .E_local = 3,
+                   .M = 96});
+  cases.push_back({.op = "experts",
                    .model = "gpt-oss-120b",
                    .activation = Activation::kSwigluOai,
                    .counts = "ragged",

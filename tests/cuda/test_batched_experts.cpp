@@ -1,6 +1,7 @@
 // The Hopper batched FP8 experts, through the Experts seam over a Workspace from plan_layer,
 // against the CPU experts (themselves checked against float64) on fresh random data, stage by stage:
-// DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, gpt-oss and Qwen3-30B shapes, every activation; m_e
+// DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, gpt-oss and Qwen3-30B shapes, every activation,
+// per-token, per-tensor and block-scaled (1x128 activation groups, 128x128 weight blocks); m_e
 // patterns all zero, one expert full (m_e = M), uniform, random skew and sizes no tile divides; every
 // config the table says supports the shapes. The workspace carries guard bands; every region and
 // padding row is poisoned with NaN; the guards must survive, padding rows of the output stay
@@ -24,6 +25,7 @@
 #include "gpu_test_util.h"
 #include "moekit/check.h"
 #include "moekit/registry.h"
+#include "numerics/scales.h"
 #include "synthetic/synthetic.h"
 
 namespace moekit {
@@ -184,6 +186,7 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
   EXPECT_LT(w1_err, kStageTolerance) << ctx << ": W1 GEMM";
 
   const bool per_tensor = p.quant == QuantScheme::kPerTensor;
+  const std::int64_t spr = numerics::activation_scales_per_row(p.quant, I);
   std::int64_t codes = 0, code_diff = 0;
   double scale_diff = 0;
   std::vector<std::uint16_t> gemm2(static_cast<std::size_t>(M * K));
@@ -195,11 +198,11 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
     std::vector<float> act(static_cast<std::size_t>(m * I));
     cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I);
     std::vector<std::uint8_t> q(static_cast<std::size_t>(m * I));
-    std::vector<float> qs(static_cast<std::size_t>(per_tensor ? 1 : m));
+    std::vector<float> qs(static_cast<std::size_t>(numerics::activation_scale_count(p.quant, m, I)));
     cpu::quantize_activation(p.quant, act.data(), m, I, I, q.data(), I, qs.data());
     for (std::int64_t i = 0; i < m * I; ++i) code_diff += q[static_cast<std::size_t>(i)] != gpu_act[e * M * I + i];
     codes += m * I;
-    const float* gs = per_tensor ? gpu_scale + e : gpu_scale + e * M;
+    const float* gs = per_tensor ? gpu_scale + e : gpu_scale + e * M * spr;
     for (std::size_t i = 0; i < qs.size(); ++i) scale_diff = std::max(scale_diff, std::fabs(double(gs[i]) / qs[i] - 1));
     // W2 on the CPU from the GPU's activation.
     cpu::Fp8GemmArgs g;
@@ -293,7 +296,7 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
     const auto ref = cpu_oracle(p, w, in, pool);
     for (const auto& cfg : plan::kGemmConfigs) {
       // One config for both GEMMs, wherever the table says it runs both shapes.
-      if (!plan::supports(cfg, p.N, p.K) || !plan::supports(cfg, p.K, p.I())) continue;
+      if (!plan::supports(cfg, p.N, p.K, p.quant) || !plan::supports(cfg, p.K, p.I(), p.quant)) continue;
       const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
                               std::string(quant_name(p.quant)) + " " + std::string(activation_name(p.activation)) +
                               " " + pattern + " " + std::string(cfg.name);
@@ -321,7 +324,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGelu},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGeluTanh},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kRelu2},
-                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTensor, Activation::kSiluNoMul}),
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTensor, Activation::kSiluNoMul},
+                      // Block-scaled (DeepSeek-V3's recipe): I = 14336 > 8192 (Mixtral) and swigluoai
+                      // take the generic activation kernel, the others the row-per-block one.
+                      Case{"deepseek-v3", 4, 256, QuantScheme::kBlock128},
+                      Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kBlock128},
+                      Case{"mixtral-8x7b", 2, 160, QuantScheme::kBlock128},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGelu},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSwigluOai},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kRelu2},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
       if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));
@@ -355,10 +367,19 @@ TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
   check_stages(p, w, r, ref, {10, 0, 64}, pool, "count over M");
 }
 
-TEST(BatchedExpertsGpuContract, ActivationKernelsAgreeBitForBit) {
+std::string quant_param_name(const ::testing::TestParamInfo<QuantScheme>& info) {
+  std::string n(quant_name(info.param));
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+class ActivationKernels : public ::testing::TestWithParam<QuantScheme> {};
+
+TEST_P(ActivationKernels, AgreeBitForBit) {
   MOEKIT_REQUIRE_GPU();
   // Every variant computes the same formulas and an exact max: identical codes and scales.
-  const MoeProblem p = problem_for("deepseek-v3", 3, 96, QuantScheme::kPerTokenPerChannel);
+  const MoeProblem p = problem_for("deepseek-v3", 3, 96, GetParam());
+  const std::int64_t spr = numerics::activation_scales_per_row(p.quant, p.I());
   cpu::ThreadPool pool(4);
   const auto w = synthetic::make_expert_weights(p, 0, 12, pool);
   GpuExperts gpu(p, w);
@@ -393,17 +414,25 @@ TEST(BatchedExpertsGpuContract, ActivationKernelsAgreeBitForBit) {
         const std::size_t row = static_cast<std::size_t>(e * p.M + r);
         EXPECT_EQ(std::memcmp(q.data() + row * I, base.workspace.data() + act.offset + row * I, I), 0)
             << "kernel " << static_cast<int>(kernel) << " expert " << e << " row " << r;
-        float base_scale;
-        std::memcpy(&base_scale, base.workspace.data() + scale.offset + row * 4, 4);
-        EXPECT_EQ(sc[row], base_scale) << "kernel " << static_cast<int>(kernel) << " expert " << e << " row " << r;
+        for (std::int64_t j = 0; j < spr; ++j) {
+          float base_scale;
+          std::memcpy(&base_scale, base.workspace.data() + scale.offset + (row * spr + j) * 4, 4);
+          EXPECT_EQ(sc[row * spr + j], base_scale)
+              << "kernel " << static_cast<int>(kernel) << " expert " << e << " row " << r << " scale " << j;
+        }
       }
     }
   }
 }
 
-TEST(BatchedExpertsGpuContract, CudaGraphReplayMatchesEagerRun) {
+INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, ActivationKernels,
+                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128), quant_param_name);
+
+class GraphReplay : public ::testing::TestWithParam<QuantScheme> {};
+
+TEST_P(GraphReplay, MatchesEagerRun) {
   MOEKIT_REQUIRE_GPU();
-  const MoeProblem p = problem_for("deepseek-v3", 2, 64, QuantScheme::kPerTokenPerChannel);
+  const MoeProblem p = problem_for("deepseek-v3", 2, 64, GetParam());
   cpu::ThreadPool pool(4);
   const auto w = synthetic::make_expert_weights(p, 0, 8, pool);
   GpuExperts gpu(p, w);
@@ -430,6 +459,9 @@ TEST(BatchedExpertsGpuContract, CudaGraphReplayMatchesEagerRun) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplay,
+                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128), quant_param_name);
 
 }  // namespace
 }  // namespace moekit

@@ -140,8 +140,11 @@ std::vector<Case> cases() {
     // Edge sizes: none, one, not a multiple of any tile, more tokens than one expert's 64-row tile.
     for (std::int64_t T : {0, 1, 37, 300})
       all.push_back({"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, T});
-    // DeepSeek-V3's shapes and routing (grouped top-8 of 64 here, K = 7168, I = 2048).
+    // DeepSeek-V3's shapes and routing (grouped top-8 of 64 here, K = 7168, I = 2048), with its
+    // own block-scaled recipe too.
     all.push_back({"deepseek-v3", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 24, 64});
+    all.push_back({"deepseek-v3", experts, QuantScheme::kBlock128, Activation::kSilu, 24, 64});
+    all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 37});
   }
   return all;
 }
