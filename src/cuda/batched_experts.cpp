@@ -34,9 +34,10 @@ class CudaBatchedExperts final : public Experts {
     if (forced_) {
       const plan::GemmConfigInfo& c = plan::gemm_config_info(*forced_);
       if (!plan::supports(c, p.N, p.K, p.quant) || !plan::supports(c, p.K, p.I(), p.quant))
-        return fmt::format("GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) with {} scales{}",
-                           c.name, p.N, p.K, p.K, p.I(), quant_name(p.quant),
-                           c.block_scaled ? "" : " (it has no block-scaled instance)");
+        return fmt::format(
+            "GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) with {} scales (see "
+            "plan/gemm_config.h: its n multiple and the scalings it has instances for)",
+            c.name, p.N, p.K, p.K, p.I(), quant_name(p.quant));
     }
     return {};
   }

@@ -5,16 +5,18 @@
 namespace moekit::cuda {
 
 namespace {
+// The config's instance for the launch's scaling; a scaling the config has no instance for (the
+// table's token_scaled / block_scaled) is an error, never another kernel.
 template <plan::GemmConfig kConfig>
 void instance(const GroupedGemmLaunch& l, void* stream) {
-  if constexpr (plan::gemm_config_info(kConfig).block_scaled) {
+  constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
+  MOEKIT_CUDA_REQUIRE(l.block_scaled ? info.block_scaled : info.token_scaled,
+                      "grouped_fp8_gemm: config " + std::string(info.name) + " has no " +
+                          (l.block_scaled ? "block-scaled" : "per-token / per-tensor") +
+                          " instance (plan/gemm_config.h)");
+  if constexpr (info.block_scaled)
     if (l.block_scaled) return grouped_fp8_gemm_block_instance<kConfig>(l, stream);
-  } else {
-    MOEKIT_CUDA_REQUIRE(!l.block_scaled, "grouped_fp8_gemm: config " +
-                                             std::string(plan::gemm_config_info(kConfig).name) +
-                                             " has no block-scaled instance (plan/gemm_config.h)");
-  }
-  grouped_fp8_gemm_instance<kConfig>(l, stream);
+  if constexpr (info.token_scaled) grouped_fp8_gemm_instance<kConfig>(l, stream);
 }
 }  // namespace
 
@@ -23,6 +25,7 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& l, void*
     case plan::GemmConfig::kSwapAB128x32: return instance<plan::GemmConfig::kSwapAB128x32>(l, stream);
     case plan::GemmConfig::kSwapAB128x64: return instance<plan::GemmConfig::kSwapAB128x64>(l, stream);
     case plan::GemmConfig::kPingpong64x256: return instance<plan::GemmConfig::kPingpong64x256>(l, stream);
+    case plan::GemmConfig::kPingpong64x128: return instance<plan::GemmConfig::kPingpong64x128>(l, stream);
     case plan::GemmConfig::kCooperative128x128: return instance<plan::GemmConfig::kCooperative128x128>(l, stream);
   }
   MOEKIT_CUDA_REQUIRE(false, "unknown GEMM config " + std::to_string(static_cast<int>(config)));

@@ -13,7 +13,13 @@
 
 namespace moekit::plan {
 
-enum class GemmConfig : std::uint8_t { kSwapAB128x32, kSwapAB128x64, kPingpong64x256, kCooperative128x128 };
+enum class GemmConfig : std::uint8_t {
+  kSwapAB128x32,
+  kSwapAB128x64,
+  kPingpong64x256,
+  kPingpong64x128,
+  kCooperative128x128
+};
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 
 struct GemmConfigInfo {
@@ -24,6 +30,7 @@ struct GemmConfigInfo {
   bool swap_ab;                // D^T = W . A^T: weights on the 128-row side, tokens on tile_n
   int n_multiple;              // supports GEMMs whose n (output columns) is a multiple of this
   std::int64_t max_rows;       // chosen for experts expected to hold <= max_rows rows (-1: any)
+  bool token_scaled;           // has a per-token / per-tensor instance, grouped_gemm_<name>.cu
   bool block_scaled;           // has a block-scaled (kBlock128) instance, grouped_gemm_block_<name>.cu
   std::string_view why;
 };
@@ -33,17 +40,20 @@ struct GemmConfigInfo {
 // pingpong-64x256 beat cooperative-128x128 at m_e = 64, 256 and 1024 (0.430 vs 0.436 ms at 256,
 // 1.49 vs 1.63 ms at 1024).
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
-    {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true,
+    {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true, true,
      "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side"},
-    {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64, true,
+    {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64, true, true,
      "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
-    // must have same shape"); block128 takes cooperative-128x128 for m_e > 64.
-    {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, false,
+    // must have same shape"); block128 takes pingpong-64x128 for m_e > 64.
+    {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
      "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
+    // Block-scaled only (per-token keeps its measured rule above).
+    {GemmConfig::kPingpong64x128, "pingpong-64x128", 64, 128, 128, GemmSchedule::kPingpong, false, 128, -1, false, true,
+     "m_e > 64, block-scaled: one 128x128 weight block per tile, pingpong as above"},
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
-     true, "m_e > 64 when n % 256 != 0 or block-scaled: 128x128 tiles, both warpgroups on one tile"},
+     true, true, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
@@ -53,12 +63,12 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
   return kGemmConfigs[0];  // unreachable for a valid enum (every enumerator has a row: tested)
 }
 
-// Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple, and
-// block-scaled GEMMs a block-scaled instance.
+// Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
+// instance for the scaling.
 constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
                         QuantScheme quant = QuantScheme::kPerTokenPerChannel) {
   return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
-         (quant != QuantScheme::kBlock128 || config.block_scaled);
+         (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled);
 }
 
 GemmConfig parse_gemm_config(std::string_view name);

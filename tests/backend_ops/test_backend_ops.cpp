@@ -233,6 +233,8 @@ void prepare_finalize_case(const OpCase& c, Device device) {
   const PrepareFinalizeEntry* entry = find_prepare_finalize(device, c.format, par.ep);
   if (entry == nullptr)
     GTEST_SKIP() << "no prepare/finalize for " << format_name(c.format) << " on " << device_name(device);
+  if (device == Device::kCuda && P > 1)
+    GTEST_SKIP() << entry->name << " runs one rank per GPU over NCCL: tests/layer/test_layer_multi_gpu covers it";
   const RoutingConfig routing = routing_config(m);
   // Rank r's tokens are global tokens [r*T, (r+1)*T); every rank routes and quantizes them on the host
   // for the expected values.

@@ -385,8 +385,8 @@ TEST_P(ActivationKernels, AgreeBitForBit) {
   GpuExperts gpu(p, w);
   const auto counts = pattern_counts("ragged", p.E_local, p.M, 2);
   const auto in = testing::make_batched_inputs(p, counts, 6);
-  const auto configs = both(plan::GemmConfig::kPingpong64x256);
-  const GpuRun base = gpu.run(in, configs);  // leaves w1_out and row_offsets in the workspace
+  const auto configs = both(plan::GemmConfig::kCooperative128x128);  // every scaling has it
+  const GpuRun base = gpu.run(in, configs);                          // leaves w1_out and row_offsets in the workspace
   Workspace& ws = gpu.workspace();
   const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
                            ws.get<float>("a1q_scale"),
