@@ -243,7 +243,7 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   MOEKIT_CUDA_REQUIRE(layout_ok, std::string("grouped_fp8_gemm ") + std::string(G::kInfo.name) +
                                      " (block-scaled): CUTLASS's argument layout differs from GroupedGemmArrays "
                                      "(cuda/grouped_gemm.h)");
-  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k),
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k, QuantScheme::kBlock128),
                       std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) +
                           " (block-scaled) does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
                           " (see plan/gemm_config.h)");
