@@ -101,11 +101,12 @@ class Plan:
 
 
 def plan(model: str = "deepseek-v3", dp: int = 32, ep: int = 32, max_tokens_per_rank: int = 256,
-         local_experts: int = 0, device: str = "cuda", quant: str = "per-token",
+         local_experts: int = 0, device: str = "cuda", quant: str = "auto",
          activation: Optional[str] = None, experts: Sequence[str] = (),
          dispatch: Optional[str] = None) -> list[Plan]:
     """The plans of every experts implementation on `device` (and the upstream references), the
-    same figures as `moekit plan --format json` with the same arguments."""
+    same figures as `moekit plan --format json` with the same arguments (quant="auto": the model's
+    checkpoint scheme)."""
     text = _moekit.plan_json(model, dp, ep, max_tokens_per_rank, local_experts, device, quant, activation or "",
                              list(experts), dispatch or "")
     out = []
@@ -120,7 +121,7 @@ def plan(model: str = "deepseek-v3", dp: int = 32, ep: int = 32, max_tokens_per_
 
 
 def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int] = None,
-                     quant: str = "per-token", seed: int = 1) -> dict[str, np.ndarray]:
+                     quant: str = "auto", seed: int = 1) -> dict[str, np.ndarray]:
     """Seeded weights (every expert) and tokens, the values `moekit run --dp 1 --seed` draws."""
     return dict(_moekit.synthetic(model, tokens, max_tokens_per_rank or max(tokens, 1), quant, seed))
 
@@ -128,18 +129,20 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
 class MoeLayer:
     """The MoE layer of one rank holding every expert (dp = ep = 1), on the CPU.
 
-    MoeLayer(model, weights, max_tokens_per_rank, quant="per-token", experts="batched-fp8",
+    MoeLayer(model, weights, max_tokens_per_rank, quant="auto", experts="batched-fp8",
              activation=None, num_threads=1)
       model: a preset name (deepseek-v3, qwen3-30b-a3b, ...) or a config.json path
       weights: a mapping with w1, w1_scale, w2, w2_scale (and e_score_correction_bias when the
                model routes with it), arrays in the layouts of the module docstring; kept
                referenced, never copied
+      quant: "auto" (the model's quantization_config: block128 for DeepSeek-V3 / Kimi-K2, per-token
+             for unquantized checkpoints), "per-token", "per-tensor" or "block128"
     The workspace is allocated once, at construction (workspace_bytes); forward() chunks steps
     over max_tokens_per_rank.
     """
 
     def __init__(self, model: str, weights: Mapping[str, Any], max_tokens_per_rank: int,
-                 quant: str = "per-token", experts: str = "batched-fp8", activation: Optional[str] = None,
+                 quant: str = "auto", experts: str = "batched-fp8", activation: Optional[str] = None,
                  num_threads: int = 1):
         self._weights = {k: weights[k] for k in ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias")
                          if k in weights}

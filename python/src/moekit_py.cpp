@@ -124,7 +124,7 @@ class Layer {
     LayerOptions opt;
     opt.device = Device::kCpu;
     opt.experts = experts;
-    opt.quant = parse_quant(quant);
+    opt.quant = choose_quant(model_, quant).quant;
     if (activation) opt.activation = parse_activation(*activation);
     opt.num_threads = std::max(1, num_threads);
     const ParallelConfig par{1, 1, max_tokens, 0};
@@ -290,8 +290,8 @@ ExpertsOp& experts_op() {
 nb::dict synthetic(const std::string& model_name, std::int64_t tokens, std::int64_t max_tokens,
                    const std::string& quant, std::uint64_t seed) {
   const ModelConfig m = load_model(model_name);
-  const MoeProblem p =
-      make_problem(m, ParallelConfig{1, 1, max_tokens, 0}, ActivationFormat::kBatchedExperts, parse_quant(quant));
+  const MoeProblem p = make_problem(m, ParallelConfig{1, 1, max_tokens, 0}, ActivationFormat::kBatchedExperts,
+                                    choose_quant(m, quant).quant);
   cpu::ThreadPool pool(2);
   auto w = std::make_shared<synthetic::HostExpertWeights>(synthetic::make_expert_weights(p, 0, seed, pool));
   auto t = std::make_shared<synthetic::Tokens>(synthetic::make_tokens(p.K, p.E, 0, tokens, seed));

@@ -44,7 +44,7 @@ struct BenchRequest {
   std::string device = "auto";
   std::vector<std::string> experts{"batched-fp8", "standard-fp8"};
   std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 2048, 8192};
-  std::string quant = "per-token";
+  std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
   int iters = 50;
   std::uint64_t seed = 1;
   std::string format = "table";
@@ -132,7 +132,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   std::size_t done = 0;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
-    const MoeProblem p = make_problem(model, par, entry.format, parse_quant(req.quant));
+    const MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant);
     std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
                              p.E_local);
     const BenchWeights w = make_weights(p, device, *memory, req.seed, pool);
@@ -261,7 +261,7 @@ int bench_command(const BenchRequest& req) {
     j["topk"] = model.topk;
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
-    j["quant"] = req.quant;
+    j["quant"] = quant_name(choose_quant(model, req.quant).quant);
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -282,7 +282,7 @@ int bench_command(const BenchRequest& req) {
   }
   std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}; {}\n",
                            model.name, device_text, model.num_experts, model.topk, model.hidden_size,
-                           model.moe_intermediate_size, req.quant,
+                           model.moe_intermediate_size, choose_quant(model, req.quant).note,
                            device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
                                                    : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
@@ -329,7 +329,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--ranks", req->ranks, "dispatch: ranks, one per GPU (0: every GPU)")->capture_default_str();
   cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank, "dispatch: capacity (0: each case's tokens)")
       ->capture_default_str();
-  cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
+  cmd->add_option("--quant", req->quant,
+                  "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
+                  "per-tensor, per-token or block128")
+      ->capture_default_str();
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
   cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")

@@ -115,7 +115,7 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
       for (const std::int64_t T : req.tokens) {
         const std::int64_t mt = req.max_tokens_per_rank > 0 ? req.max_tokens_per_rank : T;
         const MoeProblem p = make_problem(model, ParallelConfig{ranks, ranks, mt, 0}, ActivationFormat::kBatchedExperts,
-                                          parse_quant(req.quant));
+                                          choose_quant(model, req.quant).quant);
         if (r == 0) std::cerr << fmt::format("bench dispatch: {} {} T = {}\n", req.dispatch, routing, T);
         auto pf = pfe->make({nullptr, &comm});
         std::unique_ptr<Memory> memory = pf->workspace_memory();
@@ -201,7 +201,7 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
     j["E"] = model.num_experts;
     j["topk"] = model.topk;
     j["K"] = model.hidden_size;
-    j["quant"] = req.quant;
+    j["quant"] = quant_name(choose_quant(model, req.quant).quant);
     j["ranks"] = ranks;
     j["peer_gbs"] = peer_gbs;
     j["rows"] = nlohmann::json::array();
@@ -219,7 +219,8 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
   }
   std::cout << fmt::format(
       "moekit bench dispatch: {} over {} x {}, {} (E = {}, top-{}, K = {}, {}), {} ({}), max over ranks\n",
-      req.dispatch, ranks, info.name, model.name, model.num_experts, model.topk, model.hidden_size, req.quant,
+      req.dispatch, ranks, info.name, model.name, model.num_experts, model.topk, model.hidden_size,
+      quant_name(choose_quant(model, req.quant).quant),
       device_initiated ? "graph replay" : "eager (counts read on the host)", fmt::format("{} iterations", req.iters));
   std::cout << fmt::format("ceiling: NCCL send/recv rank -> next rank {:.0f} GB/s (256 MiB)\n", peer_gbs);
   std::cout << fmt::format("{:<8} {:>5} {:>16} {:>16} {:>16} {:>10} {:>8} {:>10} {:>8} {:>10}\n", "routing", "T",

@@ -24,9 +24,9 @@ std::string human_bytes(std::int64_t bytes);
 struct PlanRequest {
   std::string model = "deepseek-v3";
   ParallelConfig parallel{32, 32, 256, 0};
-  std::string device = "cuda";  // whose declarations: what one GPU (or one CPU rank) allocates
-  std::string activation;       // empty: the model's
-  std::string quant = "per-token";
+  std::string device = "cuda";       // whose declarations: what one GPU (or one CPU rank) allocates
+  std::string activation;            // empty: the model's
+  std::string quant = "auto";        // auto: the checkpoint's scheme (choose_quant)
   std::vector<std::string> experts;  // empty: every implementation on the device and the references
   std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
   std::string gpu_memory;            // empty: not shown
@@ -45,6 +45,7 @@ struct PlanReport {
   ModelConfig model;
   std::vector<PlanEntry> entries;
   std::int64_t gpu_memory = -1;
+  std::string quant_note;  // where the scheme came from (choose_quant)
 };
 
 PlanReport make_plan_report(const PlanRequest& request);
@@ -61,7 +62,7 @@ struct DispatchBenchRequest {
   std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 4096};
   std::vector<std::string> routing{"uniform", "skewed"};
   std::string dispatch = "nccl";
-  std::string quant = "per-token";
+  std::string quant = "auto";            // auto: the checkpoint's scheme (choose_quant)
   int ranks = 0;                         // 0: every GPU
   std::int64_t max_tokens_per_rank = 0;  // 0: each case's tokens
   int iters = 50;

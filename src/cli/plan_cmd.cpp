@@ -72,7 +72,9 @@ PlanReport make_plan_report(const PlanRequest& req) {
   report.model = load_model(req.model);
   const Device device = parse_device(req.device);
   const Activation act = req.activation.empty() ? report.model.activation : parse_activation(req.activation);
-  const QuantScheme quant = parse_quant(req.quant);
+  const QuantChoice choice = choose_quant(report.model, req.quant);
+  const QuantScheme quant = choice.quant;
+  report.quant_note = choice.note;
   if (!req.gpu_memory.empty()) report.gpu_memory = parse_bytes(req.gpu_memory);
   std::vector<std::string> known;
   bool used_dispatch = false;
@@ -147,6 +149,7 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
   nlohmann::json out;
   out["model"] = report.model.name;
   out["device"] = req.device;
+  out["quant_note"] = report.quant_note;
   out["parallel"] = {{"dp", req.parallel.dp},
                      {"ep", req.parallel.ep},
                      {"max_tokens_per_rank", req.parallel.max_tokens_per_rank},
@@ -197,7 +200,9 @@ std::string plan_table(const PlanRequest& req, const PlanReport& report) {
   s += fmt::format(
       "moekit plan: {} (K={} I={} E={} topk={} act={}), dp={} ep={} max_tokens_per_rank={} quant={}, per {}\n", m.name,
       m.hidden_size, m.moe_intermediate_size, m.num_experts, m.topk, act, req.parallel.dp, req.parallel.ep,
-      req.parallel.max_tokens_per_rank, req.quant, req.device == "cuda" ? "GPU" : "CPU rank");
+      req.parallel.max_tokens_per_rank, quant_name(choose_quant(m, req.quant).quant),
+      req.device == "cuda" ? "GPU" : "CPU rank");
+  s += fmt::format("quantization: {}\n", report.quant_note);
   for (const PlanEntry& e : report.entries) {
     const WorkspacePlan& plan = e.plan;
     const MoeProblem& p = plan.problem;
@@ -267,7 +272,10 @@ std::function<int()> add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--activation", req->activation,
                   "silu, gelu, gelu_tanh, swigluoai, relu2, silu_no_mul (default: the model's)");
-  cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
+  cmd->add_option("--quant", req->quant,
+                  "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
+                  "per-tensor, per-token or block128")
+      ->capture_default_str();
   cmd->add_option("--experts", req->experts,
                   "Only these experts implementations or references (repeatable; default: all)");
   cmd->add_option("--dispatch", req->dispatch,

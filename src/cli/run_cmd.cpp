@@ -35,8 +35,8 @@ struct RunRequest {
   std::int64_t num_experts = 0;          // 0: the model's
   std::string device = "auto";
   std::string experts = "batched-fp8";
-  std::string dispatch;  // empty: the default prepare/finalize
-  std::string quant = "per-token";
+  std::string dispatch;        // empty: the default prepare/finalize
+  std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
   std::string activation;
   std::int64_t steps = 2;
   bool check = false;
@@ -74,7 +74,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   LayerOptions opt;
   opt.experts = req.experts;
-  opt.quant = parse_quant(req.quant);
+  opt.quant = choose_quant(model, req.quant).quant;
   if (!req.activation.empty()) opt.activation = parse_activation(req.activation);
   opt.checked = req.check;
   opt.num_threads = threads_per_rank;
@@ -118,6 +118,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
         model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts,
         layer.plan().section("prepare-finalize").owner, comm.name(), comm.size(), par.dp, par.ep, lp.E, lp.E_local,
         lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), format_name(lp.format));
+    std::cout << fmt::format("quantization: {}\n", choose_quant(model, req.quant).note);
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
     std::cout << fmt::format(
@@ -189,7 +190,7 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
       req.dp, req.ep == 0 ? req.dp : req.ep,
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
-  const MoeProblem p = make_problem(model, par, entry.format, parse_quant(req.quant),
+  const MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
                                     req.activation.empty() ? model.activation : parse_activation(req.activation));
   cpu::ThreadPool pool(threads);
   synthetic::ExpertBank bank(p, req.seed, pool);
@@ -278,7 +279,10 @@ std::function<int()> add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep) to keep runs short")
       ->capture_default_str();
-  cmd->add_option("--quant", req->quant, "per-tensor, per-token or block128")->capture_default_str();
+  cmd->add_option("--quant", req->quant,
+                  "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
+                  "per-tensor, per-token or block128")
+      ->capture_default_str();
   cmd->add_option("--activation", req->activation, "Override the model's activation");
   cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
   cmd->add_flag("--check", req->check,

@@ -13,13 +13,7 @@
 
 namespace moekit::plan {
 
-enum class GemmConfig : std::uint8_t {
-  kSwapAB128x32,
-  kSwapAB128x64,
-  kPingpong64x256,
-  kPingpong64x128,
-  kCooperative128x128
-};
+enum class GemmConfig : std::uint8_t { kSwapAB128x32, kSwapAB128x64, kPingpong64x256, kCooperative128x128 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 
 struct GemmConfigInfo {
@@ -46,12 +40,10 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
-    // must have same shape"); block128 takes pingpong-64x128 for m_e > 64.
+    // must have same shape"); block128 takes cooperative-128x128 for m_e > 64 (a block-scaled
+    // pingpong-64x128 measured 1.3-1.4x slower than it: docs/PERF.md).
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
      "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
-    // Block-scaled only (per-token keeps its measured rule above).
-    {GemmConfig::kPingpong64x128, "pingpong-64x128", 64, 128, 128, GemmSchedule::kPingpong, false, 128, -1, false, true,
-     "m_e > 64, block-scaled: one 128x128 weight block per tile, pingpong as above"},
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
      true, true, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
 };

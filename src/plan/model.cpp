@@ -74,6 +74,43 @@ struct Reader {
   }
 };
 
+// The checkpoint's quantization_config: its format in words and the FP8 scheme moekit runs it with.
+void read_quantization(const Reader& r, ModelConfig& m) {
+  const json* q = r.find({"quantization_config"});
+  if (q == nullptr) return;
+  MOEKIT_CHECK(q->is_object(), "{}: field 'quantization_config' must be an object, got {}", r.source, q->dump());
+  const Reader qr{*q, r.source};
+  const std::string method = qr.string("quant_method");
+  m.checkpoint_format = method;
+  if (method == "fp8") {
+    if (const json* b = qr.find({"weight_block_size"})) {
+      MOEKIT_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() && (*b)[1].is_number_integer(),
+                   "{}: quantization_config.weight_block_size must be two integers, got {}", r.source, b->dump());
+      const auto rows = (*b)[0].get<std::int64_t>(), cols = (*b)[1].get<std::int64_t>();
+      m.checkpoint_format = fmt::format("fp8, weight_block_size [{}, {}]", rows, cols);
+      if (rows == kQuantBlock && cols == kQuantBlock) m.checkpoint_quant = QuantScheme::kBlock128;
+      return;  // other block sizes: not run
+    }
+    const bool is_static = qr.string_or("activation_scheme", "dynamic") == "static";
+    m.checkpoint_format = is_static ? "fp8, static activation scales" : "fp8, per-channel weights";
+    m.checkpoint_quant = is_static ? QuantScheme::kPerTensor : QuantScheme::kPerTokenPerChannel;
+    return;
+  }
+  if (method == "compressed-tensors") {
+    // Name the weights' type from the first config group (e.g. "int4"): moekit runs none of them.
+    if (const json* groups = qr.find({"config_groups"}); groups && groups->is_object() && !groups->empty()) {
+      const json& g = groups->begin().value();
+      if (g.is_object() && g.contains("weights") && g.at("weights").is_object()) {
+        const json& w = g.at("weights");
+        const std::string type = w.contains("type") && w.at("type").is_string() ? w.at("type").get<std::string>() : "";
+        const std::int64_t bits =
+            w.contains("num_bits") && w.at("num_bits").is_number_integer() ? w.at("num_bits").get<std::int64_t>() : 0;
+        if (!type.empty() && bits > 0) m.checkpoint_format = fmt::format("compressed-tensors {}{}", type, bits);
+      }
+    }
+  }
+}
+
 Activation activation_from_config(const Reader& r, const std::string& model_type) {
   // gpt-oss's experts use a clamped SwiGLU with alpha 1.702 and (up + 1); its config says so only
   // through its model type.
@@ -109,6 +146,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   m.num_shared_experts = r.integer_or({"n_shared_experts"}, 0, 0);
   m.num_layers = r.integer({"num_hidden_layers"}, 1);
   m.activation = activation_from_config(r, m.model_type);
+  read_quantization(r, m);
 
   const std::string scoring = r.string_or("scoring_func", "softmax");
   MOEKIT_CHECK(scoring == "softmax" || scoring == "sigmoid",
@@ -153,6 +191,24 @@ ModelConfig load_model_config_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_model_config(ss.str(), path);
+}
+
+QuantChoice choose_quant(const ModelConfig& m, std::string_view name) {
+  const std::string from = m.checkpoint_format.empty()
+                               ? "the checkpoint is unquantized"
+                               : fmt::format("the checkpoint's quantization_config is {}", m.checkpoint_format);
+  if (name.empty() || name == "auto") {
+    if (m.checkpoint_quant) return {*m.checkpoint_quant, fmt::format("{} ({})", quant_name(*m.checkpoint_quant), from)};
+    if (m.checkpoint_format.empty()) return {QuantScheme::kPerTokenPerChannel, fmt::format("per-token ({})", from)};
+    return {QuantScheme::kPerTokenPerChannel,
+            fmt::format("per-token FP8 planned instead: {}, a format moekit does not run", from)};
+  }
+  const QuantScheme q = parse_quant(name);
+  if (m.checkpoint_quant && q != *m.checkpoint_quant)
+    return {q, fmt::format("{} as asked; {}: its weights would be requantized", quant_name(q), from)};
+  if (!m.checkpoint_quant && !m.checkpoint_format.empty())
+    return {q, fmt::format("{} as asked; {}, a format moekit does not run", quant_name(q), from)};
+  return {q, fmt::format("{} ({})", quant_name(q), from)};
 }
 
 std::vector<std::string> model_preset_names() {

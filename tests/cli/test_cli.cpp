@@ -49,16 +49,27 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   EXPECT_EQ(workspace["upstream-batched-cutlass-after-fix"], 7LL << 29);
   EXPECT_LT(workspace["batched-fp8 (cuda)"], 2LL << 30);
   EXPECT_EQ(j["plans"][0]["M"], 8192);
+  // DeepSeek-V3's checkpoint is block-quantized: block128 is its default, and its GEMMs take the
+  // block-scaled configs.
+  EXPECT_EQ(j["plans"][0]["quant"], "block128");
+  EXPECT_NE(j["quant_note"].get<std::string>().find("weight_block_size [128, 128]"), std::string::npos);
   EXPECT_EQ(j["plans"][0]["config"],
             "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
-            "pingpong-64x256 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), pingpong-64x256 "
-            "(m_e > 64)");
+            "cooperative-128x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+            "cooperative-128x128 (m_e > 64)");
 
   const std::string table = plan_table(req, report);
   EXPECT_NE(table.find("112.00 GiB"), std::string::npos) << table;
   EXPECT_NE(table.find("3.50 GiB"), std::string::npos) << table;
   EXPECT_NE(table.find("w1_out"), std::string::npos) << table;
-  EXPECT_NE(table.find("pingpong-64x256 (m_e > 64)"), std::string::npos) << table;
+  EXPECT_NE(table.find("cooperative-128x128 (m_e > 64)"), std::string::npos) << table;
+  EXPECT_NE(table.find("quantization: block128 (the checkpoint's quantization_config is fp8"), std::string::npos)
+      << table;
+  // Asked for per-token: planned, and the note says the checkpoint's weights would be requantized.
+  req.quant = "per-token";
+  const PlanReport per_token = make_plan_report(req);
+  EXPECT_NE(per_token.quant_note.find("requantized"), std::string::npos) << per_token.quant_note;
+  EXPECT_NE(plan_table(req, per_token).find("pingpong-64x256 (m_e > 64)"), std::string::npos);
 }
 
 TEST(Cli, DevicesAndExpertsFilter) {

@@ -76,13 +76,12 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   EXPECT_EQ(oss.config[2], GemmConfig::kCooperative128x128);
   EXPECT_EQ(describe(oss), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(single_launch(GemmConfig::kPingpong64x256).count, 1);
-  // Block-scaled: pingpong-64x256 has no block-scaled instance, pingpong-64x128 takes m_e > 64; it
-  // is never chosen for per-token scales.
+  // Block-scaled: pingpong-64x256 has no block-scaled instance, cooperative-128x128 takes m_e > 64.
   const GemmLaunches block = plan_gemm_launches(4096, 7168, 1000, QuantScheme::kBlock128);
-  EXPECT_EQ(describe(block), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), pingpong-64x128 (m_e > 64)");
+  EXPECT_EQ(describe(block), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168, QuantScheme::kBlock128));
-  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kPingpong64x128), 4096, 7168));
-  EXPECT_EQ(select_gemm_config(65, 5760, 2880, QuantScheme::kBlock128), GemmConfig::kPingpong64x128);
+  EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168));
+  EXPECT_EQ(select_gemm_config(65, 4096, 7168, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
   EXPECT_THROW(plan_gemm_launches(1000, 4096, 10), Error);
 }
 

@@ -47,6 +47,51 @@ TEST(Model, Presets) {
   EXPECT_EQ(ds.N(), 4096);
 }
 
+// quantization_config picks the default scheme; a format moekit does not run is named, never
+// silently replaced.
+TEST(Model, CheckpointQuantizationPicksTheDefaultScheme) {
+  const ModelConfig ds = load_model("deepseek-v3");
+  ASSERT_TRUE(ds.checkpoint_quant.has_value());
+  EXPECT_EQ(*ds.checkpoint_quant, QuantScheme::kBlock128);
+  EXPECT_EQ(ds.checkpoint_format, "fp8, weight_block_size [128, 128]");
+  EXPECT_EQ(choose_quant(ds, "auto").quant, QuantScheme::kBlock128);
+  EXPECT_EQ(choose_quant(ds, "").quant, QuantScheme::kBlock128);
+  EXPECT_EQ(load_model("kimi-k2").checkpoint_quant, QuantScheme::kBlock128);
+  const QuantChoice asked = choose_quant(ds, "per-token");
+  EXPECT_EQ(asked.quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_NE(asked.note.find("requantized"), std::string::npos) << asked.note;
+  // Unquantized (bf16) checkpoints: per-token.
+  const ModelConfig qwen = load_model("qwen3-30b-a3b");
+  EXPECT_FALSE(qwen.checkpoint_quant.has_value());
+  EXPECT_EQ(choose_quant(qwen, "auto").quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_NE(choose_quant(qwen, "auto").note.find("unquantized"), std::string::npos);
+  // gpt-oss ships MXFP4 experts: named, per-token FP8 planned instead.
+  const QuantChoice oss = choose_quant(load_model("gpt-oss-120b"), "auto");
+  EXPECT_EQ(oss.quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_NE(oss.note.find("mxfp4, a format moekit does not run"), std::string::npos) << oss.note;
+  // Hand-written configs: fp8 without blocks, static activations, other block sizes, int4.
+  auto with = [](const std::string& q) {
+    return parse_model_config(R"({"model_type": "m", "hidden_size": 256, "intermediate_size": 128,
+      "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2, "quantization_config": )" +
+                                  q + "}",
+                              "test.json");
+  };
+  EXPECT_EQ(with(R"({"quant_method": "fp8"})").checkpoint_quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_EQ(with(R"({"quant_method": "fp8", "activation_scheme": "static"})").checkpoint_quant,
+            QuantScheme::kPerTensor);
+  const ModelConfig b64 = with(R"({"quant_method": "fp8", "weight_block_size": [64, 64]})");
+  EXPECT_FALSE(b64.checkpoint_quant.has_value());
+  EXPECT_NE(choose_quant(b64, "auto").note.find("[64, 64], a format moekit does not run"), std::string::npos);
+  const ModelConfig int4 = with(
+      R"({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}})");
+  EXPECT_EQ(int4.checkpoint_format, "compressed-tensors int4");
+  EXPECT_EQ(choose_quant(int4, "auto").quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_NE(choose_quant(int4, "block128").note.find("int4, a format moekit does not run"), std::string::npos);
+  EXPECT_THROW(with(R"({"quant_method": "fp8", "weight_block_size": "128"})"), Error);
+  EXPECT_THROW(with(R"([1, 2])"), Error);
+  EXPECT_THROW(choose_quant(ds, "int4"), Error);
+}
+
 TEST(Model, PresetFileOnDiskEqualsEmbedded) {
   const auto path = std::string(MOEKIT_SOURCE_DIR) + "/models/qwen3-235b-a22b.json";
   const ModelConfig m = load_model(path);
