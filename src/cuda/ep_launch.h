@@ -59,11 +59,19 @@ struct EpStep {
       nullptr;  // device-initiated: (max_tokens, min(topk, ranks), K); reference: (ranks, max_tokens, K)
   std::uint64_t* flags = nullptr;   // device-initiated: (3 phases, ranks, kEpCtas) written by peers
   std::uint64_t* epochs = nullptr;  // device-initiated: (3 phases, kEpCtas)
+  // Device-initiated: sticky, never cleared by a step: [0] why the group broke (kEpBrokenTimeout,
+  // kEpBrokenByPeer; 0 while healthy), [1] phase, [2] peer, [3] CTA. Once set, every later signal of
+  // this rank carries the poison bit, so a late peer fails instead of using this rank's data.
+  std::int32_t* broken = nullptr;
   std::int32_t* status = nullptr;
   std::uint16_t* output = nullptr;  // finalize: (tokens, K) bf16
   std::int64_t recv_offset = 0, combine_recv_offset = 0, flags_offset = 0;
   std::int64_t timeout_ns = 0;  // a peer silent this long: flagged, the step ends
 };
+
+inline constexpr std::int32_t kEpBrokenTimeout = 1;  // a peer did not signal within the timeout
+inline constexpr std::int32_t kEpBrokenByPeer = 2;   // a peer signalled that it broke
+inline constexpr std::int64_t kEpBrokenWords = 8;    // as many as the status words: read_status_words reads it
 
 // Prepare, both tiers: where each token goes (send_index, send_count), the records to every rank
 // (stored straight into the peers' windows, or packed locally and exchanged with grouped

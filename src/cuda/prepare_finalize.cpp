@@ -236,6 +236,14 @@ class NcclAllToAll final : public PrepareFinalize {
              Stage::kFinalize,
              "this rank's step count per CTA and phase: what the flags must reach",
              true});
+      b.add({"ep_broken",
+             DType::kInt32,
+             {kEpBrokenWords},
+             Stage::kPrepare,
+             Stage::kFinalize,
+             "sticky failure word (why, phase, peer, CTA): once set, every later signal is poisoned and every "
+             "step raises",
+             true});
     } else {
       b.add({"ep_combine_send",
              DType::kFp32,
@@ -272,7 +280,7 @@ class NcclAllToAll final : public PrepareFinalize {
       return;
     }
     // Zero flags and epochs, and the records (a stale header never carries a live epoch).
-    for (const char* name : {"ep_flags", "ep_epochs", "ep_recv"}) {
+    for (const char* name : {"ep_flags", "ep_epochs", "ep_broken", "ep_recv"}) {
       const Region& r = ws.plan().region(name);
       ws.memory().fill(ws.base() + r.offset, 0, r.bytes, stream);
     }
@@ -310,6 +318,28 @@ class NcclAllToAll final : public PrepareFinalize {
 
   void check_status(Workspace& ws, Stream stream) override {
     auto* status = ws.get<std::int32_t>("dispatch_status");
+    // The sticky failure word first: no other error of the step hides it, no step clears it.
+    static_assert(kEpBrokenWords == kStatusWords, "read_status_words reads kStatusWords words");
+    if (device_) {
+      std::int32_t b[kEpBrokenWords] = {};
+      read_status_words(ws.get<std::int32_t>("ep_broken"), b, stream);
+      if (b[0] != 0) {
+        const char* phase = b[1] == 0 ? "dispatch" : b[1] == 1 ? "combine" : "teardown";
+        const std::string why =
+            b[0] == kEpBrokenTimeout
+                ? fmt::format(
+                      "rank {} did not signal the {} within the timeout (CTA {}): it died, raised, or runs "
+                      "another step",
+                      b[2], phase, b[3])
+                : fmt::format("rank {} signalled in the {} that it had failed (CTA {}): its data is not used", b[2],
+                              phase, b[3]);
+        if (group_ != nullptr) abort_nccl_group(*group_, why);
+        MOEKIT_FAIL(
+            "nccl (cuda): {}. This expert-parallel group is broken for good: every later step raises. The NCCL "
+            "communicator is aborted; rebuild the layer on every rank (MOEKIT_EP_TIMEOUT_MS sets the timeout)",
+            why);
+      }
+    }
     std::int32_t w[kStatusWords] = {};
     read_status_words(status, w, stream);
     if (w[0] == kStatusPeerTimeout && group_ != nullptr)
@@ -371,6 +401,7 @@ class NcclAllToAll final : public PrepareFinalize {
     if (device_) {
       s.flags = reinterpret_cast<std::uint64_t*>(ws.get<std::int64_t>("ep_flags"));
       s.epochs = reinterpret_cast<std::uint64_t*>(ws.get<std::int64_t>("ep_epochs"));
+      s.broken = ws.get<std::int32_t>("ep_broken");
       s.flags_offset = plan.region("ep_flags").offset;
     } else {
       s.send_index = ws.get<std::int32_t>("ep_send_index");

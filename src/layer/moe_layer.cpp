@@ -152,8 +152,10 @@ struct MoeLayer::Impl {
 
   // In pipeline order, so the first cause is the one reported.
   void check_status(Stream stream) {
-    router->check_status(*workspace, stream);
+    // The transport first: a broken expert-parallel group (a silent or failed peer) outranks any
+    // error of the step's data, which that failure may have caused.
     prepare_finalize->check_status(*workspace, stream);
+    router->check_status(*workspace, stream);
     experts->check_status(*workspace, stream);
     if (options.checked) workspace->verify_guards(stream);
   }

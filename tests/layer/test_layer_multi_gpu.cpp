@@ -424,5 +424,39 @@ TEST(TwoGpusFaults, SilentPeerIsAnErrorWithinTheTimeout) {
   ::unsetenv("MOEKIT_EP_TIMEOUT_MS");
 }
 
+// Fail-stop: rank 1 arrives after rank 0 gave up. Rank 0's records reached rank 1, but its combine
+// partials were computed without rank 1's tokens: rank 1 must raise, not return a result built on them.
+TEST(TwoGpusFaults, LatePeerRaisesInsteadOfUsingStalePartials) {
+  REQUIRE_TWO_GPUS();
+  ::setenv("MOEKIT_EP_TIMEOUT_MS", "1500", 1);
+  Case c{"tiny", 0, QuantScheme::kPerTokenPerChannel, {8, 8}, "nccl"};
+  const auto tokens = tokens_of(c);
+  std::atomic<bool> rank0_done{false};
+  std::string errors[2];
+  double late_seconds = 0;
+  run_ranks(c, tokens, [&](RankIo& io) {
+    const int r = io.comm.rank();
+    if (r == 1)
+      while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      void* stream = cuda::create_stream();
+      io.layer.enqueue(io.hidden, io.logits, io.tokens, io.output, stream);
+      io.layer.check_status(stream);
+      cuda::destroy_stream(stream);
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+    if (r == 0) rank0_done = true;
+    if (r == 1) late_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  EXPECT_NE(errors[0].find("did not signal"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 signalled in the combine that it had failed"), std::string::npos) << errors[1];
+  EXPECT_LT(late_seconds, 10.0);
+  std::printf("  nccl: rank 0: %s\n  nccl: late rank 1 after %.2f s: %s\n", errors[0].c_str(), late_seconds,
+              errors[1].c_str());
+  ::unsetenv("MOEKIT_EP_TIMEOUT_MS");
+}
+
 }  // namespace
 }  // namespace moekit

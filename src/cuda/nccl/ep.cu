@@ -120,9 +120,27 @@ struct Window {
   }
 };
 
+// A flag's top bit: the signalling rank had broken (s.broken) when it signalled.
+constexpr std::uint64_t kPoison = std::uint64_t{1} << 63;
+
+// Records why this rank broke (the first cause wins) and flags the step's status.
+__device__ void mark_broken(const EpStep& s, std::int32_t why, int phase, int peer, int cta) {
+  if (atomicCAS(s.broken, 0, why) == 0) {
+    s.broken[1] = phase;
+    s.broken[2] = peer;
+    s.broken[3] = cta;
+    __threadfence_system();
+  }
+  flag_status(s.status, kStatusPeerTimeout, phase, peer, cta);
+}
+
 // CTA b stores `epoch` into flag [phase][my rank][b] of every peer (after its stores, released at
-// system scope) and waits until its own flags [phase][r][b] reach `epoch` for every r. A peer silent
-// past timeout_ns flags the status; the CTA stops waiting.
+// system scope) and waits until its own flags [phase][r][b] reach `epoch` for every r. Fail-stop:
+// a peer silent past timeout_ns, or one whose flag carries the poison bit, breaks this rank for good
+// (s.broken, sticky); a broken rank poisons every later signal and stops waiting in dispatch and
+// combine, so a late peer raises instead of adding a partial computed without its records. The
+// teardown (phase 2) always waits, bounded, and a poisoned flag counts as arrival there: a peer
+// that reached its teardown no longer writes into this rank's window.
 __device__ void signal_and_wait(const EpStep& s, const Window& w, int phase) {
   __threadfence_system();
   __syncthreads();
@@ -130,16 +148,30 @@ __device__ void signal_and_wait(const EpStep& s, const Window& w, int phase) {
   std::uint64_t* my_epoch = s.epochs + phase * kEpCtas + b;
   const std::uint64_t epoch = *my_epoch + 1;
   if (tid < s.ranks) {
+    const bool broken = ::cuda::atomic_ref<std::int32_t, ::cuda::thread_scope_system>(*s.broken).load(
+                            ::cuda::memory_order_acquire) != 0;
     const std::int64_t slot = (static_cast<std::int64_t>(phase) * s.ranks + s.rank) * kEpCtas + b;
     auto* flag = reinterpret_cast<std::uint64_t*>(w.peer(s.flags_offset + slot * 8, tid));
-    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>(*flag).store(epoch, ::cuda::memory_order_release);
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>(*flag).store(broken ? epoch | kPoison : epoch,
+                                                                                ::cuda::memory_order_release);
     std::uint64_t* mine = s.flags + (static_cast<std::int64_t>(phase) * s.ranks + tid) * kEpCtas + b;
     ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system> ref(*mine);
     const std::uint64_t start = global_ns();
-    while (ref.load(::cuda::memory_order_acquire) < epoch) {
-      if (global_ns() - start > static_cast<std::uint64_t>(s.timeout_ns)) {
-        flag_status(s.status, kStatusPeerTimeout, phase, tid, b);
-        break;
+    const bool teardown = phase == 2;
+    if (broken && !teardown) {
+      flag_status(s.status, kStatusPeerTimeout, phase, tid, b);  // this step's data is not trusted either
+    } else {
+      for (;;) {
+        const std::uint64_t v = ref.load(::cuda::memory_order_acquire);
+        if ((v & kPoison) != 0 && !teardown && tid != s.rank) {
+          mark_broken(s, kEpBrokenByPeer, phase, tid, b);
+          break;
+        }
+        if ((v & ~kPoison) >= epoch) break;
+        if (global_ns() - start > static_cast<std::uint64_t>(s.timeout_ns)) {
+          mark_broken(s, kEpBrokenTimeout, phase, tid, b);
+          break;
+        }
       }
     }
   }
