@@ -33,7 +33,13 @@ def test_plan_golden_figures():
     assert plans["upstream-batched-cutlass-after-fix"].workspace_bytes == 3758096384  # 3.5 GiB
     ours = plans["batched-fp8 (cuda)"]
     assert ours.M == 8192 and ours.E_local == 16 and ours.reference is False and ours.runs
-    assert ours.workspace_bytes == 1073741824 + 268435456 + 524288 + 6144 + 6144 + 1048576 + 256 + 256
+    # DeepSeek-V3's checkpoint is block-quantized: quant="auto" plans block128 (1x128 activation
+    # scales: 16 x 8192 x 16 fp32 = 8 MiB); per-token keeps one scale per row (512 KiB).
+    assert ours.quant == "block128"
+    assert ours.workspace_bytes == 1073741824 + 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256
+    per_token = {p.name: p for p in moekit.plan("deepseek-v3", dp=32, ep=32, max_tokens_per_rank=256, local_experts=16,
+                                                quant="per-token")}["batched-fp8 (cuda)"]
+    assert per_token.workspace_bytes == 1073741824 + 268435456 + 524288 + 6144 + 6144 + 1048576 + 256 + 256
     assert ours.region("w1_out").shape == (16, 8192, 4096)
     assert ours.region("ep_recv").persistent
     assert sum(s.bytes for s in ours.sections) == ours.total_bytes
