@@ -151,11 +151,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
     }
     const float row_scale = per_tensor ? numerics::fp8_scale(__uint_as_float(*a.amax)) : row.token_scale(a.quant);
     const int destinations = a.pair_row != nullptr ? a.topk : 1;
+    const QuantRow::Encoded codes = row.encode(a.quant, row_scale, a.K);  // once for every destination
     for (int k = 0; k < destinations; ++k) {
       const std::int64_t r =
           a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k] : static_cast<std::int64_t>(t);
       if (r < 0) continue;
-      row.store(a.quant, row_scale, a.K, a.q + r * a.K, a.scales + r * spr);
+      QuantRow::write(codes, a.quant, a.K, a.q + r * a.K, a.scales + r * spr);
     }
   }
 }

@@ -55,20 +55,45 @@ struct QuantRowOf {
     return quant == QuantScheme::kBlock128 ? 0.0f : numerics::fp8_scale(block_max<kQuantThreads>(amax_thread));
   }
 
-  // Codes to out[0, K) and the row's scales to scales[0, spr): per-tensor and per-token take
-  // `row_scale` (per-token writes it as scales[0]), block128 each group's own.
-  __device__ __forceinline__ void store(QuantScheme quant, float row_scale, int K, std::uint8_t* out,
-                                        float* scales) const {
+  // The row's FP8 codes and scales, computed once and kept in registers (a token stored to several
+  // destinations is encoded once): per-tensor and per-token take `row_scale`, block128 each
+  // group's own.
+  struct Encoded {
+    uint2 codes[kChunks];
+    float scale[kChunks];
+    float row_scale;
+  };
+  __device__ __forceinline__ Encoded encode(QuantScheme quant, float row_scale, int K) const {
+    const bool block = quant == QuantScheme::kBlock128;
+    Encoded e;
+    e.row_scale = row_scale;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
+      e.scale[ch] = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
+      if (c0 < K) e.codes[ch] = fp8x8(v[ch], e.scale[ch]);
+    }
+    return e;
+  }
+
+  // Codes to out[0, K) and the row's scales to scales[0, spr) (per-token writes its scale as
+  // scales[0], block128 one per 1x128 group).
+  __device__ __forceinline__ static void write(const Encoded& e, QuantScheme quant, int K, std::uint8_t* out,
+                                               float* scales) {
     const bool block = quant == QuantScheme::kBlock128;
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch) {
       const int c0 = (ch * kQuantThreads + static_cast<int>(threadIdx.x)) * 8;
       if (c0 >= K) continue;
-      const float scale = block ? numerics::fp8_scale(group_amax[ch]) : row_scale;
-      *reinterpret_cast<uint2*>(out + c0) = fp8x8(v[ch], scale);
-      if (block && c0 % kQuantBlock == 0) scales[c0 / kQuantBlock] = scale;
+      *reinterpret_cast<uint2*>(out + c0) = e.codes[ch];
+      if (block && c0 % kQuantBlock == 0) scales[c0 / kQuantBlock] = e.scale[ch];
     }
-    if (quant == QuantScheme::kPerTokenPerChannel && threadIdx.x == 0) scales[0] = row_scale;
+    if (quant == QuantScheme::kPerTokenPerChannel && threadIdx.x == 0) scales[0] = e.row_scale;
+  }
+
+  __device__ __forceinline__ void store(QuantScheme quant, float row_scale, int K, std::uint8_t* out,
+                                        float* scales) const {
+    write(encode(quant, row_scale, K), quant, K, out, scales);
   }
 };
 using QuantRow = QuantRowOf<kQuantChunks>;
