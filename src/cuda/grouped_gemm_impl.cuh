@@ -186,6 +186,27 @@ struct GroupedFp8BlockGemm {
   }
 };
 
+// The launch both scalings share: CUTLASS's scratch against the plan's gemm_scratch, then
+// can_implement, initialize and run, each failure a moekit::Error naming `what`.
+template <class Gemm>
+void launch_gemm(const typename Gemm::Arguments& arguments, const GroupedGemmLaunch& l, cudaStream_t stream,
+                 const std::string& what) {
+  const std::size_t need = Gemm::get_workspace_size(arguments);
+  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
+                      what + ": CUTLASS needs " + std::to_string(need) + " bytes of workspace, the plan's " +
+                          "gemm_scratch holds " + std::to_string(l.scratch_bytes) +
+                          ": raise cuda::kGemmScratchBytes (and its contract test)");
+  Gemm gemm;
+  const cutlass::Status can = gemm.can_implement(arguments);
+  MOEKIT_CUDA_REQUIRE(can == cutlass::Status::kSuccess,
+                      what + ": CUTLASS cannot run this problem: " + cutlassGetStatusString(can));
+  const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
+  MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess, what + ": initialize failed: " + cutlassGetStatusString(init));
+  const cutlass::Status run = gemm.run(stream);
+  MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess, what + ": run failed: " + cutlassGetStatusString(run));
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
 template <class G>
 void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   static const bool layout_ok = G::layout_matches();
@@ -219,22 +240,7 @@ void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
       {fusion, nullptr, nullptr, reinterpret_cast<typename G::ElementD**>(a.ptr_D),
        reinterpret_cast<typename G::StrideD*>(a.stride_D)},
       hw};
-  const std::size_t need = Gemm::get_workspace_size(arguments);
-  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
-                      "grouped_fp8_gemm: CUTLASS needs " + std::to_string(need) + " bytes of workspace, the plan's " +
-                          "gemm_scratch holds " + std::to_string(l.scratch_bytes) +
-                          ": raise cuda::kGemmScratchBytes (and its contract test)");
-  Gemm gemm;
-  const cutlass::Status can = gemm.can_implement(arguments);
-  MOEKIT_CUDA_REQUIRE(can == cutlass::Status::kSuccess,
-                      std::string("grouped_fp8_gemm: CUTLASS cannot run this problem: ") + cutlassGetStatusString(can));
-  const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
-  MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess,
-                      std::string("grouped_fp8_gemm: initialize failed: ") + cutlassGetStatusString(init));
-  const cutlass::Status run = gemm.run(stream);
-  MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess,
-                      std::string("grouped_fp8_gemm: run failed: ") + cutlassGetStatusString(run));
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm");
 }
 
 template <class G>
@@ -267,24 +273,7 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
       hw};
   arguments.epilogue.thread.alpha = 1.0f;
   arguments.epilogue.thread.beta = 0.0f;
-  const std::size_t need = Gemm::get_workspace_size(arguments);
-  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
-                      "grouped_fp8_gemm (block-scaled): CUTLASS needs " + std::to_string(need) +
-                          " bytes of workspace, the plan's gemm_scratch holds " + std::to_string(l.scratch_bytes) +
-                          ": raise cuda::kGemmScratchBytes (and its contract test)");
-  Gemm gemm;
-  const cutlass::Status can = gemm.can_implement(arguments);
-  MOEKIT_CUDA_REQUIRE(
-      can == cutlass::Status::kSuccess,
-      std::string("grouped_fp8_gemm (block-scaled): CUTLASS cannot run this problem: ") + cutlassGetStatusString(can));
-  const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
-  MOEKIT_CUDA_REQUIRE(
-      init == cutlass::Status::kSuccess,
-      std::string("grouped_fp8_gemm (block-scaled): initialize failed: ") + cutlassGetStatusString(init));
-  const cutlass::Status run = gemm.run(stream);
-  MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess,
-                      std::string("grouped_fp8_gemm (block-scaled): run failed: ") + cutlassGetStatusString(run));
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm (block-scaled)");
 }
 
 }  // namespace moekit::cuda::detail
