@@ -387,6 +387,20 @@ TEST(TwoGpusSeam, DispatchRowsScalesCountsEqualOneGpu) {
   }
 }
 
+// One step of the layer on a stream of its own, checked: the Error's message, empty if it succeeded
+// (the stream of a failed step is left alone: its group is being aborted).
+std::string step_error(RankIo& io) {
+  try {
+    void* stream = cuda::create_stream();
+    io.layer.enqueue(io.hidden, io.logits, io.tokens, io.output, stream);
+    io.layer.check_status(stream);
+    cuda::destroy_stream(stream);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // A peer that never enters the step: the other rank's step ends with an Error naming it within the
 // timeout (MOEKIT_EP_TIMEOUT_MS), for both tiers; nothing hangs.
 TEST(TwoGpusFaults, SilentPeerIsAnErrorWithinTheTimeout) {
@@ -405,14 +419,7 @@ TEST(TwoGpusFaults, SilentPeerIsAnErrorWithinTheTimeout) {
         return;
       }
       const auto t0 = std::chrono::steady_clock::now();
-      try {
-        void* stream = cuda::create_stream();
-        io.layer.enqueue(io.hidden, io.logits, io.tokens, io.output, stream);
-        io.layer.check_status(stream);
-        cuda::destroy_stream(stream);
-      } catch (const Error& e) {
-        error = e.what();
-      }
+      error = step_error(io);
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr, "  [%s] rank 0 raised after %.2f s\n", dispatch, seconds);
       rank0_done = true;
@@ -439,14 +446,7 @@ TEST(TwoGpusFaults, LatePeerRaisesInsteadOfUsingStalePartials) {
     if (r == 1)
       while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const auto t0 = std::chrono::steady_clock::now();
-    try {
-      void* stream = cuda::create_stream();
-      io.layer.enqueue(io.hidden, io.logits, io.tokens, io.output, stream);
-      io.layer.check_status(stream);
-      cuda::destroy_stream(stream);
-    } catch (const Error& e) {
-      errors[r] = e.what();
-    }
+    errors[r] = step_error(io);
     if (r == 0) rank0_done = true;
     if (r == 1) late_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
