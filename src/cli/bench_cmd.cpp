@@ -128,11 +128,12 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
     output = out_dev.as<std::uint16_t>();
   }
   const RoutingConfig routing = routing_config(model);
+  const QuantScheme quant = choose_quant(model, req.quant).quant;
   const std::size_t total_cases = req.experts.size() * req.tokens.size();
   std::size_t done = 0;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
-    const MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant);
+    const MoeProblem p = make_problem(model, par, entry.format, quant);
     std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
                              p.E_local);
     const BenchWeights w = make_weights(p, device, *memory, req.seed, pool);
@@ -235,6 +236,7 @@ int bench_command(const BenchRequest& req) {
   MOEKIT_CHECK(req.iters >= 1, "--iters = {} must be >= 1", req.iters);
   ModelConfig model = load_model(req.model);
   if (req.num_experts > 0) model.num_experts = req.num_experts;
+  const QuantChoice quant = choose_quant(model, req.quant);
   const Device device =
       req.device == "auto" ? (cuda::available() ? Device::kCuda : Device::kCpu) : parse_device(req.device);
   double copy_gbs = 0, peak = 0;
@@ -261,7 +263,7 @@ int bench_command(const BenchRequest& req) {
     j["topk"] = model.topk;
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
-    j["quant"] = quant_name(choose_quant(model, req.quant).quant);
+    j["quant"] = quant_name(quant.quant);
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -282,7 +284,7 @@ int bench_command(const BenchRequest& req) {
   }
   std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}; {}\n",
                            model.name, device_text, model.num_experts, model.topk, model.hidden_size,
-                           model.moe_intermediate_size, choose_quant(model, req.quant).note,
+                           model.moe_intermediate_size, quant.note,
                            device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
                                                    : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)

@@ -91,6 +91,7 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
                "--tokens needs counts >= 1");
   ModelConfig model = load_model(req.model);
   if (req.num_experts > 0) model.num_experts = req.num_experts;
+  const QuantScheme quant = choose_quant(model, req.quant).quant;
   const int ranks = req.ranks > 0 ? req.ranks : cuda::device_count();
   MOEKIT_CHECK(ranks >= 2, "bench dispatch needs 2 or more ranks (GPUs); {} given", ranks);
   std::vector<DispatchRow> rows;
@@ -114,8 +115,8 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
     for (const std::string& routing : req.routing) {
       for (const std::int64_t T : req.tokens) {
         const std::int64_t mt = req.max_tokens_per_rank > 0 ? req.max_tokens_per_rank : T;
-        const MoeProblem p = make_problem(model, ParallelConfig{ranks, ranks, mt, 0}, ActivationFormat::kBatchedExperts,
-                                          choose_quant(model, req.quant).quant);
+        const MoeProblem p =
+            make_problem(model, ParallelConfig{ranks, ranks, mt, 0}, ActivationFormat::kBatchedExperts, quant);
         if (r == 0) std::cerr << fmt::format("bench dispatch: {} {} T = {}\n", req.dispatch, routing, T);
         auto pf = pfe->make({nullptr, &comm});
         std::unique_ptr<Memory> memory = pf->workspace_memory();
@@ -201,7 +202,7 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
     j["E"] = model.num_experts;
     j["topk"] = model.topk;
     j["K"] = model.hidden_size;
-    j["quant"] = quant_name(choose_quant(model, req.quant).quant);
+    j["quant"] = quant_name(quant);
     j["ranks"] = ranks;
     j["peer_gbs"] = peer_gbs;
     j["rows"] = nlohmann::json::array();
@@ -219,8 +220,7 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
   }
   std::cout << fmt::format(
       "moekit bench dispatch: {} over {} x {}, {} (E = {}, top-{}, K = {}, {}), {} ({}), max over ranks\n",
-      req.dispatch, ranks, info.name, model.name, model.num_experts, model.topk, model.hidden_size,
-      quant_name(choose_quant(model, req.quant).quant),
+      req.dispatch, ranks, info.name, model.name, model.num_experts, model.topk, model.hidden_size, quant_name(quant),
       device_initiated ? "graph replay" : "eager (counts read on the host)", fmt::format("{} iterations", req.iters));
   std::cout << fmt::format("ceiling: NCCL send/recv rank -> next rank {:.0f} GB/s (256 MiB)\n", peer_gbs);
   std::cout << fmt::format("{:<8} {:>5} {:>16} {:>16} {:>16} {:>10} {:>8} {:>10} {:>8} {:>10}\n", "routing", "T",

@@ -45,7 +45,8 @@ struct PlanReport {
   ModelConfig model;
   std::vector<PlanEntry> entries;
   std::int64_t gpu_memory = -1;
-  std::string quant_note;  // where the scheme came from (choose_quant)
+  QuantScheme quant = QuantScheme::kPerTokenPerChannel;  // the scheme planned (choose_quant)
+  std::string quant_note;                                // where it came from
 };
 
 PlanReport make_plan_report(const PlanRequest& request);

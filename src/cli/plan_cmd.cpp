@@ -74,6 +74,7 @@ PlanReport make_plan_report(const PlanRequest& req) {
   const Activation act = req.activation.empty() ? report.model.activation : parse_activation(req.activation);
   const QuantChoice choice = choose_quant(report.model, req.quant);
   const QuantScheme quant = choice.quant;
+  report.quant = choice.quant;
   report.quant_note = choice.note;
   if (!req.gpu_memory.empty()) report.gpu_memory = parse_bytes(req.gpu_memory);
   std::vector<std::string> known;
@@ -200,8 +201,7 @@ std::string plan_table(const PlanRequest& req, const PlanReport& report) {
   s += fmt::format(
       "moekit plan: {} (K={} I={} E={} topk={} act={}), dp={} ep={} max_tokens_per_rank={} quant={}, per {}\n", m.name,
       m.hidden_size, m.moe_intermediate_size, m.num_experts, m.topk, act, req.parallel.dp, req.parallel.ep,
-      req.parallel.max_tokens_per_rank, quant_name(choose_quant(m, req.quant).quant),
-      req.device == "cuda" ? "GPU" : "CPU rank");
+      req.parallel.max_tokens_per_rank, quant_name(report.quant), req.device == "cuda" ? "GPU" : "CPU rank");
   s += fmt::format("quantization: {}\n", report.quant_note);
   for (const PlanEntry& e : report.entries) {
     const WorkspacePlan& plan = e.plan;

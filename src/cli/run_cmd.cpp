@@ -74,7 +74,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   LayerOptions opt;
   opt.experts = req.experts;
-  opt.quant = choose_quant(model, req.quant).quant;
+  const QuantChoice quant = choose_quant(model, req.quant);
+  opt.quant = quant.quant;
   if (!req.activation.empty()) opt.activation = parse_activation(req.activation);
   opt.checked = req.check;
   opt.num_threads = threads_per_rank;
@@ -118,7 +119,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
         model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts,
         layer.plan().section("prepare-finalize").owner, comm.name(), comm.size(), par.dp, par.ep, lp.E, lp.E_local,
         lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), format_name(lp.format));
-    std::cout << fmt::format("quantization: {}\n", choose_quant(model, req.quant).note);
+    std::cout << fmt::format("quantization: {}\n", quant.note);
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
     std::cout << fmt::format(
