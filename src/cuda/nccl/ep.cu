@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
     __syncthreads();
     QuantRow row;
     row.load(reinterpret_cast<const __nv_bfloat16*>(s.hidden) + t * s.K, K);
-    const float row_scale = row.token_scale(s.quant);
+    const QuantRow::Encoded codes = row.encode(s.quant, row.token_scale(s.quant), K);  // once for every rank
     int ordinal = 0;
     std::uint64_t destinations = 0;
     for (int r = 0; r < s.ranks; ++r) {
@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
         hdr[plan::kEpHeaderOrdinal] = ordinal;
         hdr[plan::kEpHeaderEpoch] = epoch;
       }
-      row.store(s.quant, row_scale, K, reinterpret_cast<std::uint8_t*>(rec + rl.row_offset),
-                reinterpret_cast<float*>(rec + rl.scale_offset));
+      QuantRow::write(codes, s.quant, K, reinterpret_cast<std::uint8_t*>(rec + rl.row_offset),
+                      reinterpret_cast<float*>(rec + rl.scale_offset));
       ++ordinal;
     }
     if (tid == 0) s.token_destinations[t] = static_cast<std::int64_t>(destinations);  // for the final sum
