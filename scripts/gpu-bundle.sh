@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU test and benchmark binaries HERE (the GPU machine has none of the Debian dev
 # packages) into .gpu/, with the one shared library they need that the GPU image lacks (libfmt) and
-# the commit they were built from. Then: device run with carry [".gpu"] and
+# the commit they were built from, and the Python package built for the GPU machine's Python 3.12.
+# Then: device run with carry [".gpu"] and
 #   bash scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,17 @@ cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 .gpu/lib/
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target moekit
 cp build/src/moekit .gpu/moekit-mpi
+# The Python package for the GPU machine's Python 3.12 (torch there): CUDA compiled in, MPI off.
+py=${MOEKIT_GPU_PYTHON:-}
+for c in /root/.pyenv/versions/3.12*/bin/python python3.12; do
+  [[ -z $py ]] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && py=$c
+done
+[[ -n $py ]] || { echo "gpu-bundle: no Python 3.12 here (the GPU machine's); set MOEKIT_GPU_PYTHON" >&2; exit 1; }
+"$py" -m pip install -q nanobind==2.9.2 numpy
+cmake -S . -B build-py312 -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_MPI=OFF -DMOEKIT_PYTHON=ON \
+  -DPython_EXECUTABLE="$py" >/dev/null
+cmake --build build-py312 -j "$(nproc)" --target _moekit
+mkdir -p .gpu/python && cp -r build-py312/python/moekit .gpu/python/
 { git rev-parse HEAD; git status --porcelain | grep -q . && echo "(with uncommitted changes)" || true; } > .gpu/COMMIT
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 du -sh .gpu

@@ -9,7 +9,9 @@
 #          PyTorch's grouped-GEMM pipeline in the same round.
 #   ep:    (2+ GPUs) expert parallelism on NCCL: the multi-GPU tests, the whole layer on 2 GPUs
 #          checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
-# `bash scripts/gpu-check.sh tests|bench|experts|ep` runs one part (default: tests and bench). Logs and
+#   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
+#          expert parallelism under torchrun), the ops' host overhead in python_results.json.
+# `bash scripts/gpu-check.sh tests|bench|experts|ep|python` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -104,4 +106,12 @@ for r in d["rows"]:
 PY
   PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_dispatch.py "$OUT/dispatch.json" "$OUT/dispatch_results.json" \
     "$commit" 2>&1 | tail -20 | tee "$OUT/dispatch_baseline.log"
+fi
+
+if [[ $part == python ]]; then
+  echo "== the Python package with torch ($(python3 -c 'import torch; print(torch.__version__)'))"
+  PYTHONPATH="$PWD/$BIN/python" MOEKIT_CLI="$PWD/$BIN/moekit" MOEKIT_PY_RESULTS="$OUT/python_results.json" \
+    PYTHONUNBUFFERED=1 run timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/python 2>&1 \
+    | tee "$OUT/python_tests.log" | grep -vE '^\s*$' | tail -40
+  echo "python tests rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
 fi

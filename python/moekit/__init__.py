@@ -1,19 +1,21 @@
 """moekit: the Mixture-of-Experts layer of expert-parallel LLM inference, from Python.
 
-    import moekit
+    import moekit, torch
     for p in moekit.plan("deepseek-v3", dp=32, ep=32, max_tokens_per_rank=256, local_experts=16):
         print(p.name, p.workspace_bytes, p.total_bytes)
 
-    w = moekit.synthetic_inputs("qwen3-30b-a3b", tokens=8)          # seeded, as `moekit run` draws
-    layer = moekit.MoeLayer("qwen3-30b-a3b", weights=w, max_tokens_per_rank=8)
-    out = layer.forward(w["hidden"], w["router_logits"])           # (8, K) bfloat16 bits (uint16)
+    w = moekit.synthetic_inputs("deepseek-v3", tokens=128, num_experts=32, device="cuda")  # seeded
+    layer = moekit.MoeLayer("deepseek-v3", weights=w, max_tokens_per_rank=128, num_experts=32)
+    out = layer(w["hidden"], w["router_logits"])  # (128, 7168) torch.bfloat16 on the GPU
 
-What runs today: the plan (every device's declarations, the same figures as `moekit plan --format
-json`), the layer on the CPU over NumPy arrays (or anything DLPack hands over on the CPU), zero
-copy, one rank holding every expert, and moekit.ops.batched_experts (the experts alone in the
-BatchedExperts convention; torch.ops.moekit.batched_experts when torch is present). Arrays are validated where they enter (dtype, shape,
+What runs: the plan (every device's declarations, the same figures as `moekit plan --format json`);
+the layer on the CPU (NumPy arrays or CPU tensors) or a GPU (CUDA tensors, on torch's current
+stream), zero copy by DLPack; expert parallelism over a torch.distributed group (one process per
+GPU, NCCL between them; or CPU ranks); and moekit.ops.batched_experts / standard_experts, the
+experts alone in the conventions engines use (torch.ops.moekit.* when torch is present, for
+torch.compile and CUDA graphs). Arrays are validated where they enter (dtype, shape, device,
 C-contiguity); anything wrong raises moekit.Error with the C++ message: the value, the limit, the
-fix. Not yet: CUDA tensors, expert parallelism from Python.
+fix.
 
 Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales, docs/DESIGN.md):
   w1 (E_local, N, K): gate rows [0, I) then up rows [I, 2I) (interleaved pairs for swigluoai)
@@ -35,7 +37,7 @@ from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
 from . import ops  # noqa: F401  (moekit.ops.batched_experts; torch.ops.moekit.* when torch is present)
 
-__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "synthetic_inputs", "ops"]
+__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "TorchGroup", "synthetic_inputs", "ops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,34 +123,110 @@ def plan(model: str = "deepseek-v3", dp: int = 32, ep: int = 32, max_tokens_per_
 
 
 def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int] = None,
-                     quant: str = "auto", seed: int = 1) -> dict[str, np.ndarray]:
-    """Seeded weights (every expert) and tokens, the values `moekit run --dp 1 --seed` draws."""
-    return dict(_moekit.synthetic(model, tokens, max_tokens_per_rank or max(tokens, 1), quant, seed))
+                     quant: str = "auto", seed: int = 1, rank: int = 0, ranks: int = 1, num_experts: int = 0,
+                     device: str = "cpu", num_threads: Optional[int] = None) -> dict[str, Any]:
+    """Seeded weights and tokens, the values `moekit run --dp ranks --seed seed` draws for rank
+    `rank`: its E / ranks experts (w1, w1_scale, w2, w2_scale, e_score_correction_bias when the model
+    routes with it) and its `tokens` tokens (hidden, router_logits). NumPy arrays; device="cuda":
+    torch tensors on the current GPU. num_experts > 0 overrides the model's routed experts (shorter
+    runs of the same shapes, as the CLI's --num-experts)."""
+    d = dict(_moekit.synthetic(model, num_experts, tokens, max_tokens_per_rank or max(tokens, 1), quant, seed, rank,
+                               ranks, num_threads or _THREADS))
+    if device == "cpu":
+        return d
+    if device != "cuda":
+        raise Error(f"device = {device!r}: synthetic_inputs makes 'cpu' (NumPy) or 'cuda' (torch) arrays")
+    import torch
+
+    def tensor(k, v):
+        t = torch.from_numpy(v.view(np.int16) if v.dtype == np.uint16 else v)
+        t = t.view(torch.bfloat16) if v.dtype == np.uint16 else t
+        t = t.view(torch.float8_e4m3fn) if k in ("w1", "w2") else t
+        return t.to("cuda")
+
+    return {k: tensor(k, v) for k, v in d.items()}
+
+
+class TorchGroup:
+    """The ranks of a torch.distributed process group, as moekit's layer talks to them: rank(),
+    size() and all_gather(bytes). Its collectives carry only set-up and one small exchange per
+    forward (NCCL moves the tokens between GPUs); they run over a gloo group of the same ranks,
+    created here (collective: every rank builds its TorchGroup, as it builds its layer)."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise Error("torch.distributed is not initialized: call torch.distributed.init_process_group() first "
+                        "(torchrun sets the environment it needs)")
+        group = group if group is not None else dist.group.WORLD
+        self._dist = dist
+        if dist.get_backend(group) != "gloo":
+            group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo")
+        self._group = group
+
+    def rank(self) -> int:
+        return self._dist.get_rank(self._group)
+
+    def size(self) -> int:
+        return self._dist.get_world_size(self._group)
+
+    def all_gather(self, data: bytes) -> list:
+        out = [None] * self.size()
+        self._dist.all_gather_object(out, data, group=self._group)
+        return out
+
+
+_THREADS = max(1, (__import__("os").cpu_count() or 1))
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _device_of(x) -> str:
+    return "cuda" if _is_torch(x) and x.is_cuda else "cpu"
 
 
 class MoeLayer:
-    """The MoE layer of one rank holding every expert (dp = ep = 1), on the CPU.
+    """The MoE layer of one rank: Router -> dispatch -> experts -> combine, on the CPU or a GPU.
 
     MoeLayer(model, weights, max_tokens_per_rank, quant="auto", experts="batched-fp8",
-             activation=None, num_threads=1)
+             activation=None, num_threads=1, device=None, group=None, dispatch=None, num_experts=0)
       model: a preset name (deepseek-v3, qwen3-30b-a3b, ...) or a config.json path
       weights: a mapping with w1, w1_scale, w2, w2_scale (and e_score_correction_bias when the
-               model routes with it), arrays in the layouts of the module docstring; kept
-               referenced, never copied
+               model routes with it): this rank's experts, arrays in the layouts of the module
+               docstring on the layer's device; kept referenced, never copied
       quant: "auto" (the model's quantization_config: block128 for DeepSeek-V3 / Kimi-K2, per-token
              for unquantized checkpoints), "per-token", "per-tensor" or "block128"
-    The workspace is allocated once, at construction (workspace_bytes); forward() chunks steps
-    over max_tokens_per_rank.
+      device: "cpu" or "cuda" (the current GPU); default: where the weights are
+      group: None for one rank holding every expert; a torch.distributed process group (or
+             moekit.TorchGroup, or any object with rank(), size(), all_gather(bytes)) for expert
+             parallelism over its ranks (dp = ep = its size, one process per GPU, e.g. torchrun):
+             weights hold this rank's E / size experts, tokens move over NCCL between GPUs
+      dispatch: the prepare/finalize (moekit plan lists them; default: nccl between GPUs)
+      num_experts: > 0 overrides the model's routed experts (as the CLI's --num-experts)
+    The workspace is allocated once, at construction (workspace_bytes, equal to moekit.plan's
+    total for the layout); forward() chunks steps over max_tokens_per_rank. On a GPU, forward()
+    runs on torch's current stream (or `stream`) and synchronizes it to check each chunk;
+    enqueue() + check_status() run one step without synchronizing (CUDA-graph capturable).
     """
 
     def __init__(self, model: str, weights: Mapping[str, Any], max_tokens_per_rank: int,
                  quant: str = "auto", experts: str = "batched-fp8", activation: Optional[str] = None,
-                 num_threads: int = 1):
+                 num_threads: int = 1, device: Optional[str] = None, group: Any = None,
+                 dispatch: Optional[str] = None, num_experts: int = 0):
         self._weights = {k: weights[k] for k in ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias")
                          if k in weights}
-        w = self._weights
-        self._layer = _moekit.Layer(model, max_tokens_per_rank, quant, experts, activation, w["w1"], w["w1_scale"],
-                                    w["w2"], w["w2_scale"], w.get("e_score_correction_bias"), num_threads)
+        w = {k: ops._plain(v) for k, v in self._weights.items()}
+        self._torch = _is_torch(weights["w1"])
+        device = device or _device_of(weights["w1"])
+        if group is not None and not hasattr(group, "all_gather"):
+            group = TorchGroup(group)  # a torch.distributed process group
+        self._group = group
+        self._layer = _moekit.Layer(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
+                                    dispatch or "", w["w1"], w["w1_scale"], w["w2"], w["w2_scale"],
+                                    w.get("e_score_correction_bias"), num_threads, group)
 
     @property
     def workspace_bytes(self) -> int:
@@ -159,10 +237,55 @@ class MoeLayer:
     def problem(self) -> str:
         return self._layer.problem
 
-    def forward(self, hidden, router_logits, out=None):
-        """hidden (T, K) bfloat16 bits, router_logits (T, E) float32 -> (T, K) bfloat16 bits.
-        `out` (optional) receives the result in place."""
-        if out is None:
-            out = np.empty((len(hidden), self._layer.K), dtype=np.uint16)
-        self._layer.forward(hidden, router_logits, out)
+    @property
+    def device(self) -> str:
+        """Where the layer runs: "cpu" or "cuda:N"."""
+        return self._layer.device
+
+    @property
+    def rank(self) -> int:
+        return self._layer.rank
+
+    @property
+    def ranks(self) -> int:
+        return self._layer.ranks
+
+    @property
+    def dispatch(self) -> str:
+        """The prepare/finalize the layer runs (e.g. "nccl (cuda)")."""
+        return self._layer.dispatch
+
+    def _out(self, hidden, out):
+        if out is not None:
+            return out
+        if _is_torch(hidden):
+            import torch
+
+            return torch.empty((hidden.shape[0], self._layer.K), dtype=hidden.dtype, device=hidden.device)
+        return np.empty((len(hidden), self._layer.K), dtype=np.uint16)
+
+    def forward(self, hidden, router_logits, out=None, stream=None):
+        """hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32 -> (T, K), on the
+        layer's device. `out` (optional) receives the result in place. Every rank of a group calls it
+        (T may differ between ranks, and be 0)."""
+        out = self._out(hidden, out)
+        self._layer.forward(ops._plain(hidden), ops._plain(router_logits), ops._plain(out), ops._stream(hidden, stream))
         return out
+
+    __call__ = forward
+
+    def enqueue(self, hidden, router_logits, out, stream=None):
+        """One step of at most max_tokens_per_rank tokens, enqueued with no host synchronization
+        (capturable in a CUDA graph: the inputs and `out` must stay at the captured addresses).
+        Follow it, or each replay, with check_status()."""
+        self._layer.enqueue(ops._plain(hidden), ops._plain(router_logits), ops._plain(out), ops._stream(hidden, stream))
+        return out
+
+    def check_status(self, stream=None):
+        """Synchronizes the stream and raises moekit.Error for what the last step flagged (a NaN
+        logit, a count over capacity, a peer that timed out)."""
+        if stream is None and self.device.startswith("cuda"):
+            import torch
+
+            stream = torch.cuda.current_stream().cuda_stream
+        self._layer.check_status(ops._stream(None, stream))

@@ -1,65 +1,157 @@
 """Low-level ops in the conventions an inference engine's fused-MoE path already uses.
 
-batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu")
+batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
+                quant=None, stream=None)
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
-      a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn), rows >= expert_num_tokens[e]
+      a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
       a1q_scale float32: (E_local,) per-tensor, (E_local, M) per-token, (E_local, M, ceil(K/128)) 1x128
       expert_num_tokens (E_local,) int32
       w1 (E_local, N, K), w2 (E_local, K, I) FP8 with float32 scales in the matching scheme
+      (w_scale (E_local, 1) per-tensor, (E_local, rows) per-channel, (E_local, ceil(rows/128) *
+      ceil(cols/128)) 128x128 blocks)
       out (E_local, M, K) bfloat16 (or its uint16 bits), written for the valid rows only
-    W1 -> activation -> FP8 -> W2, fp32 accumulation. On the CPU today (NumPy arrays or CPU torch
-    tensors, zero copy); the workspace is built once per shape and reused.
-    With torch installed it is also torch.ops.moekit.batched_experts (torch.library.custom_op,
-    mutating `out`), so torch.compile traces it without a graph break.
+    W1 -> activation -> FP8 -> W2, fp32 accumulation.
+
+standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
+                 quant=None, stream=None)
+    The same experts in the standard (token-order) convention, with the top-k weighted sum:
+      a1q (T, K) FP8, a1q_scale (1,) per-tensor, (T,) per-token or (T, ceil(K/128)) 1x128
+      topk_ids (T, topk) int32 local expert ids in [0, E_local), -1: the slot is skipped
+      topk_weights (T, topk) float32
+      out (T, K) bfloat16: out[t] = sum over slots of weight * expert(a1q[t]) (fp32, slot order, one
+      rounding, as the layer's combine)
+
+Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
+zero copy. `quant` is inferred from the scales' shapes (pass "per-token", "per-tensor" or
+"block128" where two schemes fit). On a GPU the work is enqueued on `stream` (a cudaStream_t as an
+int; default: torch's current stream of that device) with no host synchronization, so the ops can be
+captured in CUDA graphs. Each problem shape builds its workspace once, on its first call, and keeps
+it (workspace_bytes()); make that first call before a graph capture. The CPU raises bad counts or ids
+at once; on a GPU they are clamped on the device (nothing is written out of bounds) and
+check_status() raises for what each workspace's last call flagged.
+
+With torch installed they are also torch.ops.moekit.batched_experts / standard_experts
+(torch.library.custom_op, mutating `out`): torch.compile(fullgraph=True) traces them without a graph
+break and torch.cuda.graph captures them.
 """
 from __future__ import annotations
 
 import os
+from typing import Any, Optional
 
 from . import _moekit
 
-__all__ = ["batched_experts"]
+__all__ = ["batched_experts", "standard_experts", "check_status", "workspace_bytes"]
 
 _THREADS = max(1, (os.cpu_count() or 1))
 
 
+try:
+    import torch as _torch
+except ImportError:  # NumPy only
+    _torch = None
+
+
 def _plain(x):
-    """A torch tensor's FP8 / bfloat16 storage as the same bytes in uint8 / uint16 (DLPack has no
-    FP8 code everywhere); anything else unchanged."""
-    dtype = getattr(x, "dtype", None)
-    if dtype is None or not hasattr(x, "view") or type(x).__module__.split(".")[0] != "torch":
+    """What crosses into C++ for one array: a torch tensor as a DLPack capsule made by torch's C
+    entry point (not the Python __dlpack__ wrapper: a few microseconds less per tensor), its FP8
+    storage viewed as uint8 first (DLPack has no FP8 code everywhere); anything else unchanged
+    (nanobind takes NumPy arrays and other DLPack producers as they are)."""
+    if _torch is None or not isinstance(x, _torch.Tensor):
         return x
-    import torch
-
-    if dtype in (torch.float8_e4m3fn,):
-        return x.view(torch.uint8)
-    if dtype == torch.bfloat16:
-        return x.view(torch.int16)
-    return x
+    if x.dtype == _torch.float8_e4m3fn:
+        x = x.view(_torch.uint8)
+    return _torch._C._to_dlpack(x)
 
 
-def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu"):
+def _stream(x, stream) -> int:
+    """The stream a call on `x`'s device runs on: `stream` when given (an int, or an object with
+    .cuda_stream / .ptr), else torch's current stream of x's device, else 0 (the default stream)."""
+    if stream is not None:
+        for attr in ("cuda_stream", "ptr"):
+            if hasattr(stream, attr):
+                return int(getattr(stream, attr))
+        return int(stream)
+    if _torch is not None and isinstance(x, _torch.Tensor) and x.is_cuda:
+        return _torch._C._cuda_getCurrentRawStream(x.device.index)
+    return 0
+
+
+def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
+                    quant: Optional[str] = None, stream: Any = None):
+    """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
-                            _plain(w2), _plain(w2_scale), _plain(out), activation, _THREADS)
+                            _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "", _THREADS,
+                            _stream(a1q, stream))
     return out
 
 
-torch_op_error = None  # why torch.ops.moekit.batched_experts is missing, when it is
+def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
+                     activation: str = "silu", quant: Optional[str] = None, stream: Any = None):
+    """The experts in the standard convention with the top-k weighted sum (module docstring);
+    returns `out`."""
+    _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(topk_ids), _plain(topk_weights), _plain(w1),
+                             _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "",
+                             _THREADS, _stream(a1q, stream))
+    return out
 
-try:  # the torch custom op, when torch is present
-    import torch
 
-    @torch.library.custom_op("moekit::batched_experts", mutates_args=("out",))
-    def _batched_experts_op(a1q: torch.Tensor, a1q_scale: torch.Tensor, expert_num_tokens: torch.Tensor,
-                            w1: torch.Tensor, w1_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                            out: torch.Tensor, activation: str = "silu") -> None:
-        batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation)
+def check_status(stream: Any = None) -> None:
+    """Raises moekit.Error for what the last GPU call of each workspace flagged (a count outside
+    [0, M], an expert id outside [-1, E_local)); synchronizes `stream` (default: torch's current one)."""
+    if stream is None:
+        try:
+            import torch
 
-    @_batched_experts_op.register_fake
-    def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu"):
-        return None
-except ImportError:  # NumPy only
+            stream = torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() else 0
+        except ImportError:
+            stream = 0
+    _moekit.ops_check_status(_stream(None, stream))
+
+
+def workspace_bytes() -> int:
+    """Bytes the ops' workspaces hold, over every shape and device called so far."""
+    return _moekit.ops_workspace_bytes()
+
+
+torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
+
+# The torch ops: defined with torch.library.Library and one CompositeExplicitAutograd kernel each
+# (CPU and CUDA tensors alike), fake kernels for torch.compile. Lighter per call than
+# torch.library.custom_op's Python wrapper.
+_BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
+            "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None) -> ()")
+_STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
+             "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
+             "str? quant=None) -> ()")
+if _torch is None:
     torch_op_error = "torch is not installed"
-except Exception as e:  # a torch without torch.library.custom_op: the NumPy path still works
-    torch_op_error = f"{type(e).__name__}: {e}"
+else:
+    try:
+        _lib = _torch.library.Library("moekit", "DEF")
+        _lib.define(_BATCHED)
+        _lib.define(_STANDARD)
+
+        def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
+                            quant=None):
+            batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant)
+
+        def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
+                             activation="silu", quant=None):
+            standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
+                             quant)
+
+        _lib.impl("batched_experts", _batched_kernel, "CompositeExplicitAutograd")
+        _lib.impl("standard_experts", _standard_kernel, "CompositeExplicitAutograd")
+
+        @_torch.library.register_fake("moekit::batched_experts")
+        def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None):
+            return None
+
+        @_torch.library.register_fake("moekit::standard_experts")
+        def _(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
+              quant=None):
+            return None
+    except Exception as e:  # an older torch: the NumPy / tensor path still works
+        torch_op_error = f"{type(e).__name__}: {e}"

@@ -1,6 +1,9 @@
-// moekit's Python module (nanobind): the plan, the layer over NumPy arrays (CPU) by DLPack, zero
-// copy, every array validated where it enters, moekit::Error raised as moekit.Error. The Python
-// package (python/moekit/__init__.py) wraps it in documented classes.
+// moekit's Python module (nanobind): the plan, the layer and the experts ops over arrays DLPack hands
+// over (NumPy, torch; CPU and CUDA), zero copy, every array validated where it enters,
+// moekit::Error raised as moekit.Error. CUDA work is enqueued on the stream the caller names (the
+// package passes torch's current stream). Expert parallelism from Python runs over a communicator
+// object the package builds (torch.distributed, or any object with rank/size/all_gather). The
+// Python package (python/moekit/__init__.py) wraps it in documented classes.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -9,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -20,8 +24,12 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cpu/combine.h"
 #include "cpu/thread_pool.h"
+#include "cuda/device_info.h"
+#include "cuda/launch.h"
 #include "moekit/check.h"
+#include "moekit/communicator.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
@@ -37,10 +45,68 @@ namespace {
 // converted or copied: require() checks it and raises moekit.Error naming what is wrong.
 using Array = nb::ndarray<>;
 
-std::string shape_text(const Array& a) {
+// Where an array lives: the CPU or one CUDA device (DLPack's device type and id).
+struct Place {
+  std::int32_t type = nb::device::cpu::value;
+  std::int32_t id = 0;
+  bool operator==(const Place&) const = default;
+  bool cuda() const { return type == nb::device::cuda::value; }
+  Device device() const { return cuda() ? Device::kCuda : Device::kCpu; }
+  std::string text() const {
+    return type == nb::device::cpu::value    ? std::string("cpu")
+           : type == nb::device::cuda::value ? fmt::format("cuda:{}", id)
+                                             : fmt::format("DLPack device type {} (id {})", type, id);
+  }
+};
+
+Place place_of(const Array& a) {
+  const Place p{a.device_type(), a.device_id()};
+  MOEKIT_CHECK(p.type == nb::device::cpu::value || p.cuda(),
+               "an array on {}: moekit takes host (cpu) and CUDA device memory (cuda:N); move it there first",
+               p.text());
+  return p;
+}
+
+// The places the layer and the ops run on: "cpu" or "cuda" (the current CUDA device).
+Place parse_place(const std::string& name) {
+  if (name == "cpu") return {};
+  MOEKIT_CHECK(name == "cuda", "device = '{}': moekit runs on 'cpu' or 'cuda' (the current CUDA device)", name);
+#ifdef MOEKIT_HAVE_CUDA
+  MOEKIT_CHECK(cuda::device_count() > 0, "device = 'cuda' but no CUDA device is present: use device='cpu'");
+#else
+  MOEKIT_FAIL("device = 'cuda' but this moekit was built without CUDA (no nvcc when it was built): use device='cpu'");
+#endif
+  return {nb::device::cuda::value, cuda::current_device()};
+}
+
+// Makes the arrays' GPU current for the calling scope (the ops follow their arrays, as torch does).
+class DeviceScope {
+ public:
+  explicit DeviceScope(const Place& p) {
+    if (!p.cuda()) return;
+    previous_ = cuda::current_device();
+    if (previous_ != p.id) cuda::set_device(p.id);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cuda::set_device(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+std::string dims_text(const std::vector<std::int64_t>& dims) {
   std::string s = "(";
-  for (std::size_t i = 0; i < a.ndim(); ++i) s += fmt::format("{}{}", i ? ", " : "", a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
+  for (std::size_t i = 0; i < dims.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+std::string shape_text(const Array& a) {
+  std::vector<std::int64_t> dims(a.ndim());
+  for (std::size_t i = 0; i < dims.size(); ++i) dims[i] = static_cast<std::int64_t>(a.shape(i));
+  return dims_text(dims);
 }
 
 std::string dtype_text(nb::dlpack::dtype d) {
@@ -52,9 +118,10 @@ std::string dtype_text(nb::dlpack::dtype d) {
   return fmt::format("{}{}", kind, d.bits);
 }
 
-// Raises moekit.Error unless `a` holds `bits`-bit elements of one of `codes` in exactly `shape`.
+// Raises moekit.Error unless `a` holds `bits`-bit elements of one of `codes` in exactly `shape`,
+// C-contiguous, on `where`.
 void require(const Array& a, const char* what, std::initializer_list<nb::dlpack::dtype_code> codes, int bits,
-             const std::vector<std::int64_t>& shape, const char* expected_dtype) {
+             const std::vector<std::int64_t>& shape, const char* expected_dtype, const Place& where) {
   bool code_ok = false;
   for (auto c : codes) code_ok = code_ok || a.dtype().code == static_cast<std::uint8_t>(c);
   MOEKIT_CHECK(code_ok && a.dtype().bits == bits && a.dtype().lanes == 1, "{}: dtype {} where {} is needed", what,
@@ -62,13 +129,10 @@ void require(const Array& a, const char* what, std::initializer_list<nb::dlpack:
   bool shape_ok = a.ndim() == shape.size();
   for (std::size_t i = 0; shape_ok && i < shape.size(); ++i)
     shape_ok = static_cast<std::int64_t>(a.shape(i)) == shape[i];
-  std::string want = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) want += fmt::format("{}{}", i ? ", " : "", shape[i]);
-  want += shape.size() == 1 ? ",)" : ")";
-  MOEKIT_CHECK(shape_ok, "{}: shape {} where {} is needed", what, shape_text(a), want);
-  MOEKIT_CHECK(a.device_type() == nb::device::cpu::value,
-               "{}: on a device of DLPack type {}; the Python layer runs on the CPU today (pass host arrays)", what,
-               a.device_type());
+  MOEKIT_CHECK(shape_ok, "{}: shape {} where {} is needed", what, shape_text(a), dims_text(shape));
+  const Place here = place_of(a);
+  MOEKIT_CHECK(here == where, "{}: on {} where {} is needed (every array of a call on one device{})", what, here.text(),
+               where.text(), where.cuda() ? ", the one the layer or the op's first array is on" : "");
   std::int64_t expected = 1;
   for (std::size_t i = a.ndim(); i-- > 0;) {
     MOEKIT_CHECK(a.shape(i) <= 1 || a.stride(i) == expected,
@@ -84,17 +148,31 @@ const auto kUInt = nb::dlpack::dtype_code::UInt;
 const auto kInt = nb::dlpack::dtype_code::Int;
 const auto kBfloat = nb::dlpack::dtype_code::Bfloat;
 
+Stream stream_of(std::uintptr_t stream) {
+  return reinterpret_cast<Stream>(stream);  // NOLINT: a cudaStream_t handed over as an integer
+}
+
 // The experts' weights of `p` (moekit/weights.h layouts), validated, as a view of the arrays.
 ExpertWeightsView weights_of(const MoeProblem& p, const Array& w1, const Array& w1_scale, const Array& w2,
-                             const Array& w2_scale) {
-  require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes");
-  require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes");
-  require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)}, "float32");
-  require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())},
-          "float32");
-  return ExpertWeightsView::of(p, Device::kCpu, static_cast<const std::uint8_t*>(w1.data()),
+                             const Array& w2_scale, const Place& where) {
+  require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes", where);
+  require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes", where);
+  require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)}, "float32",
+          where);
+  require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())}, "float32",
+          where);
+  return ExpertWeightsView::of(p, where.device(), static_cast<const std::uint8_t*>(w1.data()),
                                static_cast<const float*>(w1_scale.data()), static_cast<const std::uint8_t*>(w2.data()),
                                static_cast<const float*>(w2_scale.data()));
+}
+
+// A preset or config.json, with its routed experts overridden when num_experts > 0 (as the CLI's
+// --num-experts: shorter runs of the same shapes).
+ModelConfig model_with(const std::string& name, std::int64_t num_experts) {
+  MOEKIT_CHECK(num_experts >= 0, "num_experts = {} must be >= 0 (0: the model's)", num_experts);
+  ModelConfig m = load_model(name);
+  if (num_experts > 0) m.num_experts = num_experts;
+  return m;
 }
 
 std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64_t ep, std::int64_t max_tokens,
@@ -112,57 +190,194 @@ std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64
   return cli::plan_json(req, cli::make_plan_report(req)).dump();
 }
 
-// One rank's layer (dp = ep = 1) on the CPU over arrays the caller keeps alive (the wrapper holds
-// references to them).
+// The ranks of a Python group (the package's moekit.TorchGroup over torch.distributed, or any object
+// with rank(), size() and all_gather(bytes) -> list of every rank's bytes in rank order). Every
+// collective is one all_gather: the layer uses them to set up (NCCL's unique id, agreeing that every
+// rank is ready) and once per forward (the chunk count); a CPU layer also moves its tokens with them.
+class PyCommunicator final : public Communicator {
+ public:
+  explicit PyCommunicator(nb::object group) : group_(std::move(group)) {
+    rank_ = nb::cast<int>(group_.attr("rank")());
+    size_ = nb::cast<int>(group_.attr("size")());
+    MOEKIT_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "the group says rank {} of {} ranks", rank_, size_);
+  }
+  ~PyCommunicator() override {
+    nb::gil_scoped_acquire gil;
+    group_.reset();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "python"; }
+
+  void all_to_all_v(const void* send, std::span<const std::int64_t> send_bytes,
+                    std::span<const std::int64_t> send_offsets, void* recv, std::span<const std::int64_t> recv_bytes,
+                    std::span<const std::int64_t> recv_offsets) override {
+    // Every rank's payloads to every rank: [bytes to rank 0 .. P-1] then the payloads in rank order.
+    const auto P = static_cast<std::size_t>(size_);
+    std::string mine(P * sizeof(std::int64_t), '\0');
+    std::memcpy(mine.data(), send_bytes.data(), P * sizeof(std::int64_t));
+    for (std::size_t r = 0; r < P; ++r)
+      mine.append(static_cast<const char*>(send) + send_offsets[r], static_cast<std::size_t>(send_bytes[r]));
+    const std::vector<std::string> all = all_gather(mine);
+    for (std::size_t r = 0; r < P; ++r) {
+      std::vector<std::int64_t> sizes(P);
+      std::memcpy(sizes.data(), all[r].data(), P * sizeof(std::int64_t));
+      std::size_t at = P * sizeof(std::int64_t);
+      for (std::size_t q = 0; q < static_cast<std::size_t>(rank_); ++q) at += static_cast<std::size_t>(sizes[q]);
+      MOEKIT_CHECK(sizes[rank_] == recv_bytes[r], "rank {} sends {} bytes to rank {}, which expects {}", r,
+                   sizes[rank_], rank_, recv_bytes[r]);
+      std::memcpy(static_cast<char*>(recv) + recv_offsets[r], all[r].data() + at,
+                  static_cast<std::size_t>(recv_bytes[r]));
+    }
+  }
+  void all_to_all_counts(std::span<const std::int64_t> send, std::span<std::int64_t> recv) override {
+    const std::vector<std::string> all = all_gather(bytes_of(send.data(), send.size()));
+    for (std::size_t r = 0; r < all.size(); ++r)
+      std::memcpy(&recv[r], all[r].data() + static_cast<std::size_t>(rank_) * sizeof(std::int64_t),
+                  sizeof(std::int64_t));
+  }
+  std::int64_t all_reduce_max(std::int64_t value) override { return max_of(value); }
+  double all_reduce_max(double value) override { return max_of(value); }
+  void barrier() override { (void)all_gather({}); }
+  void broadcast(void* data, std::int64_t bytes, int root) override {
+    const std::vector<std::string> all =
+        all_gather(rank_ == root ? std::string(static_cast<const char*>(data), static_cast<std::size_t>(bytes)) : "");
+    MOEKIT_CHECK(static_cast<std::int64_t>(all[root].size()) == bytes, "broadcast: root {} sent {} bytes, {} expected",
+                 root, all[root].size(), bytes);
+    std::memcpy(data, all[root].data(), static_cast<std::size_t>(bytes));
+  }
+
+ private:
+  template <typename T>
+  static std::string bytes_of(const T* data, std::size_t count) {
+    return std::string(reinterpret_cast<const char*>(data), count * sizeof(T));
+  }
+  template <typename T>
+  T max_of(T value) {
+    T best = value;
+    for (const std::string& b : all_gather(bytes_of(&value, 1))) {
+      T v;
+      std::memcpy(&v, b.data(), sizeof(T));
+      best = std::max(best, v);
+    }
+    return best;
+  }
+  std::vector<std::string> all_gather(const std::string& mine) {
+    nb::gil_scoped_acquire gil;
+    std::vector<std::string> out;
+    try {
+      nb::object got = group_.attr("all_gather")(nb::bytes(mine.data(), mine.size()));
+      for (nb::handle item : got) {
+        const auto b = nb::cast<nb::bytes>(item);
+        out.emplace_back(b.c_str(), b.size());
+      }
+    } catch (const nb::python_error& e) {
+      MOEKIT_FAIL("rank {}: the group's all_gather raised: {}: {}", rank_, nb::str(e.type().attr("__name__")).c_str(),
+                  nb::str(e.value()).c_str());
+    }
+    MOEKIT_CHECK(out.size() == static_cast<std::size_t>(size_),
+                 "rank {}: the group's all_gather returned {} items for {} ranks", rank_, out.size(), size_);
+    return out;
+  }
+
+  nb::object group_;
+  int rank_ = 0, size_ = 1;
+};
+
+// One rank's layer over arrays the caller keeps alive (the wrapper holds references to them), on
+// the CPU or the current CUDA device. Without a group: one rank holding every expert (dp = ep = 1).
+// With one: dp = ep = the group's size, this rank's E / size experts, NCCL between GPUs (the
+// layer's default dispatch) or the group itself between CPU ranks.
 class Layer {
  public:
-  Layer(const std::string& model_name, std::int64_t max_tokens, const std::string& quant, const std::string& experts,
-        std::optional<std::string> activation, Array w1, Array w1_scale, Array w2, Array w2_scale,
-        std::optional<Array> bias, int num_threads)
-      : model_(load_model(model_name)) {
+  Layer(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
+        const std::string& experts, std::optional<std::string> activation, const std::string& device,
+        const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
+        int num_threads, std::optional<nb::object> group)
+      : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
-    opt.device = Device::kCpu;
+    opt.device = place_.device();
     opt.experts = experts;
+    opt.prepare_finalize = dispatch;
     opt.quant = choose_quant(model_, quant).quant;
     if (activation) opt.activation = parse_activation(*activation);
     opt.num_threads = std::max(1, num_threads);
-    const ParallelConfig par{1, 1, max_tokens, 0};
-    const ExpertsEntry& entry = find_experts(experts, Device::kCpu);
+    if (group) {
+      comm_ = std::make_unique<PyCommunicator>(*group);
+    } else {
+      group_ = std::make_unique<Group>();  // a group of one, held for the layer's life
+    }
+    Communicator& comm = comm_ ? *comm_ : group_->comm();
+    const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
+    const ExpertsEntry& entry = find_experts(experts, opt.device);
     problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation));
     const MoeProblem& p = problem_;
-    weights_ = weights_of(p, w1, w1_scale, w2, w2_scale);
+    weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
     const float* bias_ptr = nullptr;
     if (model_.has_score_correction_bias) {
       MOEKIT_CHECK(bias.has_value(), "model '{}' routes with e_score_correction_bias: pass {} float32 values",
                    model_.name, p.E);
-      require(*bias, "e_score_correction_bias", {kFloat}, 32, {p.E}, "float32");
+      require(*bias, "e_score_correction_bias", {kFloat}, 32, {p.E}, "float32", place_);
       bias_ptr = static_cast<const float*>(bias->data());
     }
-    // One rank: the layer's collectives are over a group of one, held for the layer's life.
-    group_ = std::make_unique<Group>();
-    layer_ = std::make_unique<MoeLayer>(model_, par, opt, LayerWeights{weights_, bias_ptr}, group_->comm());
+    DeviceScope scope(place_);
+    layer_ = std::make_unique<MoeLayer>(model_, par, opt, LayerWeights{weights_, bias_ptr}, comm);
   }
 
-  // hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32 -> out (T, K), same dtype.
-  void forward(Array hidden, Array logits, Array out) {
-    const MoeProblem& p = problem_;
-    MOEKIT_CHECK(hidden.ndim() == 2, "hidden: shape {} where (tokens, K = {}) is needed", shape_text(hidden), p.K);
-    const auto T = static_cast<std::int64_t>(hidden.shape(0));
-    require(hidden, "hidden", {kBfloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 (or its uint16 bits)");
-    require(logits, "router_logits", {kFloat}, 32, {T, p.E}, "float32");
-    require(out, "out", {kBfloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 (or its uint16 bits)");
+  ~Layer() {
+    DeviceScope scope(place_);
+    nb::gil_scoped_release release;  // a multi-rank teardown may wait for the group
+    layer_.reset();
+  }
+
+  // hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32 -> out (T, K), same
+  // dtype, on the layer's device. Synchronizes `stream` (the status of every chunk is checked).
+  void forward(Array hidden, Array logits, Array out, std::uintptr_t stream) {
+    const std::int64_t T = check_step(hidden, logits, out);
+    DeviceScope scope(place_);
     nb::gil_scoped_release release;
     layer_->forward(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
-                    static_cast<std::uint16_t*>(out.data()));
+                    static_cast<std::uint16_t*>(out.data()), stream_of(stream));
+  }
+
+  // One step of at most max_tokens_per_rank tokens enqueued on `stream` with no host synchronization
+  // (capturable in a CUDA graph); check_status() raises for what its kernels flagged.
+  void enqueue(Array hidden, Array logits, Array out, std::uintptr_t stream) {
+    const std::int64_t T = check_step(hidden, logits, out);
+    DeviceScope scope(place_);
+    nb::gil_scoped_release release;
+    layer_->enqueue(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
+                    static_cast<std::uint16_t*>(out.data()), stream_of(stream));
+  }
+
+  void check_status(std::uintptr_t stream) {
+    DeviceScope scope(place_);
+    nb::gil_scoped_release release;
+    layer_->check_status(stream_of(stream));
   }
 
   std::int64_t workspace_bytes() const { return layer_->allocated_workspace_bytes(); }
   std::int64_t K() const { return problem_.K; }
   std::int64_t E() const { return problem_.E; }
+  std::int64_t E_local() const { return problem_.E_local; }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int ranks() const { return comm_ ? comm_->size() : 1; }
+  std::string device() const { return place_.text(); }
   std::string problem() const { return problem_.describe(); }
+  std::string dispatch() const { return layer_->plan().section("prepare-finalize").owner; }
 
  private:
+  std::int64_t check_step(const Array& hidden, const Array& logits, const Array& out) const {
+    const MoeProblem& p = problem_;
+    MOEKIT_CHECK(hidden.ndim() == 2, "hidden: shape {} where (tokens, K = {}) is needed", shape_text(hidden), p.K);
+    const auto T = static_cast<std::int64_t>(hidden.shape(0));
+    require(hidden, "hidden", {kBfloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 (or its uint16 bits)", place_);
+    require(logits, "router_logits", {kFloat}, 32, {T, p.E}, "float32", place_);
+    require(out, "out", {kBfloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 (or its uint16 bits)", place_);
+    return T;
+  }
+
   // A communicator of one rank that outlives the layer: run_in_process hands it out only inside
   // its function, so the group lives on a thread parked until the layer is gone.
   class Group {
@@ -198,18 +413,45 @@ class Layer {
   };
 
   ModelConfig model_;
+  Place place_;
   MoeProblem problem_;
   ExpertWeightsView weights_;
   std::unique_ptr<Group> group_;  // destroyed after layer_ (declared before it)
+  std::unique_ptr<PyCommunicator> comm_;
   std::unique_ptr<MoeLayer> layer_;
 };
 
-// The experts alone in the BatchedExperts convention, on the CPU: shapes read off the arrays, the
-// scheme off the scales' shapes, one workspace per problem kept for the next call.
+// The scheme of an experts call: `quant` when named, else the one scheme whose scale shapes the
+// arrays have (activation scales over `rows`, W1 scales (E_local, s1)).
+QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Array& w1_scale,
+                      const std::vector<std::int64_t>& rows, std::int64_t N, std::int64_t K, bool batched) {
+  if (!quant.empty()) return parse_quant(quant);
+  std::vector<std::int64_t> have(a1q_scale.ndim());
+  for (std::size_t i = 0; i < have.size(); ++i) have[i] = static_cast<std::int64_t>(a1q_scale.shape(i));
+  const auto s1 = w1_scale.ndim() == 2 ? static_cast<std::int64_t>(w1_scale.shape(1)) : -1;
+  std::vector<QuantScheme> fits;
+  std::string shapes;
+  for (QuantScheme q : all_quant_schemes()) {
+    const std::vector<std::int64_t> want = numerics::activation_scale_shape(q, rows, K, batched);
+    if (want == have && numerics::weight_scale_count(q, N, K) == s1) fits.push_back(q);
+    shapes += fmt::format("{}{}: a1q_scale {}, w1_scale (E_local, {})", shapes.empty() ? "" : "; ", quant_name(q),
+                          dims_text(want), numerics::weight_scale_count(q, N, K));
+  }
+  MOEKIT_CHECK(fits.size() == 1, "experts op: a1q_scale {} and w1_scale {} fit {}: pass quant= ({})",
+               shape_text(a1q_scale), shape_text(w1_scale), fits.empty() ? "no scheme" : "more than one scheme",
+               shapes);
+  return fits.front();
+}
+
+// The experts alone, in the BatchedExperts or the standard convention, on the arrays' device: shapes
+// read off the arrays, one workspace per problem and device kept for the next call (built on the
+// first call; a first call inside CUDA graph capture is refused: warm up first). CUDA calls enqueue
+// on the caller's stream and never synchronize; check_status() reports what the last call of each
+// workspace flagged. The CPU raises at once.
 class ExpertsOp {
  public:
-  void run(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
-           const std::string& activation_name, int num_threads) {
+  void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
+               const std::string& activation_name, const std::string& quant, int num_threads, std::uintptr_t stream) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -223,78 +465,171 @@ class ExpertsOp {
     p.topk = 1;
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
-    // The scheme, from the activation scales' shape.
-    const auto s0 = a1q_scale.ndim() > 0 ? static_cast<std::int64_t>(a1q_scale.shape(0)) : -1;
-    p.quant = a1q_scale.ndim() == 1 && s0 == p.E_local ? QuantScheme::kPerTensor
-              : a1q_scale.ndim() == 3                  ? QuantScheme::kBlock128
-                                                       : QuantScheme::kPerTokenPerChannel;
+    p.quant = scheme_of(quant, a1q_scale, w1_scale, {p.E_local, p.M}, p.N, p.K, true);
     validate_problem(p);
-    const std::int64_t spr = numerics::activation_scales_per_row(p.quant, p.K);
-    require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes");
+    const Place where = place_of(a1q);
+    require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes", where);
     require(a1q_scale, "a1q_scale", {kFloat}, 32,
-            p.quant == QuantScheme::kPerTensor  ? std::vector<std::int64_t>{p.E_local}
-            : p.quant == QuantScheme::kBlock128 ? std::vector<std::int64_t>{p.E_local, p.M, spr}
-                                                : std::vector<std::int64_t>{p.E_local, p.M},
-            "float32 (E_local,) per-tensor, (E_local, M) per-token or (E_local, M, ceil(K/128)) 1x128");
-    require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32");
-    const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale);
-    require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)");
-    const std::string key = p.describe() + "/" + std::to_string(num_threads);
-    Runner& r = runner(key, p, std::max(1, num_threads));
+            numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true), "float32", where);
+    require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32", where);
+    const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
+    require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)", where);
     const ExpertsInput in{static_cast<const std::uint8_t*>(a1q.data()),
                           static_cast<const float*>(a1q_scale.data()),
                           static_cast<const std::int32_t*>(counts.data()),
                           nullptr,
                           p.M,
                           static_cast<std::uint16_t*>(out.data())};
+    DeviceScope scope(where);
+    const std::shared_ptr<Runner> r = runner("batched-fp8", p, where, num_threads, stream);
     nb::gil_scoped_release release;
-    r.experts->run(p, in, w, *r.workspace, nullptr);
+    std::lock_guard lock(r->mu);
+    r->experts->run(p, in, w, *r->workspace, stream_of(stream));
+    if (!where.cuda()) r->experts->check_status(*r->workspace, nullptr);
+  }
+
+  void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
+                Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
+                int num_threads, std::uintptr_t stream) {
+    MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
+                 "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
+                 "{}, {} and {}",
+                 shape_text(a1q), shape_text(topk_ids), shape_text(w1), shape_text(w2));
+    MoeProblem p;
+    p.format = ActivationFormat::kStandard;
+    p.E_local = p.E = static_cast<std::int64_t>(w1.shape(0));
+    const auto T = static_cast<std::int64_t>(a1q.shape(0));
+    // The workspace's capacity: the next power of two (a few workspaces serve every batch size).
+    p.M = p.max_tokens_per_rank = std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(T, 1)));
+    p.K = static_cast<std::int64_t>(a1q.shape(1));
+    p.N = static_cast<std::int64_t>(w1.shape(1));
+    p.topk = static_cast<std::int64_t>(topk_ids.shape(1));
+    p.num_dispatchers = 1;
+    p.activation = parse_activation(activation_name);
+    p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
+    validate_problem(p);
+    const Place where = place_of(a1q);
+    require(a1q, "a1q", {kUInt, kInt}, 8, {T, p.K}, "uint8 FP8 e4m3 codes", where);
+    require(a1q_scale, "a1q_scale", {kFloat}, 32, numerics::activation_scale_shape(p.quant, {T}, p.K, false), "float32",
+            where);
+    require(topk_ids, "topk_ids", {kInt}, 32, {T, p.topk}, "int32 local expert ids (-1: none)", where);
+    require(topk_weights, "topk_weights", {kFloat}, 32, {T, p.topk}, "float32", where);
+    const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
+    require(out, "out", {kBfloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 (or its uint16 bits)", where);
+    if (T == 0) return;
+    const ExpertsInput in{static_cast<const std::uint8_t*>(a1q.data()),
+                          static_cast<const float*>(a1q_scale.data()),
+                          nullptr,
+                          static_cast<const std::int32_t*>(topk_ids.data()),
+                          T,
+                          nullptr};
+    DeviceScope scope(where);
+    const std::shared_ptr<Runner> r = runner("standard-fp8", p, where, num_threads, stream);
+    nb::gil_scoped_release release;
+    std::lock_guard lock(r->mu);
+    const ExpertsOutput y = r->experts->run(p, in, w, *r->workspace, stream_of(stream));
+    const auto* weights = static_cast<const float*>(topk_weights.data());
+    auto* output = static_cast<std::uint16_t*>(out.data());
+    if (where.cuda()) {
+      cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream));
+    } else {
+      r->experts->check_status(*r->workspace, nullptr);
+      cpu::combine_topk(T, p.topk, p.K, weights, reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
+                        reinterpret_cast<numerics::bf16_t*>(output), *r->pool);
+    }
+  }
+
+  // Raises for what the last call of each CUDA workspace flagged (synchronizes their streams).
+  void check_status(std::uintptr_t stream) {
+    std::vector<std::shared_ptr<Runner>> all;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [key, r] : runners_) all.push_back(r);
+    }
+    nb::gil_scoped_release release;
+    for (const auto& r : all) {
+      if (!r->place.cuda()) continue;
+      DeviceScope scope(r->place);
+      std::lock_guard lock(r->mu);
+      r->experts->check_status(*r->workspace, stream_of(stream));
+    }
+  }
+
+  std::int64_t workspace_bytes() {
+    std::lock_guard lock(mu_);
+    std::int64_t total = 0;
+    for (auto& [key, r] : runners_) total += r->workspace->plan().total_bytes;
+    return total;
   }
 
  private:
   struct Runner {
+    Place place;
+    std::mutex mu;
     std::unique_ptr<cpu::ThreadPool> pool;
     std::unique_ptr<Experts> experts;
     std::unique_ptr<Memory> memory;
     std::unique_ptr<Workspace> workspace;
   };
 
-  Runner& runner(const std::string& key, const MoeProblem& p, int threads) {
+  // One workspace per (implementation, device, problem), kept for the process's life: a captured
+  // CUDA graph may replay into it at any time, so none is ever freed or reused for another shape.
+  std::shared_ptr<Runner> runner(const char* name, const MoeProblem& p, const Place& where, int threads,
+                                 std::uintptr_t stream) {
+    threads = where.cuda() ? 1 : std::max(1, threads);
+    const std::string key = fmt::format("{}/{}/{}/{}", name, where.text(), p.describe(), threads);
     std::lock_guard lock(mu_);
     auto it = runners_.find(key);
-    if (it != runners_.end()) return *it->second;
-    if (runners_.size() >= 8) runners_.clear();  // a few shapes at a time; a new one rebuilds
-    auto r = std::make_unique<Runner>();
+    if (it != runners_.end()) return it->second;
+    MOEKIT_CHECK(!(where.cuda() && cuda::stream_capturing(stream_of(stream))),
+                 "{} on {}: the first call with these shapes ({}) is inside CUDA graph capture, where its workspace "
+                 "cannot be allocated: call it once before capturing (a warm-up), then capture",
+                 name, where.text(), p.describe());
+    auto r = std::make_shared<Runner>();
+    r->place = where;
     r->pool = std::make_unique<cpu::ThreadPool>(threads);
-    r->experts = find_experts("batched-fp8", Device::kCpu).make({r->pool.get(), nullptr});
+    r->experts = find_experts(name, where.device()).make({r->pool.get(), nullptr});
     const std::string why = r->experts->unsupported(p);
-    MOEKIT_CHECK(why.empty(), "batched_experts: {}", why);
-    WorkspaceBuilder b("batched_experts op", p);
-    b.begin_section("experts", "batched-fp8 (cpu)");
+    MOEKIT_CHECK(why.empty(), "{}: {}", name, why);
+    WorkspaceBuilder b(fmt::format("{} op", name), p);
+    b.begin_section("experts", fmt::format("{} ({})", name, device_name(where.device())));
     r->experts->declare(p, b);
-    r->memory = make_memory(Device::kCpu);
+    r->memory = make_memory(where.device());
     r->workspace = std::make_unique<Workspace>(b.finish(), *r->memory);
-    return *runners_.emplace(key, std::move(r)).first->second;
+    runners_.emplace(key, r);
+    return r;
   }
 
   std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Runner>> runners_;
+  std::map<std::string, std::shared_ptr<Runner>> runners_;
 };
 
 ExpertsOp& experts_op() {
-  static ExpertsOp op;
-  return op;
+  static ExpertsOp* op = new ExpertsOp;  // never destroyed: CUDA memory outlives interpreter teardown order
+  return *op;
 }
 
 // Seeded synthetic weights and tokens, as `moekit run --seed` draws them (one rank, every expert).
-nb::dict synthetic(const std::string& model_name, std::int64_t tokens, std::int64_t max_tokens,
-                   const std::string& quant, std::uint64_t seed) {
-  const ModelConfig m = load_model(model_name);
-  const MoeProblem p = make_problem(m, ParallelConfig{1, 1, max_tokens, 0}, ActivationFormat::kBatchedExperts,
-                                    choose_quant(m, quant).quant);
-  cpu::ThreadPool pool(2);
-  auto w = std::make_shared<synthetic::HostExpertWeights>(synthetic::make_expert_weights(p, 0, seed, pool));
-  auto t = std::make_shared<synthetic::Tokens>(synthetic::make_tokens(p.K, p.E, 0, tokens, seed));
+// Rank `rank` of `ranks` (dp = ep = ranks) gets its E / ranks experts and the global tokens
+// [rank * tokens, (rank + 1) * tokens), as `moekit run --dp ranks` draws them.
+nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std::int64_t tokens,
+                   std::int64_t max_tokens, const std::string& quant, std::uint64_t seed, std::int64_t rank,
+                   std::int64_t ranks, int num_threads) {
+  const ModelConfig m = model_with(model_name, num_experts);
+  MOEKIT_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank = {} of ranks = {}: need 0 <= rank < ranks", rank, ranks);
+  MOEKIT_CHECK(tokens >= 0, "tokens = {} must be >= 0", tokens);
+  const ParallelConfig par{ranks, ranks, max_tokens, 0};
+  const MoeProblem p =
+      make_problem(m, par, ActivationFormat::kBatchedExperts, choose_quant(m, quant).quant, m.activation);
+  std::shared_ptr<synthetic::HostExpertWeights> w;
+  std::shared_ptr<synthetic::Tokens> t;
+  {
+    nb::gil_scoped_release release;
+    cpu::ThreadPool pool(std::max(1, num_threads));
+    w = std::make_shared<synthetic::HostExpertWeights>(
+        synthetic::make_expert_weights(p, first_local_expert(par, p, static_cast<int>(rank)), seed, pool));
+    t = std::make_shared<synthetic::Tokens>(synthetic::make_tokens(p.K, p.E, rank * tokens, tokens, seed));
+  }
   auto bias = std::make_shared<std::vector<float>>(m.has_score_correction_bias ? synthetic::make_routing_bias(p.E, seed)
                                                                                : std::vector<float>{});
   // Arrays that own their data through a capsule holding the shared_ptr.
@@ -326,25 +661,52 @@ NB_MODULE(_moekit, m) {
   m.def("plan_json", &plan_json_text, nb::arg("model"), nb::arg("dp"), nb::arg("ep"), nb::arg("max_tokens_per_rank"),
         nb::arg("local_experts"), nb::arg("device"), nb::arg("quant"), nb::arg("activation"), nb::arg("experts"),
         nb::arg("dispatch"));
-  m.def("synthetic", &synthetic, nb::arg("model"), nb::arg("tokens"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
-        nb::arg("seed"));
+  m.def("synthetic", &synthetic, nb::arg("model"), nb::arg("num_experts"), nb::arg("tokens"),
+        nb::arg("max_tokens_per_rank"), nb::arg("quant"), nb::arg("seed"), nb::arg("rank"), nb::arg("ranks"),
+        nb::arg("num_threads"));
   m.def(
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
-         const std::string& activation, int num_threads) {
-        experts_op().run(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, num_threads);
+         const std::string& activation, const std::string& quant, int num_threads, std::uintptr_t stream) {
+        experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, num_threads,
+                             stream);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
-      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("num_threads"));
+      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
+      nb::arg("num_threads"), nb::arg("stream"));
+  m.def(
+      "standard_experts",
+      [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
+         Array w2_scale, Array out, const std::string& activation, const std::string& quant, int num_threads,
+         std::uintptr_t stream) {
+        experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
+                              quant, num_threads, stream);
+      },
+      nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
+      nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
+      nb::arg("num_threads"), nb::arg("stream"));
+  m.def(
+      "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
+  m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
+  m.def("cuda_device_count", [] { return moekit::cuda::device_count(); });
   nb::class_<Layer>(m, "Layer")
-      .def(nb::init<const std::string&, std::int64_t, const std::string&, const std::string&,
-                    std::optional<std::string>, Array, Array, Array, Array, std::optional<Array>, int>(),
-           nb::arg("model"), nb::arg("max_tokens_per_rank"), nb::arg("quant"), nb::arg("experts"),
-           nb::arg("activation").none(), nb::arg("w1"), nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"),
-           nb::arg("e_score_correction_bias").none(), nb::arg("num_threads"))
-      .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"))
+      .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
+                    std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
+                    std::optional<Array>, int, std::optional<nb::object>>(),
+           nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
+           nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
+           nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
+           nb::arg("num_threads"), nb::arg("group").none())
+      .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
+      .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
+      .def("check_status", &Layer::check_status, nb::arg("stream"))
       .def_prop_ro("workspace_bytes", &Layer::workspace_bytes)
       .def_prop_ro("K", &Layer::K)
       .def_prop_ro("E", &Layer::E)
+      .def_prop_ro("E_local", &Layer::E_local)
+      .def_prop_ro("rank", &Layer::rank)
+      .def_prop_ro("ranks", &Layer::ranks)
+      .def_prop_ro("device", &Layer::device)
+      .def_prop_ro("dispatch", &Layer::dispatch)
       .def_prop_ro("problem", &Layer::problem);
 }

@@ -47,6 +47,22 @@ int use_device_of_rank(int rank) {
   return device;
 }
 
+int current_device() {
+  int device = -1;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void set_device(int device) {
+  MOEKIT_CUDA_CHECK(cudaSetDevice(device));
+}
+
+bool stream_capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 std::string cutlass_version() {
   return std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." + std::to_string(CUTLASS_PATCH);
 }

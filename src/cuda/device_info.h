@@ -24,5 +24,12 @@ DeviceInfo device_info(int device);
 // Raises moekit::Error when no device is present.
 int use_device_of_rank(int rank);
 std::string cutlass_version();
+// The calling thread's current device; set_device makes `device` current (bindings that take arrays
+// on a given GPU). Both raise moekit::Error without a device.
+int current_device();
+void set_device(int device);
+// True while `stream` (a cudaStream_t) is being captured into a CUDA graph: no allocation or host
+// synchronization may happen then.
+bool stream_capturing(void* stream);
 
 }  // namespace moekit::cuda

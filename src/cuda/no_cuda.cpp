@@ -34,6 +34,15 @@ DeviceInfo device_info(int) {
 int use_device_of_rank(int) {
   no_cuda("the CUDA device of a rank");
 }
+int current_device() {
+  no_cuda("the CUDA device");
+}
+void set_device(int) {
+  no_cuda("the CUDA device");
+}
+bool stream_capturing(void*) {
+  return false;
+}
 std::string cutlass_version() {
   return "none";
 }

@@ -140,3 +140,92 @@ def test_nothing_grows_in_a_loop(tmp_path):
             pass
         sizes.append(rss_bytes())
     assert sizes[-1] - sizes[1] < 8 << 20, f"RSS grew from {sizes[1]} to {sizes[-1]} bytes"
+
+
+class ThreadGroup:
+    """Ranks as threads of this process: the group interface moekit.MoeLayer takes (rank, size,
+    all_gather), as moekit.TorchGroup gives it over torch.distributed."""
+
+    def __init__(self, shared, rank):
+        self.shared, self._rank = shared, rank
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self.shared["size"]
+
+    def all_gather(self, data):
+        s = self.shared
+        s["slots"][self._rank] = data
+        s["barrier"].wait(timeout=60)
+        out = list(s["slots"])
+        s["barrier"].wait(timeout=60)  # nobody overwrites a slot before everyone has read
+        return out
+
+
+@pytest.mark.parametrize("quant", ["per-token", "block128"])
+def test_expert_parallel_over_a_python_group_equals_the_cli(tmp_path, quant):
+    import threading
+
+    model = small_model(tmp_path)
+    P, T, seed = 2, 5, 4
+    out_file = tmp_path / "out.bin"
+    subprocess.run([CLI, "run", "--model", model, "--dp", str(P), "--tokens-per-rank", str(T), "--steps", "1",
+                    "--device", "cpu", "--quant", quant, "--seed", str(seed), "--output", str(out_file)],
+                   check=True, capture_output=True)
+    shared = {"size": P, "slots": [None] * P, "barrier": threading.Barrier(P)}
+    outs, errors = [None] * P, []
+
+    def rank_main(r):
+        try:
+            w = moekit.synthetic_inputs(model, tokens=T, quant=quant, seed=seed, rank=r, ranks=P)
+            layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant=quant,
+                                    group=ThreadGroup(shared, r))
+            assert (layer.rank, layer.ranks) == (r, P)
+            assert w["w1"].shape[0] == 16 // P
+            outs[r] = layer.forward(w["hidden"], w["router_logits"])
+            del layer
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(P)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for r in range(P):
+        cli_out = np.fromfile(f"{out_file}.rank{r}", dtype=np.uint16)
+        assert np.array_equal(outs[r].reshape(-1), cli_out), f"rank {r} differs from moekit run --dp {P}"
+
+
+def test_a_group_that_fails_raises_moekit_error(tmp_path):
+    model = small_model(tmp_path)
+    w = moekit.synthetic_inputs(model, tokens=2, rank=0, ranks=2)
+
+    class Broken:
+        def rank(self):
+            return 0
+
+        def size(self):
+            return 2
+
+        def all_gather(self, data):
+            raise RuntimeError("peer 1 is gone")
+
+    with pytest.raises(moekit.Error, match="all_gather raised: .*peer 1 is gone"):
+        moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, group=Broken())
+
+
+def test_device_errors(tmp_path):
+    model = small_model(tmp_path)
+    w = moekit.synthetic_inputs(model, tokens=2)
+    if moekit._moekit.cuda_device_count() == 0:
+        with pytest.raises(moekit.Error, match="device = 'cuda' but"):
+            moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, device="cuda")
+    with pytest.raises(moekit.Error, match="device = 'tpu'"):
+        moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, device="tpu")
+    with pytest.raises(moekit.Error, match="rank = 2 of ranks = 2"):
+        moekit.synthetic_inputs(model, tokens=2, rank=2, ranks=2)

@@ -139,3 +139,79 @@ def test_torch_custom_op_and_compile():
     compiled = torch.compile(f, fullgraph=True)(torch.zeros_like(eager))
     assert torch.equal(compiled, eager)
     assert eager[0].abs().sum() > 0
+
+
+def to_batched(a1q, a1q_scale, topk_ids, E, quant):
+    """The standard input's (token, slot) pairs as BatchedExperts rows, in token order per expert."""
+    T, K = a1q.shape
+    M = max(T, 1)
+    rows = {e: [(t, s) for t in range(T) for s in range(topk_ids.shape[1]) if topk_ids[t, s] == e] for e in range(E)}
+    b = np.zeros((E, M, K), np.uint8)
+    scale_shape = {"per-tensor": (E,), "per-token": (E, M), "block128": (E, M, -(-K // 128))}[quant]
+    bs = np.ones(scale_shape, np.float32)
+    for e, pairs in rows.items():
+        for i, (t, _) in enumerate(pairs):
+            b[e, i] = a1q[t]
+            if quant == "per-token":
+                bs[e, i] = a1q_scale[t]
+            elif quant == "block128":
+                bs[e, i] = a1q_scale[t]
+        if quant == "per-tensor":
+            bs[e] = a1q_scale[0]
+    counts = np.array([len(rows[e]) for e in range(E)], np.int32)
+    return b, bs, counts, rows
+
+
+@pytest.mark.parametrize("quant", ["per-tensor", "per-token", "block128"])
+def test_standard_experts_equal_batched_then_combine(quant):
+    rng = np.random.default_rng(7)
+    E, T, topk, K, I = 4, 6, 3, 256, 128
+    a1q = random_codes(rng, (T, K))
+    a1q_scale = {"per-tensor": np.full((1,), 1 / 64, np.float32), "per-token": rng.uniform(0.01, 0.02, T),
+                 "block128": rng.uniform(0.01, 0.02, (T, K // 128))}[quant].astype(np.float32)
+    n1, n2 = {"per-tensor": (1, 1), "per-token": (2 * I, K), "block128": (2 * I // 128 * K // 128, K // 128 * I // 128)}[quant]
+    w1, w2 = random_codes(rng, (E, 2 * I, K)), random_codes(rng, (E, K, I))
+    w1_scale = (rng.uniform(0.5, 1.5, (E, n1)) / (64 * np.sqrt(K))).astype(np.float32)
+    w2_scale = (rng.uniform(0.5, 1.5, (E, n2)) / (64 * np.sqrt(I))).astype(np.float32)
+    topk_ids = np.array([[0, 1, 2], [3, -1, 0], [1, 1, 3], [-1, -1, -1], [2, 0, 1], [3, 2, 1]], np.int32)
+    topk_w = rng.uniform(0, 1, (T, topk)).astype(np.float32)
+    out = np.full((T, K), 0xFFFF, np.uint16)
+    moekit.ops.standard_experts(a1q, a1q_scale, topk_ids, topk_w, w1, w1_scale, w2, w2_scale, out)
+
+    b, bs, counts, rows = to_batched(a1q, a1q_scale, topk_ids, E, quant)
+    y = np.full((E, b.shape[1], K), 0xFFFF, np.uint16)
+    moekit.ops.batched_experts(b, bs, counts, w1, w1_scale, w2, w2_scale, y, quant=quant)
+    expect = np.zeros((T, K), np.float32)
+    for e, pairs in rows.items():
+        for i, (t, s) in enumerate(pairs):
+            expect[t] += np.float32(topk_w[t, s]) * bf16_to_f64(y[e, i]).astype(np.float32)
+    got = bf16_to_f64(out)
+    if quant == "per-tensor":
+        # The W1 output's one FP8 scale spans every row of the call in the standard format and each
+        # expert's rows in the batched one: other codes, a different (equally valid) result. Measured 2.2e-2.
+        err = np.linalg.norm(got - expect) / np.linalg.norm(expect)
+        assert err < 5e-2, err
+    else:
+        # One bf16 rounding of the same fp32 sums (the slot order may differ from this loop's by a few ulp).
+        assert np.allclose(got, expect, rtol=2**-7, atol=1e-6), np.abs(got - expect).max()
+    assert (got[3] == 0).all(), "a token routed nowhere sums to zero"
+
+
+def test_ambiguous_or_unknown_scales_raise():
+    rng = np.random.default_rng(3)
+    E, T, K, I = 2, 1, 128, 128  # T = 1: a (1,) scale fits per-tensor and per-token; K = N = 128 blocks are 1
+    a1q = random_codes(rng, (T, K))
+    w1 = random_codes(rng, (E, 2 * I, K))
+    args = dict(a1q=a1q, a1q_scale=np.ones((T,), np.float32), topk_ids=np.zeros((T, 1), np.int32),
+                topk_weights=np.ones((T, 1), np.float32), w1=w1, w1_scale=np.ones((E, 2 * I), np.float32),
+                w2=random_codes(rng, (E, K, I)), w2_scale=np.ones((E, K), np.float32),
+                out=np.zeros((T, K), np.uint16))
+    moekit.ops.standard_experts(**args)  # only per-token has (E, N) W1 scales
+    with pytest.raises(moekit.Error, match="fit no scheme"):
+        moekit.ops.standard_experts(**{**args, "w1_scale": np.ones((E, 3), np.float32)})
+    with pytest.raises(moekit.Error, match="w1_scale: shape"):
+        moekit.ops.standard_experts(**args, quant="per-tensor")
+    with pytest.raises(moekit.Error, match="topk_ids: dtype int64"):
+        moekit.ops.standard_experts(**{**args, "topk_ids": np.zeros((T, 1), np.int64)})
+    with pytest.raises(moekit.Error, match="expert id 5|id 5|5 is outside"):
+        moekit.ops.standard_experts(**{**args, "topk_ids": np.full((T, 1), 5, np.int32)})
