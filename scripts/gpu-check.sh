@@ -9,9 +9,11 @@
 #          PyTorch's grouped-GEMM pipeline in the same round.
 #   ep:    (2+ GPUs) expert parallelism on NCCL: the multi-GPU tests, the whole layer on 2 GPUs
 #          checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
+#   ep-layer: (2+ GPUs) the whole layer expert-parallel under graph replay from Python
+#          (bench/ep_layer.py under torchrun) against the experts alone + `moekit bench dispatch`.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
-# `bash scripts/gpu-check.sh tests|bench|experts|ep|python` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|ep|ep-layer|python` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -114,4 +116,13 @@ if [[ $part == python ]]; then
     PYTHONUNBUFFERED=1 run timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/python 2>&1 \
     | tee "$OUT/python_tests.log" | grep -vE '^\s*$' | tail -40
   echo "python tests rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == ep-layer ]]; then
+  echo "== the whole layer on $(nvidia-smi -L | wc -l) GPUs under graph replay (bench/ep_layer.py, torchrun)"
+  [[ -f $OUT/dispatch.json ]] || run timeout 240 $BIN/moekit bench dispatch --iters 40 --format json \
+    > "$OUT/dispatch.json" 2> "$OUT/bench_dispatch.log"
+  PYTHONPATH="$PWD/$BIN/python" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 run timeout 400 python3 -m torch.distributed.run \
+    --nproc-per-node "$(nvidia-smi -L | wc -l)" bench/ep_layer.py "$OUT/dispatch.json" "$OUT/ep_layer_results.json" \
+    "$commit" 32 128 512 2>&1 | grep -v "^\*\*\*\|OMP_NUM_THREADS" | tee "$OUT/ep_layer.log" | tail -12
 fi

@@ -249,3 +249,16 @@ def test_expert_parallel_over_torch_distributed_equals_the_cli(tmp_path, quant):
     assert r.returncode == 0
     for rank in range(2):
         assert f"rank {rank}: equal to moekit run --dp 2: True; graph replay equal: True" in r.stdout
+
+
+def test_the_readme_example_runs():
+    """The README's PyTorch example, as written (it cannot rot)."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    example = [b for b in blocks if 'device="cuda"' in b]
+    assert len(example) == 1, "the README has one GPU example"
+    assert len(example[0].strip().splitlines()) <= 10, "the example stays ten lines"
+    scope = {}
+    exec(compile(example[0], "README.md", "exec"), scope)
+    out = scope["out"]
+    assert out.shape == (128, 7168) and out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
