@@ -314,6 +314,72 @@ __global__ void recv_ids_kernel(EpStep s, bool device_initiated) {
   }
 }
 
+// Small steps (at most kSmallMapPairs received slots): recv_ids_kernel and the three-kernel row map
+// in one block, three graph nodes fewer. Tiles of kRowMapTile slots in order; a slot's rank among its
+// expert's slots = the expert's slots in earlier tiles (a running count) + earlier warps of its tile
+// + earlier lanes (__match_any_sync): the row map's (record, slot) order, the same rows.
+constexpr int kSmallMapPairs = 8 * kRowMapTile;
+
+__global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool device_initiated) {
+  constexpr int kWarps = kRowMapTile / 32;
+  extern __shared__ int smem[];
+  const int E = static_cast<int>(s.E_local);
+  int* seen = smem;                                                // E: the expert's slots so far
+  auto* warp_first = reinterpret_cast<unsigned short*>(smem + E);  // kWarps x E: a warp's first rank
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
+  const std::int64_t pairs = s.ranks * s.max_tokens * s.topk;
+  for (int e = tid; e < E; e += kRowMapTile) seen[e] = 0;
+  for (std::int64_t t0 = 0; t0 < pairs; t0 += kRowMapTile) {
+    for (int j = tid; j < kWarps * E; j += kRowMapTile) warp_first[j] = 0;
+    __syncthreads();
+    const std::int64_t i = t0 + tid;
+    int e = -1;
+    if (i < pairs) {
+      const std::int64_t record = i / s.topk;
+      const int k = static_cast<int>(i % s.topk), src = static_cast<int>(record / s.max_tokens);
+      const std::int64_t j = record % s.max_tokens;
+      if (!device_initiated && j == 0 && k == 0 && (s.recv_count[src] < 0 || s.recv_count[src] > s.max_tokens))
+        flag_status(s.status, kStatusBadRecord, src, -1, s.recv_count[src]);
+      const auto* hdr = reinterpret_cast<const std::int32_t*>(s.recv + record * rl.bytes);
+      e = record_valid(s, device_initiated, hdr, src, j) ? hdr[plan::kEpHeaderExperts + k] : -1;
+      if (e < -1 || e >= E) {
+        flag_status(s.status, kStatusBadRecord, src, static_cast<int>(j), e);
+        e = -1;
+      }
+      s.recv_ids[i] = e;
+    }
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+    const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
+    if (e >= 0 && rank_in_warp == 0) warp_first[warp * E + e] = static_cast<unsigned short>(__popc(peers));
+    __syncthreads();
+    for (int x = tid; x < E; x += kRowMapTile) {  // the warps' counts -> their first ranks; the running count
+      int acc = seen[x];
+      for (int w = 0; w < kWarps; ++w) {
+        const int c = warp_first[w * E + x];
+        warp_first[w * E + x] = static_cast<unsigned short>(acc);
+        acc += c;
+      }
+      seen[x] = acc;
+    }
+    __syncthreads();
+    if (i < pairs) {
+      std::int32_t row = -1;
+      if (e >= 0) {
+        const std::int64_t rank = warp_first[warp * E + e] + rank_in_warp;
+        if (rank < s.M)
+          row = static_cast<std::int32_t>(e * s.M + rank);
+        else if (rank == s.M)
+          flag_status(s.status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
+      }
+      s.pair_row[i] = row;
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < E; e += kRowMapTile)
+    s.expert_num_tokens[e] = static_cast<std::int32_t>(std::min<std::int64_t>(seen[e], s.M));
+}
+
 constexpr int kCopyThreads = 256;
 
 __global__ void __launch_bounds__(kCopyThreads) fan_out_kernel(EpStep s) {
@@ -717,10 +783,16 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
         [&g](int r) { return std::int64_t{g.received(r)}; }, stream, "records");
   }
   const std::int64_t records = s.ranks * s.max_tokens;
-  recv_ids_kernel<<<grid_for((records + 255) / 256, 1024), 256, 0, stream>>>(s, device_initiated);
-  MOEKIT_CUDA_CHECK_LAUNCH();
-  launch_row_map(s.recv_ids, records * s.topk, static_cast<int>(s.topk), static_cast<int>(s.E_local), false, s.M,
-                 s.pair_row, s.expert_num_tokens, nullptr, s.row_map_tiles, s.status, stream);
+  if (records * s.topk <= kSmallMapPairs) {
+    const std::size_t smem = s.E_local * (sizeof(int) + (kRowMapTile / 32) * sizeof(unsigned short));
+    recv_map_kernel<<<1, kRowMapTile, smem, stream>>>(s, device_initiated);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  } else {
+    recv_ids_kernel<<<grid_for((records + 255) / 256, 1024), 256, 0, stream>>>(s, device_initiated);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+    launch_row_map(s.recv_ids, records * s.topk, static_cast<int>(s.topk), static_cast<int>(s.E_local), false, s.M,
+                   s.pair_row, s.expert_num_tokens, nullptr, s.row_map_tiles, s.status, stream);
+  }
   fan_out_kernel<<<grid_for(records, 4096), kCopyThreads, 0, stream>>>(s);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
