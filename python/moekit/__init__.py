@@ -151,9 +151,12 @@ class TorchGroup:
     """The ranks of a torch.distributed process group, as moekit's layer talks to them: rank(),
     size() and all_gather(bytes). Its collectives carry only set-up and one small exchange per
     forward (NCCL moves the tokens between GPUs); they run over a gloo group of the same ranks,
-    created here (collective: every rank builds its TorchGroup, as it builds its layer)."""
+    created here (collective: every rank builds its TorchGroup, as it builds its layer), whose
+    collectives give up after `timeout_s` (a dead or stuck peer raises moekit.Error, never hangs)."""
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, timeout_s: float = 120.0):
+        import datetime
+
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -161,9 +164,8 @@ class TorchGroup:
                         "(torchrun sets the environment it needs)")
         group = group if group is not None else dist.group.WORLD
         self._dist = dist
-        if dist.get_backend(group) != "gloo":
-            group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo")
-        self._group = group
+        self._group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo",
+                                     timeout=datetime.timedelta(seconds=timeout_s))
 
     def rank(self) -> int:
         return self._dist.get_rank(self._group)

@@ -262,3 +262,29 @@ def test_the_readme_example_runs():
     exec(compile(example[0], "README.md", "exec"), scope)
     out = scope["out"]
     assert out.shape == (128, 7168) and out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_killed_rank_makes_the_other_raise_within_a_bounded_time():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = os.path.join(os.path.dirname(__file__), "ep_killed_rank.py")
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "MOEKIT_EP_TIMEOUT_MS": "3000", "NCCL_NVLS_ENABLE": "0",
+               "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+        procs.append(subprocess.Popen([sys.executable, script], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    try:
+        out0, _ = procs[0].communicate(timeout=180)
+    finally:
+        for p in procs:
+            p.kill()
+    print(out0[-3000:])
+    assert "rank 0: first step ok" in out0
+    for how in ("forward", "enqueue"):
+        assert f"rank 0: {how} after the peer died: moekit.Error after" in out0, f"{how} did not raise"
