@@ -165,7 +165,17 @@ class TorchGroup:
         group = group if group is not None else dist.group.WORLD
         self._dist = dist
         self._group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo",
-                                     timeout=datetime.timedelta(seconds=timeout_s))
+                                     timeout=datetime.timedelta(seconds=timeout_s), use_local_synchronization=True)
+
+    _of: dict = {}
+
+    @classmethod
+    def of(cls, group) -> "TorchGroup":
+        """One TorchGroup per process group (the layers of a model share its gloo group)."""
+        key = id(group)
+        if key not in cls._of:
+            cls._of[key] = (group, cls(group))  # the group is kept: its id is not reused
+        return cls._of[key][1]
 
     def rank(self) -> int:
         return self._dist.get_rank(self._group)
@@ -224,7 +234,7 @@ class MoeLayer:
         self._torch = _is_torch(weights["w1"])
         device = device or _device_of(weights["w1"])
         if group is not None and not hasattr(group, "all_gather"):
-            group = TorchGroup(group)  # a torch.distributed process group
+            group = TorchGroup.of(group)  # a torch.distributed process group
         self._group = group
         self._layer = _moekit.Layer(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
                                     dispatch or "", w["w1"], w["w1_scale"], w["w2"], w["w2_scale"],
@@ -289,5 +299,5 @@ class MoeLayer:
         if stream is None and self.device.startswith("cuda"):
             import torch
 
-            stream = torch.cuda.current_stream().cuda_stream
+            stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
         self._layer.check_status(ops._stream(None, stream))

@@ -28,12 +28,13 @@ zero copy. `quant` is inferred from the scales' shapes (pass "per-token", "per-t
 int; default: torch's current stream of that device) with no host synchronization, so the ops can be
 captured in CUDA graphs. Each problem shape builds its workspace once, on its first call, and keeps
 it (workspace_bytes()); make that first call before a graph capture. The CPU raises bad counts or ids
-at once; on a GPU they are clamped on the device (nothing is written out of bounds) and
-check_status() raises for what each workspace's last call flagged.
+at once; on a GPU they are clamped on the device (nothing is written out of bounds), each workspace
+keeps the first flags its calls raise, and check_status() raises for them (and clears them).
 
 With torch installed they are also torch.ops.moekit.batched_experts / standard_experts
-(torch.library.custom_op, mutating `out`): torch.compile(fullgraph=True) traces them without a graph
-break and torch.cuda.graph captures them.
+(torch.library.Library ops mutating `out`, with fake kernels): torch.compile(fullgraph=True) traces
+them without a graph break and torch.cuda.graph captures them. Calls that share a workspace (same
+shapes and device) never overlap: a call on another stream waits for the last one (eager calls).
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ try:
     import torch as _torch
 except ImportError:  # NumPy only
     _torch = None
+# torch's C entry point for DLPack capsules (private: without it, nanobind calls tensor.__dlpack__).
+_to_dlpack = getattr(getattr(_torch, "_C", None), "_to_dlpack", None)
 
 
 def _plain(x):
@@ -62,7 +65,7 @@ def _plain(x):
         return x
     if x.dtype == _torch.float8_e4m3fn:
         x = x.view(_torch.uint8)
-    return _torch._C._to_dlpack(x)
+    return _to_dlpack(x) if _to_dlpack is not None else x
 
 
 def _stream(x, stream) -> int:
@@ -98,15 +101,9 @@ def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w
 
 
 def check_status(stream: Any = None) -> None:
-    """Raises moekit.Error for what the last GPU call of each workspace flagged (a count outside
-    [0, M], an expert id outside [-1, E_local)); synchronizes `stream` (default: torch's current one)."""
-    if stream is None:
-        try:
-            import torch
-
-            stream = torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() else 0
-        except ImportError:
-            stream = 0
+    """Raises moekit.Error for the first flags each GPU workspace kept since the last check (a count
+    outside [0, M], an expert id outside [-1, E_local)), and clears them. Synchronizes `stream`
+    (default: each workspace's last stream)."""
     _moekit.ops_check_status(_stream(None, stream))
 
 

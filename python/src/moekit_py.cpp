@@ -84,11 +84,17 @@ class DeviceScope {
  public:
   explicit DeviceScope(const Place& p) {
     if (!p.cuda()) return;
-    previous_ = cuda::current_device();
-    if (previous_ != p.id) cuda::set_device(p.id);
+    const int current = cuda::current_device();
+    if (current == p.id) return;
+    cuda::set_device(p.id);
+    previous_ = current;
   }
   ~DeviceScope() {
-    if (previous_ >= 0) cuda::set_device(previous_);
+    if (previous_ < 0) return;
+    try {
+      cuda::set_device(previous_);
+    } catch (...) {  // a sticky device error: the call that hit it has raised already
+    }
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
@@ -194,6 +200,9 @@ std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64
 // with rank(), size() and all_gather(bytes) -> list of every rank's bytes in rank order). Every
 // collective is one all_gather: the layer uses them to set up (NCCL's unique id, agreeing that every
 // rank is ready) and once per forward (the chunk count); a CPU layer also moves its tokens with them.
+// Each message starts with the collective's sequence number and kind; ranks that disagree (one rank
+// skipped a collective after raising) and payloads of the wrong size raise instead of pairing
+// different calls.
 class PyCommunicator final : public Communicator {
  public:
   explicit PyCommunicator(nb::object group) : group_(std::move(group)) {
@@ -218,10 +227,15 @@ class PyCommunicator final : public Communicator {
     std::memcpy(mine.data(), send_bytes.data(), P * sizeof(std::int64_t));
     for (std::size_t r = 0; r < P; ++r)
       mine.append(static_cast<const char*>(send) + send_offsets[r], static_cast<std::size_t>(send_bytes[r]));
-    const std::vector<std::string> all = all_gather(mine);
+    const std::vector<std::string> all = all_gather(mine, Op::kAllToAll);
     for (std::size_t r = 0; r < P; ++r) {
       std::vector<std::int64_t> sizes(P);
+      MOEKIT_CHECK(all[r].size() >= P * sizeof(std::int64_t), "all_to_all_v: rank {} sent {} bytes", r, all[r].size());
       std::memcpy(sizes.data(), all[r].data(), P * sizeof(std::int64_t));
+      std::int64_t total = 0;
+      for (std::int64_t v : sizes) total += v;
+      MOEKIT_CHECK(total >= 0 && all[r].size() == P * sizeof(std::int64_t) + static_cast<std::size_t>(total),
+                   "all_to_all_v: rank {} sent {} bytes for payloads of {}", r, all[r].size(), total);
       std::size_t at = P * sizeof(std::int64_t);
       for (std::size_t q = 0; q < static_cast<std::size_t>(rank_); ++q) at += static_cast<std::size_t>(sizes[q]);
       MOEKIT_CHECK(sizes[rank_] == recv_bytes[r], "rank {} sends {} bytes to rank {}, which expects {}", r,
@@ -231,17 +245,23 @@ class PyCommunicator final : public Communicator {
     }
   }
   void all_to_all_counts(std::span<const std::int64_t> send, std::span<std::int64_t> recv) override {
-    const std::vector<std::string> all = all_gather(bytes_of(send.data(), send.size()));
+    MOEKIT_CHECK(send.size() == static_cast<std::size_t>(size_) && recv.size() == send.size(),
+                 "all_to_all_counts: {} and {} values for {} ranks", send.size(), recv.size(), size_);
+    const std::vector<std::string> all =
+        all_gather(bytes_of(send.data(), send.size()), Op::kCounts, static_cast<std::int64_t>(send.size() * 8));
     for (std::size_t r = 0; r < all.size(); ++r)
       std::memcpy(&recv[r], all[r].data() + static_cast<std::size_t>(rank_) * sizeof(std::int64_t),
                   sizeof(std::int64_t));
   }
   std::int64_t all_reduce_max(std::int64_t value) override { return max_of(value); }
   double all_reduce_max(double value) override { return max_of(value); }
-  void barrier() override { (void)all_gather({}); }
+  void barrier() override { (void)all_gather({}, Op::kBarrier, 0); }
   void broadcast(void* data, std::int64_t bytes, int root) override {
+    MOEKIT_CHECK(root >= 0 && root < size_ && bytes >= 0, "broadcast: root {} of {} ranks, {} bytes", root, size_,
+                 bytes);
     const std::vector<std::string> all =
-        all_gather(rank_ == root ? std::string(static_cast<const char*>(data), static_cast<std::size_t>(bytes)) : "");
+        all_gather(rank_ == root ? std::string(static_cast<const char*>(data), static_cast<std::size_t>(bytes)) : "",
+                   Op::kBroadcast);
     MOEKIT_CHECK(static_cast<std::int64_t>(all[root].size()) == bytes, "broadcast: root {} sent {} bytes, {} expected",
                  root, all[root].size(), bytes);
     std::memcpy(data, all[root].data(), static_cast<std::size_t>(bytes));
@@ -255,33 +275,62 @@ class PyCommunicator final : public Communicator {
   template <typename T>
   T max_of(T value) {
     T best = value;
-    for (const std::string& b : all_gather(bytes_of(&value, 1))) {
+    for (const std::string& b : all_gather(bytes_of(&value, 1), Op::kMax, sizeof(T))) {
       T v;
       std::memcpy(&v, b.data(), sizeof(T));
       best = std::max(best, v);
     }
     return best;
   }
-  std::vector<std::string> all_gather(const std::string& mine) {
+  enum class Op : std::uint32_t { kAllToAll = 1, kCounts, kMax, kBarrier, kBroadcast };
+  struct Header {
+    std::uint64_t sequence;
+    std::uint32_t op, pad;
+  };
+
+  // Every rank's `mine`, in rank order, each checked to come from the same collective (and to hold
+  // `expected` bytes when that is not -1).
+  std::vector<std::string> all_gather(const std::string& mine, Op op, std::int64_t expected = -1) {
+    const Header h{sequence_++, static_cast<std::uint32_t>(op), 0};
+    std::string message(sizeof(Header), '\0');
+    std::memcpy(message.data(), &h, sizeof(Header));
+    message += mine;
     nb::gil_scoped_acquire gil;
     std::vector<std::string> out;
     try {
-      nb::object got = group_.attr("all_gather")(nb::bytes(mine.data(), mine.size()));
+      nb::object got = group_.attr("all_gather")(nb::bytes(message.data(), message.size()));
       for (nb::handle item : got) {
         const auto b = nb::cast<nb::bytes>(item);
         out.emplace_back(b.c_str(), b.size());
       }
     } catch (const nb::python_error& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) throw;
       MOEKIT_FAIL("rank {}: the group's all_gather raised: {}: {}", rank_, nb::str(e.type().attr("__name__")).c_str(),
                   nb::str(e.value()).c_str());
+    } catch (const nb::cast_error&) {
+      MOEKIT_FAIL("rank {}: the group's all_gather must return a list of bytes, one per rank", rank_);
     }
     MOEKIT_CHECK(out.size() == static_cast<std::size_t>(size_),
                  "rank {}: the group's all_gather returned {} items for {} ranks", rank_, out.size(), size_);
+    for (std::size_t r = 0; r < out.size(); ++r) {
+      Header theirs{};
+      MOEKIT_CHECK(out[r].size() >= sizeof(Header), "rank {}: rank {} sent {} bytes, not a moekit message", rank_, r,
+                   out[r].size());
+      std::memcpy(&theirs, out[r].data(), sizeof(Header));
+      MOEKIT_CHECK(theirs.sequence == h.sequence && theirs.op == h.op,
+                   "rank {}: rank {} is at collective {} (kind {}) where this rank is at {} (kind {}): a rank raised "
+                   "or skipped a step; rebuild the layer on every rank",
+                   rank_, r, theirs.sequence, theirs.op, h.sequence, h.op);
+      out[r].erase(0, sizeof(Header));
+      MOEKIT_CHECK(expected < 0 || static_cast<std::int64_t>(out[r].size()) == expected,
+                   "rank {}: rank {} sent {} bytes where {} are needed", rank_, r, out[r].size(), expected);
+    }
     return out;
   }
 
   nb::object group_;
   int rank_ = 0, size_ = 1;
+  std::uint64_t sequence_ = 0;
 };
 
 // One rank's layer over arrays the caller keeps alive (the wrapper holds references to them), on
@@ -322,6 +371,7 @@ class Layer {
       bias_ptr = static_cast<const float*>(bias->data());
     }
     DeviceScope scope(place_);
+    nb::gil_scoped_release release;  // NCCL's set-up blocks; the group takes the GIL back for its collectives
     layer_ = std::make_unique<MoeLayer>(model_, par, opt, LayerWeights{weights_, bias_ptr}, comm);
   }
 
@@ -337,6 +387,7 @@ class Layer {
     const std::int64_t T = check_step(hidden, logits, out);
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
+    std::lock_guard lock(mu_);  // one step at a time on the layer's workspace
     layer_->forward(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
                     static_cast<std::uint16_t*>(out.data()), stream_of(stream));
   }
@@ -347,6 +398,7 @@ class Layer {
     const std::int64_t T = check_step(hidden, logits, out);
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
+    std::lock_guard lock(mu_);
     layer_->enqueue(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
                     static_cast<std::uint16_t*>(out.data()), stream_of(stream));
   }
@@ -354,6 +406,7 @@ class Layer {
   void check_status(std::uintptr_t stream) {
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
+    std::lock_guard lock(mu_);
     layer_->check_status(stream_of(stream));
   }
 
@@ -418,6 +471,7 @@ class Layer {
   ExpertWeightsView weights_;
   std::unique_ptr<Group> group_;  // destroyed after layer_ (declared before it)
   std::unique_ptr<PyCommunicator> comm_;
+  std::mutex mu_;
   std::unique_ptr<MoeLayer> layer_;
 };
 
@@ -446,8 +500,10 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
 // The experts alone, in the BatchedExperts or the standard convention, on the arrays' device: shapes
 // read off the arrays, one workspace per problem and device kept for the next call (built on the
 // first call; a first call inside CUDA graph capture is refused: warm up first). CUDA calls enqueue
-// on the caller's stream and never synchronize; check_status() reports what the last call of each
-// workspace flagged. The CPU raises at once.
+// on the caller's stream and never synchronize; a call on another stream than the workspace's last
+// eager call waits for it (an event), so calls sharing a workspace never overlap (captured graphs:
+// the caller orders their replays). Each workspace keeps the first flags its calls raised until
+// check_status() reads them. The CPU raises at once.
 class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
@@ -484,8 +540,12 @@ class ExpertsOp {
     const std::shared_ptr<Runner> r = runner("batched-fp8", p, where, num_threads, stream);
     nb::gil_scoped_release release;
     std::lock_guard lock(r->mu);
+    const bool capturing = begin(*r, stream);
     r->experts->run(p, in, w, *r->workspace, stream_of(stream));
-    if (!where.cuda()) r->experts->check_status(*r->workspace, nullptr);
+    if (where.cuda())
+      end(*r, stream, capturing);
+    else
+      r->experts->check_status(*r->workspace, nullptr);  // the CPU raises at once
   }
 
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
@@ -497,13 +557,14 @@ class ExpertsOp {
                  shape_text(a1q), shape_text(topk_ids), shape_text(w1), shape_text(w2));
     MoeProblem p;
     p.format = ActivationFormat::kStandard;
-    p.E_local = p.E = static_cast<std::int64_t>(w1.shape(0));
+    p.E_local = static_cast<std::int64_t>(w1.shape(0));
     const auto T = static_cast<std::int64_t>(a1q.shape(0));
     // The workspace's capacity: the next power of two (a few workspaces serve every batch size).
     p.M = p.max_tokens_per_rank = std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(T, 1)));
     p.K = static_cast<std::int64_t>(a1q.shape(1));
     p.N = static_cast<std::int64_t>(w1.shape(1));
     p.topk = static_cast<std::int64_t>(topk_ids.shape(1));
+    p.E = std::max(p.E_local, p.topk);  // ids are local: topk may exceed E_local (the rest are -1)
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
@@ -527,11 +588,13 @@ class ExpertsOp {
     const std::shared_ptr<Runner> r = runner("standard-fp8", p, where, num_threads, stream);
     nb::gil_scoped_release release;
     std::lock_guard lock(r->mu);
+    const bool capturing = begin(*r, stream);
     const ExpertsOutput y = r->experts->run(p, in, w, *r->workspace, stream_of(stream));
     const auto* weights = static_cast<const float*>(topk_weights.data());
     auto* output = static_cast<std::uint16_t*>(out.data());
     if (where.cuda()) {
       cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream));
+      end(*r, stream, capturing);
     } else {
       r->experts->check_status(*r->workspace, nullptr);
       cpu::combine_topk(T, p.topk, p.K, weights, reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
@@ -539,7 +602,8 @@ class ExpertsOp {
     }
   }
 
-  // Raises for what the last call of each CUDA workspace flagged (synchronizes their streams).
+  // Raises for the first flags each CUDA workspace kept since the last check, and clears them;
+  // synchronizes `stream`, or (0) each workspace's last stream.
   void check_status(std::uintptr_t stream) {
     std::vector<std::shared_ptr<Runner>> all;
     {
@@ -548,10 +612,18 @@ class ExpertsOp {
     }
     nb::gil_scoped_release release;
     for (const auto& r : all) {
-      if (!r->place.cuda()) continue;
+      if (!r->place.cuda() || !r->used) continue;
       DeviceScope scope(r->place);
       std::lock_guard lock(r->mu);
-      r->experts->check_status(*r->workspace, stream_of(stream));
+      const Stream s = stream_of(stream != 0 ? stream : r->last_stream);
+      const MoeProblem& p = r->workspace->problem();
+      const std::string who = fmt::format("{} op ({})", r->experts->name(), r->place.text());
+      try {
+        cuda::check_status_words(r->sticky, who.c_str(), p.M, p.E_local, s);
+      } catch (...) {
+        cuda::clear_status_words(r->sticky, s);
+        throw;
+      }
     }
   }
 
@@ -570,7 +642,31 @@ class ExpertsOp {
     std::unique_ptr<Experts> experts;
     std::unique_ptr<Memory> memory;
     std::unique_ptr<Workspace> workspace;
+    // CUDA: the first flags of any call since the last check (kStatusWords words), the event after
+    // the last eager call and its stream.
+    std::int32_t* sticky = nullptr;
+    void* event = nullptr;
+    std::uintptr_t last_stream = 0;
+    bool used = false;
   };
+
+  // Before a CUDA call: wait for the workspace's last eager call when it ran on another stream.
+  // Returns whether `stream` is being captured.
+  static bool begin(Runner& r, std::uintptr_t stream) {
+    if (!r.place.cuda()) return false;
+    const bool capturing = cuda::stream_capturing(stream_of(stream));
+    if (!capturing && r.used && r.last_stream != stream) cuda::stream_wait_event(stream_of(stream), r.event);
+    return capturing;
+  }
+
+  // After a CUDA call: keep its flags, mark its end for the next stream.
+  static void end(Runner& r, std::uintptr_t stream, bool capturing) {
+    cuda::keep_first_status(r.workspace->get<std::int32_t>("experts_status"), r.sticky, stream_of(stream));
+    if (capturing) return;
+    cuda::record_event(r.event, stream_of(stream));
+    r.last_stream = stream;
+    r.used = true;
+  }
 
   // One workspace per (implementation, device, problem), kept for the process's life: a captured
   // CUDA graph may replay into it at any time, so none is ever freed or reused for another shape.
@@ -596,6 +692,13 @@ class ExpertsOp {
     r->experts->declare(p, b);
     r->memory = make_memory(where.device());
     r->workspace = std::make_unique<Workspace>(b.finish(), *r->memory);
+    if (where.cuda()) {
+      const std::int64_t bytes = cuda::kStatusWords * sizeof(std::int32_t);
+      r->sticky = static_cast<std::int32_t*>(r->memory->allocate(bytes, "the op's kept status words"));
+      r->memory->fill(r->sticky, 0, bytes, stream_of(stream));
+      r->memory->synchronize(stream_of(stream));
+      r->event = cuda::create_event();
+    }
     runners_.emplace(key, r);
     return r;
   }

@@ -6,6 +6,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_info.h"
+#include "cuda/launch.h"
 
 namespace moekit::cuda {
 
@@ -61,6 +62,32 @@ bool stream_capturing(void* stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
   return status != cudaStreamCaptureStatusNone;
+}
+
+void* create_event() {
+  cudaEvent_t e = nullptr;
+  MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void record_event(void* event, void* stream) {
+  MOEKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+void stream_wait_event(void* stream, void* event) {
+  MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+}
+
+namespace {
+__global__ void keep_first_status_kernel(const std::int32_t* step, std::int32_t* sticky) {
+  if (sticky[0] == kStatusOk && step[0] != kStatusOk)
+    for (int i = 0; i < kStatusWords; ++i) sticky[i] = step[i];
+}
+}  // namespace
+
+void keep_first_status(const std::int32_t* step, std::int32_t* sticky, void* stream) {
+  keep_first_status_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(step, sticky);
+  MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
 std::string cutlass_version() {

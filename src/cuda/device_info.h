@@ -2,6 +2,7 @@
 // device (never hard-coded), and the CUTLASS version it was built with.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace moekit::cuda {
@@ -31,5 +32,13 @@ void set_device(int device);
 // True while `stream` (a cudaStream_t) is being captured into a CUDA graph: no allocation or host
 // synchronization may happen then.
 bool stream_capturing(void* stream);
+// Ordering work on a shared buffer across streams (the Python ops' workspaces): an event recorded
+// after the work on one stream, waited for by the next stream that uses the buffer.
+void* create_event();
+void record_event(void* event, void* stream);
+void stream_wait_event(void* stream, void* event);
+// Enqueues: when `sticky` (kStatusWords words) holds no error yet, it takes `step`'s status words. A
+// step's flags thus outlive the next step's clear until the caller reads (and clears) `sticky`.
+void keep_first_status(const std::int32_t* step, std::int32_t* sticky, void* stream);
 
 }  // namespace moekit::cuda

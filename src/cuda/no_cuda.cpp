@@ -43,6 +43,18 @@ void set_device(int) {
 bool stream_capturing(void*) {
   return false;
 }
+void* create_event() {
+  no_cuda("a CUDA event");
+}
+void record_event(void*, void*) {
+  no_cuda("a CUDA event");
+}
+void stream_wait_event(void*, void*) {
+  no_cuda("a CUDA event");
+}
+void keep_first_status(const std::int32_t*, std::int32_t*, void*) {
+  no_cuda("the CUDA status words");
+}
 std::string cutlass_version() {
   return "none";
 }

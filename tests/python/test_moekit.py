@@ -218,6 +218,21 @@ def test_a_group_that_fails_raises_moekit_error(tmp_path):
     with pytest.raises(moekit.Error, match="all_gather raised: .*peer 1 is gone"):
         moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, group=Broken())
 
+    class OutOfStep(Broken):  # rank 1 is one collective ahead (it skipped one after raising)
+        def all_gather(self, data):
+            ahead = (int.from_bytes(data[:8], "little") + 1).to_bytes(8, "little") + data[8:]
+            return [data, ahead]
+
+    with pytest.raises(moekit.Error, match="rank 1 is at collective 1 .* where this rank is at 0"):
+        moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, group=OutOfStep())
+
+    class NotBytes(Broken):
+        def all_gather(self, data):
+            return [data, 7]
+
+    with pytest.raises(moekit.Error, match="must return a list of bytes"):
+        moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, group=NotBytes())
+
 
 def test_device_errors(tmp_path):
     model = small_model(tmp_path)

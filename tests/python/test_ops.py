@@ -215,3 +215,18 @@ def test_ambiguous_or_unknown_scales_raise():
         moekit.ops.standard_experts(**{**args, "topk_ids": np.zeros((T, 1), np.int64)})
     with pytest.raises(moekit.Error, match="expert id 5|id 5|5 is outside"):
         moekit.ops.standard_experts(**{**args, "topk_ids": np.full((T, 1), 5, np.int32)})
+
+
+def test_standard_experts_with_topk_over_the_local_experts():
+    """An expert-parallel rank's standard input: topk = 4 slots over E_local = 2 experts, most -1."""
+    rng = np.random.default_rng(9)
+    E, T, K, I = 2, 3, 128, 128
+    a1q = random_codes(rng, (T, K))
+    args = dict(a1q=a1q, a1q_scale=np.full((T,), 1 / 64, np.float32),
+                topk_ids=np.array([[0, -1, -1, 1], [-1, -1, -1, -1], [1, -1, 0, -1]], np.int32),
+                topk_weights=np.full((T, 4), 0.5, np.float32), w1=random_codes(rng, (E, 2 * I, K)),
+                w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32), w2=random_codes(rng, (E, K, I)),
+                w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    out = np.full((T, K), 0xFFFF, np.uint16)
+    moekit.ops.standard_experts(**args, out=out)
+    assert (out[1] == 0).all() and np.isfinite(bf16_to_f64(out)).all() and (out[0] != 0).any()
