@@ -99,12 +99,13 @@ if [[ $part == ep ]]; then
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(f"moekit bench dispatch ({d['dispatch']}, {d['device']}, peer {d['peer_gbs']:.0f} GB/s, graph replay, max over ranks)")
-print(f"{'routing':<8} {'T':>5} {'disp us':>8} {'p99':>7} {'comb us':>8} {'p99':>7} {'round us':>9} {'p99':>7} {'disp MB':>8} {'GB/s':>6} {'comb MB':>8} {'GB/s':>6} {'buffers MB':>10}")
+print(f"{'routing':<8} {'T':>5} {'disp us':>8} {'p99':>7} {'comb us':>8} {'p99':>7} {'round us':>9} {'p99':>7} {'disp MB':>8} {'GB/s':>6} {'comb MB':>8} {'GB/s':>6} {'buffers MB':>10} {'pipelined: disp':>15} {'comb':>6} {'round':>6}")
 for r in d["rows"]:
     g1 = r["dispatch_bytes"] / (r["dispatch_us"][0] * 1e3); g2 = r["combine_bytes"] / (r["combine_us"][0] * 1e3)
     print(f"{r['routing']:<8} {r['T']:>5} {r['dispatch_us'][0]:>8.1f} {r['dispatch_us'][1]:>7.1f} {r['combine_us'][0]:>8.1f} "
           f"{r['combine_us'][1]:>7.1f} {r['round_trip_us'][0]:>9.1f} {r['round_trip_us'][1]:>7.1f} {r['dispatch_bytes']/1e6:>8.2f} "
-          f"{g1:>6.0f} {r['combine_bytes']/1e6:>8.2f} {g2:>6.0f} {r['buffer_bytes']/2**20:>10.1f}")
+          f"{g1:>6.0f} {r['combine_bytes']/1e6:>8.2f} {g2:>6.0f} {r['buffer_bytes']/2**20:>10.1f} "
+          f"{r['dispatch_us_pipelined'][0]:>15.1f} {r['combine_us_pipelined'][0]:>6.1f} {r['round_trip_us_pipelined'][0]:>6.1f}")
 PY
   PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_dispatch.py "$OUT/dispatch.json" "$OUT/dispatch_results.json" \
     "$commit" 2>&1 | tail -20 | tee "$OUT/dispatch_baseline.log"

@@ -36,7 +36,10 @@ struct Timing {
 struct DispatchRow {
   std::string routing;
   std::int64_t T = 0;
-  Timing dispatch, combine, round_trip;
+  Timing dispatch, combine, round_trip;  // each replay synchronized on the host before the next
+  // Replays enqueued back to back (per-replay events, one synchronization at the end): what an engine
+  // that launches ahead sees; no host launch skew between the ranks. Graph replay only.
+  Timing dispatch_pipelined, combine_pipelined, round_trip_pipelined;
   double dispatch_bytes = 0, combine_bytes = 0;  // crossing to other GPUs, the max over ranks
   std::int64_t buffer_bytes = 0;                 // the transport's regions (prepare-finalize section)
 };
@@ -79,6 +82,23 @@ Timing time_graph(const std::function<void(void*)>& enqueue, void* stream, int i
     b.record(stream);
     us.push_back(1e3 * b.ms_since(a));
   }
+  return {percentile(us, 0.5), percentile(us, 0.99)};
+}
+
+// The same graph replayed `iters` times back to back, an event between replays, one synchronization.
+Timing time_graph_pipelined(const std::function<void(void*)>& enqueue, void* stream, int iters) {
+  cuda::Graph g(enqueue, stream);
+  for (int i = 0; i < 5; ++i) g.replay(stream);
+  std::vector<std::unique_ptr<cuda::Event>> events;
+  for (int i = 0; i <= iters; ++i) events.push_back(std::make_unique<cuda::Event>());
+  events[0]->record(stream);
+  for (int i = 0; i < iters; ++i) {
+    g.replay(stream);
+    events[static_cast<std::size_t>(i) + 1]->record(stream);
+  }
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i)
+    us.push_back(1e3 * events[static_cast<std::size_t>(i) + 1]->ms_since(*events[static_cast<std::size_t>(i)]));
   return {percentile(us, 0.5), percentile(us, 0.99)};
 }
 
@@ -150,6 +170,14 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
         row.dispatch = time_graph(prepare, stream, req.iters, device_initiated);
         row.combine = time_graph(finalize, stream, req.iters, device_initiated);
         row.round_trip = time_graph(both, stream, req.iters, device_initiated);
+        if (device_initiated) {
+          comm.barrier();
+          row.dispatch_pipelined = time_graph_pipelined(prepare, stream, req.iters);
+          comm.barrier();
+          row.combine_pipelined = time_graph_pipelined(finalize, stream, req.iters);
+          comm.barrier();
+          row.round_trip_pipelined = time_graph_pipelined(both, stream, req.iters);
+        }
         pf->check_status(ws, stream);
         // Bytes to other GPUs: a record per (token, other destination rank), an fp32 partial back.
         const plan::EpRecord rec = plan::ep_record(p.quant, p.K, p.topk);
@@ -161,21 +189,30 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
           mask &= ~(std::uint64_t{1} << r);
           remote += __builtin_popcountll(mask);
         }
-        const double mine[8] = {row.dispatch.median_us,
-                                row.dispatch.p99_us,
-                                row.combine.median_us,
-                                row.combine.p99_us,
-                                row.round_trip.median_us,
-                                row.round_trip.p99_us,
-                                static_cast<double>(remote * rec.bytes),
-                                static_cast<double>(remote * p.K * 4)};
-        double worst[8];
-        for (int i = 0; i < 8; ++i) worst[i] = comm.all_reduce_max(mine[i]);
+        const double mine[14] = {row.dispatch.median_us,
+                                 row.dispatch.p99_us,
+                                 row.combine.median_us,
+                                 row.combine.p99_us,
+                                 row.round_trip.median_us,
+                                 row.round_trip.p99_us,
+                                 static_cast<double>(remote * rec.bytes),
+                                 static_cast<double>(remote * p.K * 4),
+                                 row.dispatch_pipelined.median_us,
+                                 row.dispatch_pipelined.p99_us,
+                                 row.combine_pipelined.median_us,
+                                 row.combine_pipelined.p99_us,
+                                 row.round_trip_pipelined.median_us,
+                                 row.round_trip_pipelined.p99_us};
+        double worst[14];
+        for (int i = 0; i < 14; ++i) worst[i] = comm.all_reduce_max(mine[i]);
         row.dispatch = {worst[0], worst[1]};
         row.combine = {worst[2], worst[3]};
         row.round_trip = {worst[4], worst[5]};
         row.dispatch_bytes = worst[6];
         row.combine_bytes = worst[7];
+        row.dispatch_pipelined = {worst[8], worst[9]};
+        row.combine_pipelined = {worst[10], worst[11]};
+        row.round_trip_pipelined = {worst[12], worst[13]};
         row.buffer_bytes = plan.section_bytes("prepare-finalize") - plan.region("a1q").bytes -
                            plan.region("a1q_scale").bytes - plan.region("expert_num_tokens").bytes -
                            plan.region("expert_output").bytes;
@@ -207,14 +244,18 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
     j["peer_gbs"] = peer_gbs;
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rows)
-      j["rows"].push_back({{"routing", r.routing},
-                           {"T", r.T},
-                           {"dispatch_us", {r.dispatch.median_us, r.dispatch.p99_us}},
-                           {"combine_us", {r.combine.median_us, r.combine.p99_us}},
-                           {"round_trip_us", {r.round_trip.median_us, r.round_trip.p99_us}},
-                           {"dispatch_bytes", r.dispatch_bytes},
-                           {"combine_bytes", r.combine_bytes},
-                           {"buffer_bytes", r.buffer_bytes}});
+      j["rows"].push_back(
+          {{"routing", r.routing},
+           {"T", r.T},
+           {"dispatch_us", {r.dispatch.median_us, r.dispatch.p99_us}},
+           {"combine_us", {r.combine.median_us, r.combine.p99_us}},
+           {"round_trip_us", {r.round_trip.median_us, r.round_trip.p99_us}},
+           {"dispatch_us_pipelined", {r.dispatch_pipelined.median_us, r.dispatch_pipelined.p99_us}},
+           {"combine_us_pipelined", {r.combine_pipelined.median_us, r.combine_pipelined.p99_us}},
+           {"round_trip_us_pipelined", {r.round_trip_pipelined.median_us, r.round_trip_pipelined.p99_us}},
+           {"dispatch_bytes", r.dispatch_bytes},
+           {"combine_bytes", r.combine_bytes},
+           {"buffer_bytes", r.buffer_bytes}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -223,21 +264,23 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
       req.dispatch, ranks, info.name, model.name, model.num_experts, model.topk, model.hidden_size, quant_name(quant),
       device_initiated ? "graph replay" : "eager (counts read on the host)", fmt::format("{} iterations", req.iters));
   std::cout << fmt::format("ceiling: NCCL send/recv rank -> next rank {:.0f} GB/s (256 MiB)\n", peer_gbs);
-  std::cout << fmt::format("{:<8} {:>5} {:>16} {:>16} {:>16} {:>10} {:>8} {:>10} {:>8} {:>10}\n", "routing", "T",
+  std::cout << fmt::format("{:<8} {:>5} {:>16} {:>16} {:>16} {:>10} {:>8} {:>10} {:>8} {:>10} {:>20}\n", "routing", "T",
                            "dispatch us p99", "combine us p99", "round us p99", "disp MB", "GB/s", "comb MB", "GB/s",
-                           "buffers");
+                           "buffers", "pipelined d / c / r");
   for (const auto& r : rows) {
     auto rate = [](double bytes, double us) { return us > 0 ? bytes / (us * 1e3) : 0.0; };
     std::cout << fmt::format(
         "{:<8} {:>5} {:>8.1f} {:>7.1f} {:>8.1f} {:>7.1f} {:>8.1f} {:>7.1f} {:>10.2f} {:>8.1f} {:>10.2f} {:>8.1f} "
-        "{:>10}\n",
+        "{:>10} {:>6.1f} {:>6.1f} {:>6.1f}\n",
         r.routing, r.T, r.dispatch.median_us, r.dispatch.p99_us, r.combine.median_us, r.combine.p99_us,
         r.round_trip.median_us, r.round_trip.p99_us, r.dispatch_bytes / 1e6,
         rate(r.dispatch_bytes, r.dispatch.median_us), r.combine_bytes / 1e6, rate(r.combine_bytes, r.combine.median_us),
-        human_bytes(r.buffer_bytes));
+        human_bytes(r.buffer_bytes), r.dispatch_pipelined.median_us, r.combine_pipelined.median_us,
+        r.round_trip_pipelined.median_us);
   }
   std::cout << "MB: bytes one rank sends to other GPUs (records: header + FP8 row + scales; partials: fp32 rows); "
-               "buffers: the transport's own regions beside the experts' input/output\n";
+               "buffers: the transport's own regions beside the experts' input/output; pipelined: medians of replays "
+               "enqueued back to back (no host synchronization between them; graph replay only)\n";
   return 0;
 }
 
