@@ -230,3 +230,22 @@ def test_standard_experts_with_topk_over_the_local_experts():
     out = np.full((T, K), 0xFFFF, np.uint16)
     moekit.ops.standard_experts(**args, out=out)
     assert (out[1] == 0).all() and np.isfinite(bf16_to_f64(out)).all() and (out[0] != 0).any()
+
+
+def test_standard_experts_reuse_a_workspace_for_fewer_tokens():
+    """T = 6 then T = 5 share one workspace (capacity 8): per-token results row for row the same."""
+    rng = np.random.default_rng(4)
+    E, T, K, I = 3, 6, 256, 128
+    a1q = random_codes(rng, (T, K))
+    w = dict(w1=random_codes(rng, (E, 2 * I, K)), w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32),
+             w2=random_codes(rng, (E, K, I)), w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    ids = rng.integers(-1, E, (T, 2)).astype(np.int32)
+    wts = rng.uniform(0, 1, (T, 2)).astype(np.float32)
+    scale = rng.uniform(0.01, 0.02, T).astype(np.float32)
+    six = np.zeros((T, K), np.uint16)
+    moekit.ops.standard_experts(a1q, scale, ids, wts, **w, out=six)
+    before = moekit.ops.workspace_bytes()
+    five = np.full((T - 1, K), 0xFFFF, np.uint16)
+    moekit.ops.standard_experts(a1q[:-1].copy(), scale[:-1].copy(), ids[:-1].copy(), wts[:-1].copy(), **w, out=five)
+    assert moekit.ops.workspace_bytes() == before, "T = 5 built a new workspace"
+    assert np.array_equal(five, six[:-1])
