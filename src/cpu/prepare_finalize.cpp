@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cpu/backend.h"
@@ -52,9 +53,20 @@ class AllToAll final : public PrepareFinalize {
     MOEKIT_CHECK(comm_->size() <= plan::kMaxEpRanks && p.topk <= plan::kMaxEpTopk,
                  "all-to-all: {} ranks and topk = {}; the transport takes at most {} ranks and topk {}", comm_->size(),
                  p.topk, plan::kMaxEpRanks, plan::kMaxEpTopk);
-    check_ids(p, a);
+    MOEKIT_CHECK(a.num_tokens >= 0 && a.num_tokens <= p.max_tokens_per_rank,
+                 "prepare: {} tokens exceed max_tokens_per_rank = {}: chunk the step", a.num_tokens,
+                 p.max_tokens_per_rank);
     MOEKIT_CHECK(a.num_tokens == 0 || a.topk_weights != nullptr,
                  "all-to-all prepare: topk_weights is null; the owner applies them before the combine");
+    // Bad data is flagged and dropped, as the NCCL transports do: every rank finishes the step's
+    // exchanges (no peer is left waiting in a collective) and check_status() raises on this rank.
+    pending_.clear();
+    for (std::int64_t i = 0; i < a.num_tokens * p.topk && pending_.empty(); ++i)
+      if (a.topk_ids[i] < -1 || a.topk_ids[i] >= p.E)
+        pending_ = fmt::format(
+            "prepare: topk_ids[{}][{}] = {} is outside [0, E = {}) (or -1: none): the router produced an invalid "
+            "expert; that pair was dropped",
+            i / p.topk, i % p.topk, a.topk_ids[i], p.E);
     const std::int64_t K = p.K, M = p.M, topk = p.topk, E_local = p.E_local, tc = a.num_tokens;
     const plan::EpRecord rl = plan::ep_record(p.quant, K, topk);
     const std::int64_t spr = rl.scales_per_row, rb = rl.bytes;
@@ -128,10 +140,20 @@ class AllToAll final : public PrepareFinalize {
         std::memcpy(&recv_weight_[static_cast<std::size_t>(j * topk + k)], rec + 4 * (plan::ep_header_weight(topk) + k),
                     4);
         if (le == -1) continue;
-        MOEKIT_CHECK(le >= 0 && le < E_local, "dispatch record {} names local expert {} outside [0, {})", j, le,
-                     E_local);
+        if (le < 0 || le >= E_local) {
+          if (pending_.empty())
+            pending_ =
+                fmt::format("dispatch record {} names local expert {} outside [0, {}): it was dropped", j, le, E_local);
+          continue;
+        }
+        if (counts[le] >= M) {
+          if (pending_.empty())
+            pending_ = fmt::format(
+                "expert {} received more than M = {} rows: dispatch capacity exceeded; the rows past M were dropped",
+                le, M);
+          continue;
+        }
         const std::int64_t row = counts[le]++;
-        MOEKIT_CHECK(row < M, "expert {} received more than M = {} rows: dispatch capacity exceeded", le, M);
         recv_row_[static_cast<std::size_t>(j * topk + k)] = static_cast<std::int32_t>(le * M + row);
         std::memcpy(a1q + (le * M + row) * K, rec + rl.row_offset, static_cast<std::size_t>(K));
         std::memcpy(a1q_scale + (le * M + row) * spr, rec + rl.scale_offset, static_cast<std::size_t>(4 * spr));
@@ -143,7 +165,13 @@ class AllToAll final : public PrepareFinalize {
     return {a1q, a1q_scale, counts, nullptr, tc, ws.get<bf16_t>("expert_output")};
   }
 
-  void check_status(Workspace&, Stream) override {}
+  // Raises for what the last prepare flagged (once).
+  void check_status(Workspace&, Stream) override {
+    if (pending_.empty()) return;
+    const std::string why = std::move(pending_);
+    pending_.clear();
+    MOEKIT_FAIL("{}", why);
+  }
 
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "all-to-all finalize");
@@ -202,6 +230,7 @@ class AllToAll final : public PrepareFinalize {
   std::vector<std::int64_t> send_count_, recv_count_, send_off_, recv_off_, send_index_;
   std::vector<std::int32_t> recv_row_;
   std::int64_t total_recv_ = 0;
+  std::string pending_;  // the first error of the last prepare, raised by check_status
 };
 
 class Local final : public PrepareFinalize {

@@ -624,5 +624,42 @@ TEST_P(DispatchErrors, BadIdsAndOverCapacityAreReported) {
 INSTANTIATE_TEST_SUITE_P(Devices, DispatchErrors, ::testing::Values(Device::kCpu, Device::kCuda),
                          [](const auto& param_info) { return std::string(device_name(param_info.param)); });
 
+// Over 2 ranks the CPU all-to-all flags and drops bad data as the NCCL transports do: both ranks
+// finish the step's exchanges (no peer is left in a collective) and only the rank whose data was bad
+// raises, from check_status, once.
+TEST(DispatchErrorsTwoRanks, BadDataIsFlaggedAndDroppedNotRaisedMidStep) {
+  const ModelConfig m = synthetic::tiny_model(false);
+  const std::int64_t T = 5, K = m.hidden_size, topk = m.topk;
+  const MoeProblem p =
+      make_problem(m, ParallelConfig{2, 2, T, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
+  std::vector<std::string> raised(2);
+  run_in_process(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    cpu::ThreadPool pool(1);
+    const auto memory = make_memory(Device::kCpu);
+    const auto pf = find_prepare_finalize(Device::kCpu, ActivationFormat::kBatchedExperts, 2)->make({&pool, &comm});
+    Workspace ws(plan_layer(p, find_experts("batched-fp8", Device::kCpu), 2, kGuardBytes), *memory);
+    ws.poison(nullptr);
+    const auto tok = synthetic::make_tokens(K, m.num_experts, r * T, T, 3);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % m.num_experts);
+    if (r == 0) ids[3] = 99;  // token 0, slot 3
+    const std::vector<float> w(ids.size(), 0.25f);
+    std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
+    const ExpertsInput in = pf->prepare(p, {tok.hidden.data(), ids.data(), w.data(), T}, ws, nullptr);
+    pf->finalize(p, {w.data(), T, {in.output, nullptr}, out.data()}, ws, nullptr);
+    try {
+      pf->check_status(ws, nullptr);
+    } catch (const Error& e) {
+      raised[static_cast<std::size_t>(r)] = e.what();
+    }
+    pf->check_status(ws, nullptr);  // raised once: the next check is clean
+    ws.verify_guards(nullptr);
+  });
+  EXPECT_NE(raised[0].find("topk_ids[0][3] = 99"), std::string::npos) << raised[0];
+  EXPECT_NE(raised[0].find("dropped"), std::string::npos) << raised[0];
+  EXPECT_TRUE(raised[1].empty()) << raised[1];
+}
+
 }  // namespace
 }  // namespace moekit
