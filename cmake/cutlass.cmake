@@ -4,11 +4,10 @@ set(_moekit_cutlass_candidates)
 if(CUTLASS_DIR)
   list(APPEND _moekit_cutlass_candidates "${CUTLASS_DIR}")
 endif()
-find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND AND NOT CUTLASS_DIR)
-  execute_process(
-    COMMAND ${Python3_EXECUTABLE} -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))"
-    OUTPUT_VARIABLE _moekit_wheel_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+include(${CMAKE_CURRENT_LIST_DIR}/python_packages.cmake)
+if(NOT CUTLASS_DIR)
+  moekit_python_package_dir(_moekit_wheel_dir
+    "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))")
   if(_moekit_wheel_dir)
     list(APPEND _moekit_cutlass_candidates "${_moekit_wheel_dir}")
   endif()
