@@ -131,7 +131,7 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
     torch tensors on the current GPU. num_experts > 0 overrides the model's routed experts (shorter
     runs of the same shapes, as the CLI's --num-experts)."""
     d = dict(_moekit.synthetic(model, num_experts, tokens, max_tokens_per_rank or max(tokens, 1), quant, seed, rank,
-                               ranks, num_threads or _THREADS))
+                               ranks, num_threads or ops._THREADS))
     if device == "cpu":
         return d
     if device != "cuda":
@@ -189,15 +189,8 @@ class TorchGroup:
         return out
 
 
-_THREADS = max(1, (__import__("os").cpu_count() or 1))
-
-
-def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
-
-
 def _device_of(x) -> str:
-    return "cuda" if _is_torch(x) and x.is_cuda else "cpu"
+    return "cuda" if ops._is_torch(x) and x.is_cuda else "cpu"
 
 
 class MoeLayer:
@@ -231,7 +224,6 @@ class MoeLayer:
         self._weights = {k: weights[k] for k in ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias")
                          if k in weights}
         w = {k: ops._plain(v) for k, v in self._weights.items()}
-        self._torch = _is_torch(weights["w1"])
         device = device or _device_of(weights["w1"])
         if group is not None and not hasattr(group, "all_gather"):
             group = TorchGroup.of(group)  # a torch.distributed process group
@@ -270,7 +262,7 @@ class MoeLayer:
     def _out(self, hidden, out):
         if out is not None:
             return out
-        if _is_torch(hidden):
+        if ops._is_torch(hidden):
             import torch
 
             return torch.empty((hidden.shape[0], self._layer.K), dtype=hidden.dtype, device=hidden.device)

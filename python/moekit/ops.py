@@ -56,12 +56,16 @@ except ImportError:  # NumPy only
 _to_dlpack = getattr(getattr(_torch, "_C", None), "_to_dlpack", None)
 
 
+def _is_torch(x) -> bool:
+    return _torch is not None and isinstance(x, _torch.Tensor)
+
+
 def _plain(x):
     """What crosses into C++ for one array: a torch tensor as a DLPack capsule made by torch's C
     entry point (not the Python __dlpack__ wrapper: a few microseconds less per tensor), its FP8
     storage viewed as uint8 first (DLPack has no FP8 code everywhere); anything else unchanged
     (nanobind takes NumPy arrays and other DLPack producers as they are)."""
-    if _torch is None or not isinstance(x, _torch.Tensor):
+    if not _is_torch(x):
         return x
     if x.dtype == _torch.float8_e4m3fn:
         x = x.view(_torch.uint8)
@@ -76,7 +80,7 @@ def _stream(x, stream) -> int:
             if hasattr(stream, attr):
                 return int(getattr(stream, attr))
         return int(stream)
-    if _torch is not None and isinstance(x, _torch.Tensor) and x.is_cuda:
+    if _is_torch(x) and x.is_cuda:
         return _torch._C._cuda_getCurrentRawStream(x.device.index)
     return 0
 
