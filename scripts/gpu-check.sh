@@ -77,6 +77,32 @@ if [[ $part == experts ]]; then
     "$OUT/experts_plot.png" "$commit" 2>&1 | tee "$OUT/experts_baseline.log"
 fi
 
+if [[ $part == fused ]]; then
+  echo "== block128 experts (the fused W1 and the unfused configs), compute-sanitizer, block128 benchmark"
+  run timeout 300 $BIN/test_batched_experts --gtest_filter='*block128*:BatchedExpertsGpuContract.*' \
+    > "$OUT/fused_tests.log" 2>&1
+  fused_rc=$?
+  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran|fused' "$OUT/fused_tests.log" | tail -40
+  run timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
+    --gtest_filter='BatchedExpertsGpuContract.FusedW1PlanHasNoW1Out' > "$OUT/fused_sanitizer.log" 2>&1
+  fused_san_rc=$?
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/fused_sanitizer.log"
+  run timeout 240 $BIN/bench_gpu_experts /tmp/experts.json --quant block128 > "$OUT/bench_fused.log" 2>&1
+  grep -vE "^\s+(stages|activation)" "$OUT/bench_fused.log"
+  cp /tmp/experts.json "$OUT/bench_fused.json" 2>/dev/null
+  echo "fused tests rc=$fused_rc sanitizer rc=$fused_san_rc" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == layer ]]; then
+  echo "== the layer on every device (test_layer_devices) and the backend ops"
+  run timeout 400 $BIN/test_layer_devices > "$OUT/layer_tests.log" 2>&1
+  layer_rc=$?
+  run timeout 150 $BIN/test_backend_ops --gtest_brief=1 >> "$OUT/layer_tests.log" 2>&1
+  ops_rc=$?
+  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/layer_tests.log" | tail -30
+  echo "layer rc=$layer_rc backend_ops rc=$ops_rc" | tee -a "$OUT/machine.txt"
+fi
+
 if [[ $part == ep ]]; then
   echo "== expert parallelism on NCCL ($(nvidia-smi -L | wc -l) GPUs)"
   nvidia-smi topo -m | head -4 | tee -a "$OUT/machine.txt"

@@ -82,7 +82,11 @@ int main(int argc, char** argv) {
               "floor ms", "x floor", "weights", "x weights");
   bool first = true;
   const auto memory = make_memory(Device::kCuda);
-  const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
+  // The workspace every variant runs in: an unfused plan (it has w1_out; the fused W1 ignores it).
+  const ExpertsEntry entry{
+      "batched-fp8", Device::kCuda, ActivationFormat::kBatchedExperts, "",
+      [](const ExecContext& ctx) { return cuda::make_batched_experts(ctx, plan::GemmConfig::kCooperative128x128); }};
+  const ExpertsEntry& runtime_entry = find_experts("batched-fp8", Device::kCuda);
   for (const QuantScheme quant : quants)
     for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
       if (only_M != 0 && M != only_M) continue;
@@ -110,6 +114,10 @@ int main(int argc, char** argv) {
       cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
       cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
       Workspace ws(plan_layer(p, entry, 1), *memory);
+      std::printf("%s M = %lld: workspace %.3f GiB as the runtime plans it (%.3f GiB with w1_out)\n",
+                  std::string(quant_name(quant)).c_str(), static_cast<long long>(M),
+                  double(plan_layer(p, runtime_entry, 1).total_bytes) / double(1 << 30),
+                  double(ws.bytes()) / double(1 << 30));
       cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
                               true);
       {
@@ -143,9 +151,16 @@ int main(int argc, char** argv) {
           bool selected;
         };
         std::vector<Variant> sweep;
-        for (const auto& cfg : plan::kGemmConfigs)
-          if (plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant) && !quick)
-            sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id), false});
+        for (const auto& cfg : plan::kGemmConfigs) {
+          if (quick) break;
+          if (cfg.fused_w1 ? plan::fuses_w1(p) && plan::supports(cfg, N, K, quant, true)
+                           : plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant))
+            sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, p), false});
+        }
+        if (plan::fuses_w1(p)) {  // the same rule with W1 + the activation kernel: fused vs unfused
+          const plan::ExpertsGemmPlan unfused = plan::plan_experts_gemms(p, m_e, false);
+          sweep.push_back({"unfused rule: " + plan::describe(unfused.w1), unfused, false});
+        }
         {
           const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
           sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true});
@@ -173,7 +188,7 @@ int main(int argc, char** argv) {
           std::printf("       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms\n",
                       g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
                       2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms);
-          if (chosen) {
+          if (chosen && !v.gemms.fused_w1) {
             // The activation stage alone, per kernel variant (w1_out holds real values now).
             const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
             for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},

@@ -1,9 +1,13 @@
 // The weights of one rank's local experts, as the caller holds them: a view (pointers, layout,
 // scales), never a copy. FP8 e4m3 codes with fp32 scales, on the device the experts run on:
-//   w1        (E_local, N, K), K contiguous. Rows are W1's output channels in the activation's
-//             layout: gate rows [0, I) then up rows [I, 2I) for silu / gelu / gelu_tanh (HF's
-//             gate_proj then up_proj), interleaved gate/up pairs for swigluoai (gpt-oss), N = I rows
-//             for the non-gated activations.
+//   w1        (E_local, N, K), K contiguous. Rows are W1's output channels in the layout of
+//             numerics::w1_rows(activation, quant): gate rows [0, I) then up rows [I, 2I) for silu /
+//             gelu / gelu_tanh (HF's gate_proj then up_proj); under block128 the same activations
+//             pair the blocks instead, per 256 rows gate block b then up block b (rows [256b,
+//             256b + 128) = gate rows [128b, 128b + 128), the next 128 the up rows), with w1_scale's
+//             block rows in the same order: arrange_w1_block_pairs does it once at load (the fused
+//             W1 epilogue holds a whole output group in one tile); interleaved gate/up pairs for
+//             swigluoai (gpt-oss); N = I rows for the non-gated activations.
 //   w2        (E_local, K, I), I contiguous (HF's down_proj).
 //   w1_scale  per expert weight_scale_count(quant, N, K) floats, w2_scale weight_scale_count(quant,
 //             K, I) (numerics/scales.h): per-tensor 1, per-channel one per output row, block128
@@ -36,6 +40,13 @@ struct ExpertWeightsView {
   static ExpertWeightsView of(const MoeProblem& problem, Device device, const std::uint8_t* w1, const float* w1_scale,
                               const std::uint8_t* w2, const float* w2_scale);
 };
+
+// One expert's W1 from halves (gate rows then up rows, HF's layout) to block pairs (the layout
+// block128 reads for silu / gelu / gelu_tanh), out of place, on the host: codes (2I, K) and their
+// 128x128 block scales (2I / 128, ceil(K / 128)). Rows and scales are moved, never re-rounded.
+// Raises moekit::Error unless I is a positive multiple of 128.
+void arrange_w1_block_pairs(std::int64_t I, std::int64_t K, const std::uint8_t* halves, const float* halves_scale,
+                            std::uint8_t* pairs, float* pairs_scale);
 
 // Raises moekit::Error naming the field, its value and what the problem needs.
 void validate_weights(const ExpertWeightsView& weights, const MoeProblem& problem, Device device);

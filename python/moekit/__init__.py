@@ -37,7 +37,8 @@ from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
 from . import ops  # noqa: F401  (moekit.ops.batched_experts; torch.ops.moekit.* when torch is present)
 
-__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "TorchGroup", "synthetic_inputs", "ops"]
+__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "TorchGroup", "synthetic_inputs", "ops",
+           "arrange_w1_block_pairs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +146,30 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
         return t.to("cuda")
 
     return {k: tensor(k, v) for k, v in d.items()}
+
+
+def arrange_w1_block_pairs(w1, w1_scale):
+    """W1 from a checkpoint's halves layout to the block-pairs layout block128 reads.
+
+    A checkpoint stores W1 as gate rows then up rows (HF's gate_proj and up_proj stacked: (E, 2I, K)
+    FP8 codes, (E, 2I/128 * ceil(K/128)) float32 block scales). Under block128 moekit reads, per 256
+    rows, gate block b then up block b, so that one W1 tile holds a whole 1x128 output group and
+    the activation and its quantization run in the W1 GEMM's epilogue (silu, gelu, gelu_tanh; the
+    other activations keep their layout). Codes and scales are moved, never re-rounded. Returns new
+    host arrays (NumPy for NumPy input, CPU tensors for torch input); call it once at load.
+    """
+    is_torch = not isinstance(w1, np.ndarray) and hasattr(w1, "numpy")
+    if is_torch:
+        import torch
+        codes = w1.detach().cpu().contiguous().view(torch.uint8).numpy()
+        scales = w1_scale.detach().cpu().contiguous().numpy()
+    else:
+        codes, scales = np.ascontiguousarray(w1), np.ascontiguousarray(w1_scale)
+    out, out_scale = np.empty_like(codes), np.empty_like(scales)
+    _moekit.arrange_w1_block_pairs(codes, scales, out, out_scale)
+    if is_torch:
+        return torch.from_numpy(out).view(w1.dtype), torch.from_numpy(out_scale)
+    return out, out_scale
 
 
 class TorchGroup:

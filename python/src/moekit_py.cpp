@@ -792,6 +792,28 @@ NB_MODULE(_moekit, m) {
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
   m.def("cuda_device_count", [] { return moekit::cuda::device_count(); });
+  m.def(
+      "arrange_w1_block_pairs",
+      [](Array halves, Array halves_scale, Array pairs, Array pairs_scale) {
+        MOEKIT_CHECK(halves.ndim() == 3, "w1: shape {} where (E, 2I, K) is needed", shape_text(halves));
+        const auto E = static_cast<std::int64_t>(halves.shape(0)), N = static_cast<std::int64_t>(halves.shape(1)),
+                   K = static_cast<std::int64_t>(halves.shape(2));
+        MOEKIT_CHECK(N % (2 * moekit::kQuantBlock) == 0,
+                     "w1: {} rows: gate and up halves of I rows each, I a multiple of 128, are needed", N);
+        const std::int64_t blocks = N / moekit::kQuantBlock * moekit::numerics::ceil_div(K, moekit::kQuantBlock);
+        const Place cpu{};
+        using C = nb::dlpack::dtype_code;
+        require(halves, "w1", {C::UInt, C::Int, C::Float}, 8, {E, N, K}, "8-bit FP8 codes", cpu);
+        require(pairs, "out", {C::UInt, C::Int, C::Float}, 8, {E, N, K}, "8-bit FP8 codes", cpu);
+        require(halves_scale, "w1_scale", {C::Float}, 32, {E, blocks}, "float32", cpu);
+        require(pairs_scale, "out_scale", {C::Float}, 32, {E, blocks}, "float32", cpu);
+        for (std::int64_t e = 0; e < E; ++e)
+          moekit::arrange_w1_block_pairs(N / 2, K, static_cast<const std::uint8_t*>(halves.data()) + e * N * K,
+                                         static_cast<const float*>(halves_scale.data()) + e * blocks,
+                                         static_cast<std::uint8_t*>(pairs.data()) + e * N * K,
+                                         static_cast<float*>(pairs_scale.data()) + e * blocks);
+      },
+      nb::arg("w1"), nb::arg("w1_scale"), nb::arg("out"), nb::arg("out_scale"));
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,

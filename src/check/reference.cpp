@@ -28,7 +28,7 @@ void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const fp8_t
   // The recipe stores the W1 output in bf16 (w1_out); mirror that rounding so the reference
   // measures the kernels, not the recipe's choice of intermediate precision.
   for (auto& x : h) x = static_cast<double>(bf16_decode(bf16_encode(static_cast<float>(x))));
-  cpu::activation_row_ref(p.activation, h.data(), p.N, act);
+  cpu::activation_row_ref(p.activation, h.data(), p.N, act, p.quant);
 }
 
 void w2_ref(const MoeProblem& p, const ExpertWeightsView& w, const double* act, float per_tensor_scale, double* y) {

@@ -11,10 +11,13 @@ namespace moekit::cpu {
 
 using namespace numerics;
 
-// in: rows of N bf16 values (stride ld_in); out: rows of activation_out_dim(act, N) floats (stride ld_out).
+// in: rows of N bf16 values (stride ld_in), in the W1 row layout of (act, quant) (numerics::w1_rows:
+// block128 pairs gate and up per 128-row block); out: rows of activation_out_dim(act, N) floats
+// (stride ld_out).
 void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in,
-                     float* out, std::int64_t ld_out);
+                     float* out, std::int64_t ld_out, QuantScheme quant = QuantScheme::kPerTokenPerChannel);
 // float64 reference of one output row from one input row of N doubles.
-void activation_row_ref(Activation act, const double* in, std::int64_t N, double* out);
+void activation_row_ref(Activation act, const double* in, std::int64_t N, double* out,
+                        QuantScheme quant = QuantScheme::kPerTokenPerChannel);
 
 }  // namespace moekit::cpu

@@ -33,7 +33,8 @@ class CudaBatchedExperts final : public Experts {
           p.M, p.E_local);
     if (forced_) {
       const plan::GemmConfigInfo& c = plan::gemm_config_info(*forced_);
-      if (!plan::supports(c, p.N, p.K, p.quant) || !plan::supports(c, p.K, p.I(), p.quant))
+      if (c.fused_w1 ? !plan::fuses_w1(p) || !plan::supports(c, p.N, p.K, p.quant, true)
+                     : !plan::supports(c, p.N, p.K, p.quant) || !plan::supports(c, p.K, p.I(), p.quant))
         return fmt::format(
             "GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) with {} scales (see "
             "plan/gemm_config.h: its n multiple and the scalings it has instances for)",
@@ -51,7 +52,7 @@ class CudaBatchedExperts final : public Experts {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
-    plan::declare_batched_recipe(p, b);
+    plan::declare_batched_recipe(p, b, !gemms(p, p.max_tokens_per_rank).fused_w1);
     declare_gemm_regions(p, b);
     b.add({"row_offsets",
            DType::kInt32,
@@ -69,6 +70,10 @@ class CudaBatchedExperts final : public Experts {
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
     const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
+    MOEKIT_CHECK(l.gemms.fused_w1 || l.w1_out != nullptr,
+                 "batched-fp8 (cuda): this workspace was planned for the fused W1 (no w1_out region) but the GEMM "
+                 "config {} runs W1 unfused: plan the workspace with the experts that run it",
+                 plan::describe(l.gemms.w1));
     clear_status_words(l.status, stream);
     launch_batched_experts(l, stream);
     return {in.output, nullptr};
@@ -80,7 +85,7 @@ class CudaBatchedExperts final : public Experts {
   }
 
   plan::ExpertsGemmPlan gemms(const MoeProblem& p, std::int64_t tokens_per_rank) const {
-    if (forced_) return plan::single_config(*forced_);
+    if (forced_) return plan::single_config(*forced_, p);
     // Every dispatcher may send up to max_tokens_per_rank: this rank's T bounds the others only
     // when it is the only dispatcher.
     return plan::plan_experts_gemms(
@@ -122,7 +127,7 @@ void declare_gemm_regions(const MoeProblem& p, WorkspaceBuilder& b) {
 }
 
 void fill_gemm_regions(BatchedExpertsLaunch& l, Workspace& ws) {
-  l.w1_out = ws.get<std::uint16_t>("w1_out");
+  l.w1_out = ws.plan().find_region("w1_out") ? ws.get<std::uint16_t>("w1_out") : nullptr;  // none when W1 is fused
   l.act_q = ws.get<std::uint8_t>("act_q");
   l.act_scale = ws.get<float>("act_scale");
   l.gemm_args_w1 = ws.get<std::byte>("gemm_args_w1");

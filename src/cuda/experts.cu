@@ -68,7 +68,7 @@ __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int
     write_block_scale_layout(a.layout_sfa + 5 * g, op.swap_ab[j] ? weight_blocks : m, k_blocks);
     write_block_scale_layout(a.layout_sfb + 5 * g, op.swap_ab[j] ? m : weight_blocks, k_blocks);
   }
-  a.ptr_D[g] = op.D + row_start * op.n;
+  a.ptr_D[g] = op.D != nullptr ? op.D + row_start * op.n : nullptr;  // none for the fused W1
   a.stride_A[g] = op.k;
   a.stride_B[g] = op.k;
   a.stride_D[g] = op.n;
@@ -157,9 +157,10 @@ __device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_
   r = i - __ldg(row_offsets + lo);
 }
 
-__device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat16* row, int I, int c) {
-  return numerics::activation_value<float, DeviceMath>(act, __bfloat162float(row[numerics::gate_column(act, I, c)]),
-                                                       __bfloat162float(row[numerics::up_column(act, I, c)]));
+__device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows w1, const __nv_bfloat16* row, int I,
+                                               int c) {
+  return numerics::activation_value<float, DeviceMath>(act, __bfloat162float(row[numerics::gate_column(w1, I, c)]),
+                                                       __bfloat162float(row[numerics::up_column(w1, I, c)]));
 }
 
 // A persistent grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
@@ -167,7 +168,7 @@ __device__ __forceinline__ float activation_at(Activation act, const __nv_bfloat
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_kernel(Activation act, int pass, bool per_tensor, bool block, bool contiguous,
+    activation_quant_kernel(Activation act, numerics::W1Rows w1, int pass, bool per_tensor, bool block, bool contiguous,
                             const __nv_bfloat16* __restrict__ w1_out, const std::int32_t* __restrict__ row_offsets,
                             int E, int M, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                             float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kActThreads)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
-          v[j] = c < I ? activation_at(act, row, I, c) : 0.0f;
+          v[j] = c < I ? activation_at(act, w1, row, I, c) : 0.0f;
           m = fmaxf(m, fabsf(v[j]));
         }
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kActThreads)
     }
     float amax = 0.0f;
     if (!per_tensor || pass == 0) {
-      for (int c = threadIdx.x; c < I; c += kActThreads) amax = fmaxf(amax, fabsf(activation_at(act, row, I, c)));
+      for (int c = threadIdx.x; c < I; c += kActThreads) amax = fmaxf(amax, fabsf(activation_at(act, w1, row, I, c)));
       amax = block_max<kActThreads>(amax);
       if (per_tensor) {
         if (threadIdx.x == 0) atomicMax(expert_amax + e, __float_as_uint(amax));
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(kActThreads)
     if (!per_tensor && threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;
     for (int c = threadIdx.x; c < I; c += kActThreads)
-      out[c] = __nv_fp8_e4m3(activation_at(act, row, I, c) / scale);  // RNE, saturating to 448
+      out[c] = __nv_fp8_e4m3(activation_at(act, w1, row, I, c) / scale);  // RNE, saturating to 448
   }
 }
 
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(kActThreads)
 // activation_quant_kernel.
 template <int kChunks>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(Activation act, bool gated, QuantScheme quant, bool contiguous,
+    activation_quant_row_per_block(Activation act, numerics::W1Rows w1, QuantScheme quant, bool contiguous,
                                    const __nv_bfloat16* __restrict__ w1_out,
                                    const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
                                    __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
@@ -239,8 +240,10 @@ __global__ void __launch_bounds__(kActThreads)
     const __nv_bfloat16* row = w1_out + row_idx * N;
     QuantRowOf<kChunks> q;
     q.load_with(I, [&](int c0, float(&out)[8]) {
-      const uint4 graw = *reinterpret_cast<const uint4*>(row + c0);
-      const uint4 uraw = gated ? *reinterpret_cast<const uint4*>(row + I + c0) : graw;
+      // c0 is a multiple of 8: its 8 gate (and up) inputs are contiguous in every layout but the
+      // interleaved one (which takes activation_quant_kernel).
+      const uint4 graw = *reinterpret_cast<const uint4*>(row + numerics::gate_column(w1, I, c0));
+      const uint4 uraw = *reinterpret_cast<const uint4*>(row + numerics::up_column(w1, I, c0));
       const auto* g8 = reinterpret_cast<const __nv_bfloat16*>(&graw);
       const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
 #pragma unroll
@@ -308,12 +311,22 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
+    if (which == 1 && l.gemms.fused_w1) {
+      g.fused.act_q = l.act_q;
+      g.fused.act_scale = l.act_scale;
+      g.fused.row_offsets = l.contiguous ? l.row_offsets : nullptr;
+      g.fused.M = p.M;
+      g.fused.I = static_cast<int>(p.I());
+      g.fused.activation = p.activation;
+    }
     grouped_fp8_gemm(launches.config[j], g, stream);
   }
 }
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
+  MOEKIT_CUDA_REQUIRE(l.w1_out != nullptr && !l.gemms.fused_w1,
+                      "launch_activation_quant: the W1 GEMM is fused (no w1_out): the activation ran in its epilogue");
   const MoeProblem& p = l.problem;
   const bool per_tensor = p.quant == QuantScheme::kPerTensor;
   const int E = static_cast<int>(p.E_local), M = static_cast<int>(p.M), N = static_cast<int>(p.N),
@@ -330,7 +343,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   };
   auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(l.w1_out);
   auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(l.act_q);
-  const bool vec_ok = !per_tensor && p.activation != Activation::kSwigluOai;
+  const numerics::W1Rows w1 = numerics::w1_rows(p.activation, p.quant);
+  const bool vec_ok = !per_tensor && w1 != numerics::W1Rows::kInterleaved;
   if (kernel == ActivationKernel::kAuto)
     kernel = vec_ok && I <= kActThreads * 8 * 4 ? ActivationKernel::kRowPerBlock : ActivationKernel::kGeneric;
   MOEKIT_CUDA_REQUIRE(kernel == ActivationKernel::kGeneric || vec_ok,
@@ -339,8 +353,9 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
     const int grid = one_wave(reinterpret_cast<const void*>(activation_quant_kernel));
     for (int pass = 0; pass < 2; ++pass) {
-      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, pass, true, false, l.contiguous, w1_out,
-                                                                l.row_offsets, E, M, N, I, act_q, l.act_scale, amax);
+      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, w1, pass, true, false, l.contiguous,
+                                                                w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale,
+                                                                amax);
       MOEKIT_CUDA_CHECK_LAUNCH();
     }
     const int tensors = l.contiguous ? 1 : E;
@@ -351,8 +366,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     auto launch = [&](auto k) {
       k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, is_gated(p.activation), p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q,
-          l.act_scale);
+          p.activation, w1, p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
     };
     if (chunks == 1)
       launch(activation_quant_row_per_block<1>);
@@ -362,16 +376,16 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       launch(activation_quant_row_per_block<4>);
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
-                              stream>>>(p.activation, 1, false, p.quant == QuantScheme::kBlock128, l.contiguous, w1_out,
-                                        l.row_offsets, E, M, N, I, act_q, l.act_scale, nullptr);
+                              stream>>>(p.activation, w1, 1, false, p.quant == QuantScheme::kBlock128, l.contiguous,
+                                        w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale, nullptr);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
   launch_experts_prepare(l, stream);
-  launch_experts_gemm(l, 1, stream);
-  launch_activation_quant(l, ActivationKernel::kAuto, stream);
+  launch_experts_gemm(l, 1, stream);  // fused: writes act_q / act_scale itself
+  if (!l.gemms.fused_w1) launch_activation_quant(l, ActivationKernel::kAuto, stream);
   launch_experts_gemm(l, 2, stream);
 }
 

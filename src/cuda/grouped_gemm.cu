@@ -10,13 +10,22 @@ namespace {
 template <plan::GemmConfig kConfig>
 void instance(const GroupedGemmLaunch& l, void* stream) {
   constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
-  MOEKIT_CUDA_REQUIRE(l.block_scaled ? info.block_scaled : info.token_scaled,
-                      "grouped_fp8_gemm: config " + std::string(info.name) + " has no " +
-                          (l.block_scaled ? "block-scaled" : "per-token / per-tensor") +
-                          " instance (plan/gemm_config.h)");
-  if constexpr (info.block_scaled)
-    if (l.block_scaled) return grouped_fp8_gemm_block_instance<kConfig>(l, stream);
-  if constexpr (info.token_scaled) grouped_fp8_gemm_instance<kConfig>(l, stream);
+  if constexpr (info.fused_w1) {
+    MOEKIT_CUDA_REQUIRE(l.block_scaled && l.fused.act_q != nullptr,
+                        "grouped_fp8_gemm: config " + std::string(info.name) +
+                            " is a fused W1: it runs a block-scaled W1 into act_q (plan/gemm_config.h)");
+    grouped_fp8_gemm_fused_w1_instance<kConfig>(l, stream);
+  } else {
+    MOEKIT_CUDA_REQUIRE(l.fused.act_q == nullptr, "grouped_fp8_gemm: config " + std::string(info.name) +
+                                                      " is not a fused W1 (plan/gemm_config.h)");
+    MOEKIT_CUDA_REQUIRE(l.block_scaled ? info.block_scaled : info.token_scaled,
+                        "grouped_fp8_gemm: config " + std::string(info.name) + " has no " +
+                            (l.block_scaled ? "block-scaled" : "per-token / per-tensor") +
+                            " instance (plan/gemm_config.h)");
+    if constexpr (info.block_scaled)
+      if (l.block_scaled) return grouped_fp8_gemm_block_instance<kConfig>(l, stream);
+    if constexpr (info.token_scaled) grouped_fp8_gemm_instance<kConfig>(l, stream);
+  }
 }
 }  // namespace
 
@@ -26,6 +35,8 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& l, void*
     case plan::GemmConfig::kSwapAB128x64: return instance<plan::GemmConfig::kSwapAB128x64>(l, stream);
     case plan::GemmConfig::kPingpong64x256: return instance<plan::GemmConfig::kPingpong64x256>(l, stream);
     case plan::GemmConfig::kCooperative128x128: return instance<plan::GemmConfig::kCooperative128x128>(l, stream);
+    case plan::GemmConfig::kFusedW1SwapAB256x64: return instance<plan::GemmConfig::kFusedW1SwapAB256x64>(l, stream);
+    case plan::GemmConfig::kFusedW1SwapAB256x128: return instance<plan::GemmConfig::kFusedW1SwapAB256x128>(l, stream);
   }
   MOEKIT_CUDA_REQUIRE(false, "unknown GEMM config " + std::to_string(static_cast<int>(config)));
 }

@@ -84,6 +84,17 @@ __host__ __device__
 // per group (per-tensor). Raises moekit::Error when CUTLASS asks for more scratch than the plan
 // reserved or cannot run the problem.
 struct GroupedGemmLaunch {
+  // The fused W1's epilogue (plan::GemmConfigInfo::fused_w1, block128): instead of D it writes the
+  // activation of each 1x128 output group as FP8 codes act_q[row][c] and its scale
+  // act_scale[row][c / 128]; group g's rows start at row_offsets[g] (contiguous) or g * M.
+  struct FusedW1 {
+    std::uint8_t* act_q = nullptr;
+    float* act_scale = nullptr;
+    const std::int32_t* row_offsets = nullptr;  // null: batched, g * M
+    std::int64_t M = 0;
+    int I = 0;
+    Activation activation = Activation::kSilu;
+  };
   std::byte* args = nullptr;
   int groups = 0;
   std::int64_t n = 0, k = 0;  // the logical GEMM's (checked against the config table)
@@ -92,6 +103,7 @@ struct GroupedGemmLaunch {
   std::byte* scratch = nullptr;
   std::int64_t scratch_bytes = 0;
   int num_sms = 0;
+  FusedW1 fused{};
 };
 void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& launch, void* stream);
 
@@ -100,5 +112,7 @@ template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_instance(const GroupedGemmLaunch& launch, void* stream);
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_block_instance(const GroupedGemmLaunch& launch, void* stream);
+template <plan::GemmConfig kConfig>
+void grouped_fp8_gemm_fused_w1_instance(const GroupedGemmLaunch& launch, void* stream);
 
 }  // namespace moekit::cuda

@@ -14,11 +14,13 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/fused_w1_epilogue.cuh"
 #include "cuda/grouped_gemm.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -111,9 +113,28 @@ struct GroupedFp8Gemm {
   }
 };
 
+// The block-scaled epilogue: bf16 D (CUTLASS's TMA epilogue), or the fused W1's act_q / act_scale
+// (fused_w1_epilogue.cuh; shared memory twice: the adapter's tensor and tensormap storage).
+template <class TileShape, class LayoutD, class EpilogueSchedule, bool kFused>
+struct BlockEpilogue {
+  using CollectiveOp = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Shape<_1, _1, _1>,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, 8, cutlass::bfloat16_t, LayoutD*,
+      8, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, float, void, float>>::CollectiveOp;
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(typename CollectiveOp::SharedStorage));
+};
+template <class TileShape, class LayoutD, class EpilogueSchedule>
+struct BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, true> {
+  using CollectiveOp =
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<FusedW1Epilogue<TileShape, 256>>;
+  static constexpr int kSmemBytes =
+      2 * static_cast<int>(sizeof(typename FusedW1Epilogue<TileShape, 256>::SharedStorage));
+};
+
 // The block-scaled twin. The scale granularity follows the swap: unswapped, the kernel's A is the
 // tokens (one scale per row and k-block: granularity 1 x 128) and its B the weights (128 x 128);
-// swapped, the other way round.
+// swapped, the other way round. A fused W1 config (swapped, cooperative) takes the fused epilogue.
 template <plan::GemmConfig kConfig>
 struct GroupedFp8BlockGemm {
   static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
@@ -142,19 +163,16 @@ struct GroupedFp8BlockGemm {
                                                 cute::GMMA::Major::K, cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD, LayoutD*,
-      kAlignD, EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  static constexpr bool kFused = kInfo.fused_w1;
+  static_assert(!kFused || (kSwapAB && !kPingpong && kInfo.tile_m == 2 * kQuantBlock),
+                "a fused W1 config is swapped, cooperative, 256 weight rows a tile (fused_w1_epilogue.cuh)");
+  using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, kFused>;
+  using CollectiveEpilogue = typename Epilogue::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB,
       ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignAB, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
+      cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSmemBytes>, KernelSchedule>::CollectiveOp;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -164,7 +182,7 @@ struct GroupedFp8BlockGemm {
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
   static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
-  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && (kFused || sizeof(StrideD) == 8),
                 "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
   static_assert(sizeof(LayoutSFA) == 5 * sizeof(int) && sizeof(LayoutSFB) == 5 * sizeof(int),
                 "a CUTLASS block-scale layout is not five ints: write_block_scale_layout no longer matches it");
@@ -180,6 +198,7 @@ struct GroupedFp8BlockGemm {
     int want_tokens[5], want_weights[5];
     write_block_scale_layout(want_tokens, m, 3);
     write_block_scale_layout(want_weights, 3, 3);
+    // The per-token checks of shapes and strides (for a fused config: its swap; D is not written).
     return std::memcmp(&a, kSwapAB ? want_weights : want_tokens, sizeof(a)) == 0 &&
            std::memcmp(&b, kSwapAB ? want_tokens : want_weights, sizeof(b)) == 0 &&
            GroupedFp8Gemm<kConfig>::layout_matches();
@@ -249,31 +268,43 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   MOEKIT_CUDA_REQUIRE(layout_ok, std::string("grouped_fp8_gemm ") + std::string(G::kInfo.name) +
                                      " (block-scaled): CUTLASS's argument layout differs from GroupedGemmArrays "
                                      "(cuda/grouped_gemm.h)");
-  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k, QuantScheme::kBlock128),
-                      std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) +
-                          " (block-scaled) does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
-                          " (see plan/gemm_config.h)");
+  MOEKIT_CUDA_REQUIRE(
+      l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k, QuantScheme::kBlock128, G::kFused),
+      std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) + " (block-scaled) does not run n = " +
+          std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
   const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
   using Gemm = typename G::Gemm;
   cutlass::KernelHardwareInfo hw;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&hw.device_id));
   hw.sm_count = l.num_sms;
-  typename Gemm::Arguments arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped,
-      {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr},
-      {reinterpret_cast<const typename G::ElementA**>(a.ptr_A), reinterpret_cast<typename G::StrideA*>(a.stride_A),
-       reinterpret_cast<const typename G::ElementB**>(a.ptr_B), reinterpret_cast<typename G::StrideB*>(a.stride_B),
-       a.ptr_col, reinterpret_cast<typename G::LayoutSFA*>(a.layout_sfa), a.ptr_row,
-       reinterpret_cast<typename G::LayoutSFB*>(a.layout_sfb)},
-      {{},
-       nullptr,
-       nullptr,
-       reinterpret_cast<typename G::ElementD**>(a.ptr_D),
-       reinterpret_cast<typename G::StrideD*>(a.stride_D)},
-      hw};
-  arguments.epilogue.thread.alpha = 1.0f;
-  arguments.epilogue.thread.beta = 0.0f;
-  launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm (block-scaled)");
+  typename Gemm::Arguments arguments;
+  arguments.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  arguments.problem_shape = {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr};
+  arguments.mainloop = {reinterpret_cast<const typename G::ElementA**>(a.ptr_A),
+                        reinterpret_cast<typename G::StrideA*>(a.stride_A),
+                        reinterpret_cast<const typename G::ElementB**>(a.ptr_B),
+                        reinterpret_cast<typename G::StrideB*>(a.stride_B),
+                        a.ptr_col,
+                        reinterpret_cast<typename G::LayoutSFA*>(a.layout_sfa),
+                        a.ptr_row,
+                        reinterpret_cast<typename G::LayoutSFB*>(a.layout_sfb)};
+  if constexpr (G::kFused) {
+    MOEKIT_CUDA_REQUIRE(G::Epilogue::CollectiveOp::can_implement(0, l.fused),
+                        "grouped_fp8_gemm (fused W1): act_q, act_scale and I = " + std::to_string(l.fused.I) +
+                            " (a multiple of 128) are needed");
+    arguments.epilogue = l.fused;
+  } else {
+    arguments.epilogue = {{},
+                          nullptr,
+                          nullptr,
+                          reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+                          reinterpret_cast<typename G::StrideD*>(a.stride_D)};
+    arguments.epilogue.thread.alpha = 1.0f;
+    arguments.epilogue.thread.beta = 0.0f;
+  }
+  arguments.hw_info = hw;
+  launch_gemm<Gemm>(arguments, l, stream,
+                    G::kFused ? "grouped_fp8_gemm (fused W1)" : "grouped_fp8_gemm (block-scaled)");
 }
 
 }  // namespace moekit::cuda::detail
@@ -283,6 +314,14 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   template <>                                                                                                \
   void grouped_fp8_gemm_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                    \
     detail::run_grouped_fp8_gemm<detail::GroupedFp8Gemm<CONFIG>>(launch, static_cast<cudaStream_t>(stream)); \
+  }
+
+// The one line each grouped_gemm_<fused config>.cu holds.
+#define MOEKIT_GROUPED_GEMM_FUSED_W1_INSTANCE(CONFIG)                                                           \
+  template <>                                                                                                   \
+  void grouped_fp8_gemm_fused_w1_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {              \
+    detail::run_grouped_fp8_block_gemm<detail::GroupedFp8BlockGemm<CONFIG>>(launch,                             \
+                                                                            static_cast<cudaStream_t>(stream)); \
   }
 
 // The one line each grouped_gemm_block_<config>.cu holds.

@@ -66,7 +66,8 @@ struct BatchedExpertsLaunch {
 };
 
 // The stages: prepare (reads expert_num_tokens once, validates it, writes row_offsets and both
-// GEMMs' arguments), W1 GEMM, activation + FP8, W2 GEMM. launch_batched_experts runs all four.
+// GEMMs' arguments), W1 GEMM, activation + FP8, W2 GEMM. launch_batched_experts runs all four, or
+// three when gemms.fused_w1 (the W1 GEMM's epilogue writes act_q / act_scale; w1_out is null).
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream);
 void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream);
 void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream);  // which: 1 (W1) or 2 (W2)

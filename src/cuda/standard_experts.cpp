@@ -39,7 +39,7 @@ class CudaStandardExperts final : public Experts {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
-    plan::declare_standard_recipe(p, b);
+    plan::declare_standard_recipe(p, b, !plan::plan_experts_gemms(p, p.max_tokens_per_rank).fused_w1);
     b.add({"expert_counts",
            DType::kInt32,
            {p.E_local},

@@ -129,15 +129,33 @@ MOEKIT_HD inline T activation_value(Activation act, T g, T u) {
   return T(0);
 }
 
-// Where output column c finds its inputs in a W1 output row (the W1 weight's row layout):
-// halves (gate | up) for silu, gelu, gelu_tanh; interleaved for swigluoai; one column non-gated.
-MOEKIT_HD constexpr std::int64_t gate_column(Activation act, std::int64_t /*I*/, std::int64_t c) {
-  return act == Activation::kSwigluOai ? 2 * c : c;
+// The W1 weight's row layout (= the columns of a W1 output row), one rule for every device:
+//   kHalves       gate rows [0, I), up rows [I, 2I): silu, gelu, gelu_tanh (HF's gate_proj, up_proj);
+//   kBlockPairs   the same activations under block128: per 256 rows, gate rows [128b, 128b + 128)
+//                 then up rows [128b, 128b + 128), so that one 256-row W1 tile holds a whole 1x128
+//                 output group with its gate and up inputs (the fused W1 epilogue: no w1_out) and
+//                 each 128x128 weight block keeps its scale (the blocks are only reordered:
+//                 plan/weights.h's arrange_w1_block_pairs);
+//   kInterleaved  gate/up pairs (2c, 2c + 1): swigluoai (gpt-oss);
+//   kSingle       one row per output: the non-gated relu2, silu_no_mul.
+enum class W1Rows : std::uint8_t { kHalves, kBlockPairs, kInterleaved, kSingle };
+MOEKIT_HD constexpr W1Rows w1_rows(Activation act, QuantScheme quant) {
+  return act == Activation::kSwigluOai                                  ? W1Rows::kInterleaved
+         : (act == Activation::kRelu2 || act == Activation::kSiluNoMul) ? W1Rows::kSingle
+         : quant == QuantScheme::kBlock128                              ? W1Rows::kBlockPairs
+                                                                        : W1Rows::kHalves;
 }
-MOEKIT_HD constexpr std::int64_t up_column(Activation act, std::int64_t I, std::int64_t c) {
-  return act == Activation::kSwigluOai                                  ? 2 * c + 1
-         : (act == Activation::kRelu2 || act == Activation::kSiluNoMul) ? c
-                                                                        : I + c;
+// Where output column c finds its inputs in a W1 output row of the layout.
+MOEKIT_HD constexpr std::int64_t gate_column(W1Rows rows, std::int64_t /*I*/, std::int64_t c) {
+  return rows == W1Rows::kInterleaved  ? 2 * c
+         : rows == W1Rows::kBlockPairs ? 2 * kQuantBlock * (c / kQuantBlock) + c % kQuantBlock
+                                       : c;
+}
+MOEKIT_HD constexpr std::int64_t up_column(W1Rows rows, std::int64_t I, std::int64_t c) {
+  return rows == W1Rows::kInterleaved  ? 2 * c + 1
+         : rows == W1Rows::kSingle     ? c
+         : rows == W1Rows::kBlockPairs ? gate_column(rows, I, c) + kQuantBlock
+                                       : I + c;
 }
 
 }  // namespace moekit::numerics

@@ -13,14 +13,15 @@ namespace moekit::plan {
 
 using numerics::activation_scale_shape;
 
-void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
+void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_out) {
   const std::int64_t I = p.I();
-  b.add({"w1_out",
-         DType::kBf16,
-         {p.E_local, p.M, p.N},
-         Stage::kGemm1,
-         Stage::kActivation,
-         "W1 GEMM output (gate|up), valid rows only are written"});
+  if (w1_out)
+    b.add({"w1_out",
+           DType::kBf16,
+           {p.E_local, p.M, p.N},
+           Stage::kGemm1,
+           Stage::kActivation,
+           "W1 GEMM output (gate|up), valid rows only are written"});
   b.add({"act_q",
          DType::kFp8E4m3,
          {p.E_local, p.M, I},
@@ -32,7 +33,7 @@ void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
          Stage::kGemm2, "scales of act_q"});
 }
 
-void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
+void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_out) {
   const std::int64_t I = p.I();
   const std::int64_t rows = p.M * p.topk;  // every (token, slot) pair may land on a local expert
   MOEKIT_CHECK(rows <= 0x7FFFFFFF,
@@ -65,16 +66,18 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b) {
   b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), Stage::kActivation,
          Stage::kGemm2, "scales of act_q"});
   b.end_alias();
-  b.begin_alias("gemm_out");
-  b.add({"w1_out", DType::kBf16, {rows, p.N}, Stage::kGemm1, Stage::kActivation, "W1 GEMM output (gate|up)"});
-  b.next_alternative();
+  if (w1_out) {
+    b.begin_alias("gemm_out");
+    b.add({"w1_out", DType::kBf16, {rows, p.N}, Stage::kGemm1, Stage::kActivation, "W1 GEMM output (gate|up)"});
+    b.next_alternative();
+  }
   b.add({"w2_out",
          DType::kBf16,
          {rows, p.K},
          Stage::kGemm2,
          Stage::kFinalize,
          "W2 GEMM output per (token, slot), reduced by the finalize's combine"});
-  b.end_alias();
+  if (w1_out) b.end_alias();
 }
 
 std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& p) {

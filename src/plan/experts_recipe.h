@@ -12,12 +12,13 @@ namespace moekit::plan {
 
 // Batched: w1_out (E_local, M, N) bf16, act_q (E_local, M, I) FP8, act_scale. M is global already:
 // nothing here multiplies it by num_dispatchers.
-void declare_batched_recipe(const MoeProblem& problem, WorkspaceBuilder& builder);
+// w1_out = false: the W1 GEMM writes act_q / act_scale itself (the CUDA fused W1, plan::fuses_w1).
+void declare_batched_recipe(const MoeProblem& problem, WorkspaceBuilder& builder, bool w1_out = true);
 
 // Standard: expert_offsets, pair_row (the finalize's unpermute map), and the GEMM buffers aliased
 // by lifetime: a1q_permuted (+ scales) with act_q (+ scales) in "gemm_in", w1_out with w2_out in
 // "gemm_out"; M * topk rows (every (token, slot) may land on a local expert).
-void declare_standard_recipe(const MoeProblem& problem, WorkspaceBuilder& builder);
+void declare_standard_recipe(const MoeProblem& problem, WorkspaceBuilder& builder, bool w1_out = true);
 
 // Empty when `problem` is in the format `experts` takes; otherwise the reason.
 std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& problem);

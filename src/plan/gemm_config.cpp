@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "moekit/check.h"
+#include "numerics/activation.h"
 
 namespace moekit::plan {
 
@@ -24,12 +25,13 @@ GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k,
   MOEKIT_FAIL("no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be multiples of 16", n, k);
 }
 
-GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows, QuantScheme quant) {
+GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows, QuantScheme quant,
+                                bool fused_w1) {
   MOEKIT_CHECK(max_rows >= 0, "plan_gemm_launches: max_rows = {} must be >= 0", max_rows);
   GemmLaunches l;
   std::int64_t lo = 0;
   for (const auto& c : kGemmConfigs) {
-    if (!supports(c, n, k, quant)) continue;
+    if (!supports(c, n, k, quant, fused_w1)) continue;
     const std::int64_t hi = c.max_rows < 0 ? std::numeric_limits<std::int64_t>::max() : c.max_rows;
     if (hi < lo) continue;
     if (lo <= std::max<std::int64_t>(max_rows, 1)) {
@@ -75,13 +77,29 @@ std::int64_t max_rows_per_expert(const MoeProblem& p, std::int64_t tokens_per_ra
   return std::min(p.M, tokens_per_rank * dispatchers);
 }
 
-ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
-  const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
-  return {plan_gemm_launches(p.N, p.K, rows, p.quant), plan_gemm_launches(p.K, p.I(), rows, p.quant)};
+bool fuses_w1(const MoeProblem& p) {
+  const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
+  return p.quant == QuantScheme::kBlock128 &&
+         (rows == numerics::W1Rows::kBlockPairs || rows == numerics::W1Rows::kSingle);
 }
 
-ExpertsGemmPlan single_config(GemmConfig config) {
-  return {single_launch(config), single_launch(config)};
+ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank, bool fuse_w1) {
+  const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
+  const bool fused = fuse_w1 && fuses_w1(p);
+  return {plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant), fused};
+}
+
+ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& p) {
+  if (gemm_config_info(config).fused_w1) {
+    MOEKIT_CHECK(fuses_w1(p),
+                 "GEMM config {} is a fused W1: it runs block128 with silu, gelu, gelu_tanh, relu2 or "
+                 "silu_no_mul, the problem is {} with {}",
+                 gemm_config_info(config).name, quant_name(p.quant), activation_name(p.activation));
+    ExpertsGemmPlan g = plan_experts_gemms(p, p.max_tokens_per_rank);
+    g.w1 = single_launch(config);
+    return g;
+  }
+  return {single_launch(config), single_launch(config), false};
 }
 
 }  // namespace moekit::plan

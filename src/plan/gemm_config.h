@@ -13,7 +13,14 @@
 
 namespace moekit::plan {
 
-enum class GemmConfig : std::uint8_t { kSwapAB128x32, kSwapAB128x64, kPingpong64x256, kCooperative128x128 };
+enum class GemmConfig : std::uint8_t {
+  kSwapAB128x32,
+  kSwapAB128x64,
+  kPingpong64x256,
+  kCooperative128x128,
+  kFusedW1SwapAB256x64,
+  kFusedW1SwapAB256x128
+};
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 
 struct GemmConfigInfo {
@@ -26,6 +33,8 @@ struct GemmConfigInfo {
   std::int64_t max_rows;       // chosen for experts expected to hold <= max_rows rows (-1: any)
   bool token_scaled;           // has a per-token / per-tensor instance, grouped_gemm_<name>.cu
   bool block_scaled;           // has a block-scaled (kBlock128) instance, grouped_gemm_block_<name>.cu
+  bool fused_w1;               // block-scaled W1 whose epilogue writes act_q / act_scale (no w1_out):
+                               // grouped_gemm_<name>.cu; it runs no other GEMM
   std::string_view why;
 };
 
@@ -35,17 +44,28 @@ struct GemmConfigInfo {
 // 1.49 vs 1.63 ms at 1024).
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true, true,
-     "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side"},
+     false, "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side"},
     {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64, true, true,
-     "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
+     false, "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
     // must have same shape"); block128 takes cooperative-128x128 for m_e > 64 (a block-scaled
     // pingpong-64x128 measured 1.3-1.4x slower than it: docs/PERF.md).
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
-     "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
+     false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
-     true, true, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
+     true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
+    // The fused W1 (block128): 256 weight rows a tile (the kernel's M, swapped) = one gate block and
+    // its up block (numerics::W1Rows::kBlockPairs), or two groups of a non-gated activation, so the
+    // epilogue holds whole 1x128 output groups: each thread has a gate value and its up value in
+    // registers (MMA_M 0 and 1 of the cooperative 2x64-row warpgroup layout), a group's amax is 2
+    // values, 3 shuffles and 8 warps through shared memory. Swapped because CUTLASS 4.2's blockwise
+    // main loop does not compile two 128-wide weight blocks on the N side (see above); on the M side
+    // it does. n % 128: non-gated I = 128 (mod 256) leaves a tile's second group empty.
+    {GemmConfig::kFusedW1SwapAB256x64, "fused-w1-swapab-256x64", 256, 64, 128, GemmSchedule::kCooperative, true, 128,
+     64, false, false, true, "fused W1, m_e <= 64: 64-token tiles"},
+    {GemmConfig::kFusedW1SwapAB256x128, "fused-w1-swapab-256x128", 256, 128, 128, GemmSchedule::kCooperative, true, 128,
+     -1, false, false, true, "fused W1, m_e > 64: 256x128 tiles (the work of a 128x256 tile)"},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
@@ -56,12 +76,18 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
 }
 
 // Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
-// instance for the scaling.
+// instance for the scaling; the fused W1 configs run only the fused W1 (block128).
 constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
-                        QuantScheme quant = QuantScheme::kPerTokenPerChannel) {
+                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
   return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
-         (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled);
+         (fused_w1 ? config.fused_w1 && quant == QuantScheme::kBlock128
+                   : (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
 }
+
+// Whether the CUDA experts fuse the activation and its 1x128 quantization into the W1 GEMM (no
+// w1_out): block128 with an activation whose W1 rows pair whole output groups in a 256-row tile
+// (numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved rows take the unfused path).
+bool fuses_w1(const MoeProblem& problem);
 
 GemmConfig parse_gemm_config(std::string_view name);
 
@@ -85,19 +111,22 @@ struct GemmLaunches {
 };
 // select_gemm_config's rule as row ranges, those that intersect [0, max_rows].
 GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows,
-                                QuantScheme quant = QuantScheme::kPerTokenPerChannel);
+                                QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false);
 // Every expert on one config (benchmarks and tests sweep the table).
 GemmLaunches single_launch(GemmConfig config);
 std::string describe(const GemmLaunches& launches);
 
 struct ExpertsGemmPlan {
-  GemmLaunches w1;  // (m_e x K) . (N x K)^T
-  GemmLaunches w2;  // (m_e x I) . (K x I)^T
+  GemmLaunches w1;        // (m_e x K) . (N x K)^T
+  GemmLaunches w2;        // (m_e x I) . (K x I)^T
+  bool fused_w1 = false;  // w1's launches write act_q / act_scale: no w1_out, no activation kernel
 };
 // The most rows one local expert can receive in a step of tokens_per_rank tokens on every
 // dispatcher (each token picks an expert at most once), at most its capacity.
 std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_per_rank);
-ExpertsGemmPlan plan_experts_gemms(const MoeProblem& problem, std::int64_t tokens_per_rank);
-ExpertsGemmPlan single_config(GemmConfig config);
+// fuse_w1: the fused W1 where fuses_w1(problem) allows it (false: W1 GEMM + the activation kernel).
+ExpertsGemmPlan plan_experts_gemms(const MoeProblem& problem, std::int64_t tokens_per_rank, bool fuse_w1 = true);
+// One config on every expert of both GEMMs; a fused W1 config runs W1 only, W2 takes the rule's.
+ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& problem);
 
 }  // namespace moekit::plan

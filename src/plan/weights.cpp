@@ -1,8 +1,11 @@
 // The weights view: strides, per-expert views, validation against the problem, bytes.
 #include "moekit/weights.h"
 
+#include <algorithm>
+
 #include "moekit/check.h"
 #include "moekit/workspace.h"
+#include "numerics/activation.h"
 #include "numerics/scales.h"
 
 namespace moekit {
@@ -13,6 +16,26 @@ std::int64_t ExpertWeightsView::w1_scale_stride() const {
 
 std::int64_t ExpertWeightsView::w2_scale_stride() const {
   return numerics::weight_scale_count(quant, K, I);
+}
+
+void arrange_w1_block_pairs(std::int64_t I, std::int64_t K, const std::uint8_t* halves, const float* halves_scale,
+                            std::uint8_t* pairs, float* pairs_scale) {
+  MOEKIT_CHECK(I > 0 && I % kQuantBlock == 0 && K > 0,
+               "arrange_w1_block_pairs: I = {} must be a positive multiple of 128 and K = {} positive (block128)", I,
+               K);
+  MOEKIT_CHECK(halves != nullptr && halves_scale != nullptr && pairs != nullptr && pairs_scale != nullptr &&
+                   halves != pairs && halves_scale != pairs_scale,
+               "arrange_w1_block_pairs: four distinct non-null buffers are needed (out of place)");
+  const numerics::W1Rows rows = numerics::W1Rows::kBlockPairs;
+  const std::int64_t k_blocks = numerics::ceil_div(K, kQuantBlock);
+  for (std::int64_t c = 0; c < I; ++c) {
+    std::copy_n(halves + c * K, K, pairs + numerics::gate_column(rows, I, c) * K);
+    std::copy_n(halves + (I + c) * K, K, pairs + numerics::up_column(rows, I, c) * K);
+  }
+  for (std::int64_t b = 0; b < I / kQuantBlock; ++b) {
+    std::copy_n(halves_scale + b * k_blocks, k_blocks, pairs_scale + 2 * b * k_blocks);
+    std::copy_n(halves_scale + (I / kQuantBlock + b) * k_blocks, k_blocks, pairs_scale + (2 * b + 1) * k_blocks);
+  }
 }
 
 ExpertWeightsView ExpertWeightsView::expert(std::int64_t e) const {

@@ -53,9 +53,10 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   // block-scaled configs.
   EXPECT_EQ(j["plans"][0]["quant"], "block128");
   EXPECT_NE(j["quant_note"].get<std::string>().find("weight_block_size [128, 128]"), std::string::npos);
+  // W1 is fused with the activation and its 1x128 quantization: no w1_out.
   EXPECT_EQ(j["plans"][0]["config"],
-            "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
-            "cooperative-128x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+            "GEMMs by each expert's rows (<= 8192 in a step): W1 fused-w1-swapab-256x64 (m_e <= 64), "
+            "fused-w1-swapab-256x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
             "cooperative-128x128 (m_e > 64)");
 
   const std::string table = plan_table(req, report);

@@ -12,6 +12,8 @@
 
 #include "cpu/activation.h"
 #include "moekit/check.h"
+#include "moekit/weights.h"
+#include "numerics/activation.h"
 
 namespace moekit::cpu {
 namespace {
@@ -121,6 +123,55 @@ TEST(Activation, NonGated) {
   activation_rows(Activation::kSiluNoMul, in.data(), 1, 5, 5, out, 5);
   const double x[5] = {-2.0, -0.5, 0.0, 1.5, 3.0};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(out[i], silu_d(x[i]), 1e-6) << "silu_no_mul " << i;
+}
+
+// Block128 pairs W1's blocks (numerics::w1_rows): per 256 rows a gate block then its up block.
+// arrange_w1_block_pairs moves HF's halves there, rows and block scales, and the activation of a W1
+// output read in pairs equals the halves one.
+TEST(Activation, BlockPairsLayout) {
+  using numerics::W1Rows;
+  EXPECT_EQ(numerics::w1_rows(Activation::kSilu, QuantScheme::kBlock128), W1Rows::kBlockPairs);
+  EXPECT_EQ(numerics::w1_rows(Activation::kGeluTanh, QuantScheme::kBlock128), W1Rows::kBlockPairs);
+  EXPECT_EQ(numerics::w1_rows(Activation::kSilu, QuantScheme::kPerTokenPerChannel), W1Rows::kHalves);
+  EXPECT_EQ(numerics::w1_rows(Activation::kSwigluOai, QuantScheme::kBlock128), W1Rows::kInterleaved);
+  EXPECT_EQ(numerics::w1_rows(Activation::kRelu2, QuantScheme::kBlock128), W1Rows::kSingle);
+  const int64_t I = 256, K = 160, kb = 2;
+  EXPECT_EQ(numerics::gate_column(W1Rows::kBlockPairs, I, 0), 0);
+  EXPECT_EQ(numerics::up_column(W1Rows::kBlockPairs, I, 0), 128);
+  EXPECT_EQ(numerics::gate_column(W1Rows::kBlockPairs, I, 130), 258);
+  EXPECT_EQ(numerics::up_column(W1Rows::kBlockPairs, I, 255), 511);
+
+  std::mt19937 rng(7);
+  std::vector<std::uint8_t> halves(static_cast<size_t>(2 * I * K)), pairs(halves.size(), 0xAA);
+  for (auto& b : halves) b = static_cast<std::uint8_t>(rng());
+  std::vector<float> hs(static_cast<size_t>(2 * I / 128 * kb)), ps(hs.size(), -1.0f);
+  for (size_t i = 0; i < hs.size(); ++i) hs[i] = static_cast<float>(i + 1);
+  arrange_w1_block_pairs(I, K, halves.data(), hs.data(), pairs.data(), ps.data());
+  for (int64_t c = 0; c < I; ++c)
+    for (int64_t k = 0; k < K; ++k) {
+      ASSERT_EQ(pairs[numerics::gate_column(W1Rows::kBlockPairs, I, c) * K + k], halves[c * K + k]) << c;
+      ASSERT_EQ(pairs[numerics::up_column(W1Rows::kBlockPairs, I, c) * K + k], halves[(I + c) * K + k]) << c;
+    }
+  // Block rows: gate 0, up 0, gate 1, up 1 (halves: gate 0, gate 1, up 0, up 1).
+  const std::vector<float> want = {1, 2, 5, 6, 3, 4, 7, 8};
+  EXPECT_EQ(ps, want);
+  EXPECT_THROW(arrange_w1_block_pairs(192, K, halves.data(), hs.data(), pairs.data(), ps.data()), Error);
+  EXPECT_THROW(arrange_w1_block_pairs(I, K, halves.data(), hs.data(), halves.data(), ps.data()), Error);
+
+  std::vector<float> h_row(static_cast<size_t>(2 * I)), p_row(h_row.size());
+  for (auto& x : h_row) x = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+  for (int64_t c = 0; c < I; ++c) {
+    p_row[static_cast<size_t>(numerics::gate_column(W1Rows::kBlockPairs, I, c))] = h_row[static_cast<size_t>(c)];
+    p_row[static_cast<size_t>(numerics::up_column(W1Rows::kBlockPairs, I, c))] = h_row[static_cast<size_t>(I + c)];
+  }
+  const std::vector<bf16_t> hb = to_bf16(h_row), pb = to_bf16(p_row);
+  std::vector<float> out_h(static_cast<size_t>(I)), out_p(static_cast<size_t>(I));
+  activation_rows(Activation::kSilu, hb.data(), 1, 2 * I, 2 * I, out_h.data(), I, QuantScheme::kPerTokenPerChannel);
+  activation_rows(Activation::kSilu, pb.data(), 1, 2 * I, 2 * I, out_p.data(), I, QuantScheme::kBlock128);
+  EXPECT_EQ(out_h, out_p);
+  // Block pairs need whole blocks.
+  EXPECT_THROW(activation_rows(Activation::kSilu, hb.data(), 1, 64, 64, out_h.data(), 32, QuantScheme::kBlock128),
+               Error);
 }
 
 TEST(Activation, BadWidthsThrow) {

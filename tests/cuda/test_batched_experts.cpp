@@ -74,16 +74,22 @@ struct GpuRun {
   WorkspacePlan placed;
 };
 
+// The experts entry whose plan every config runs in: an unfused one declares w1_out (the fused W1
+// writes act_q and act_scale, which every plan has).
+const ExpertsEntry kEveryConfig{
+    "batched-fp8", Device::kCuda, ActivationFormat::kBatchedExperts, "",
+    [](const ExecContext& ctx) { return cuda::make_batched_experts(ctx, plan::GemmConfig::kCooperative128x128); }};
+
 // The CUDA experts over one guarded Workspace on the GPU, with the experts' input regions filled
-// from the host.
+// from the host. `entry`: whose plan (default: one every config runs in).
 class GpuExperts {
  public:
-  GpuExperts(const MoeProblem& p, const synthetic::HostExpertWeights& w)
+  GpuExperts(const MoeProblem& p, const synthetic::HostExpertWeights& w, const ExpertsEntry& entry = kEveryConfig)
       : p_(p),
         memory_(make_memory(Device::kCuda)),
         weight_copies_(*memory_),
         view_(w.view(weight_copies_)),
-        ws_(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1, kGuardBytes), *memory_) {}
+        ws_(plan_layer(p, entry, 1, kGuardBytes), *memory_) {}
 
   // Poisons the workspace (regions NaN, guards their pattern), then writes the inputs.
   ExpertsInput load(const testing::BatchedInputs& in) {
@@ -99,9 +105,9 @@ class GpuExperts {
             ws_.get<std::uint16_t>("expert_output")};
   }
 
-  GpuRun run(const testing::BatchedInputs& in, plan::GemmConfig configs, bool expect_status_ok = true) {
+  GpuRun run(const testing::BatchedInputs& in, std::optional<plan::GemmConfig> configs, bool expect_status_ok = true) {
     const ExpertsInput input = load(in);
-    const auto experts = cuda::make_batched_experts({}, configs);
+    const auto experts = configs ? cuda::make_batched_experts({}, *configs) : cuda::make_batched_experts({});
     experts->run(p_, input, view_, ws_, nullptr);
     if (expect_status_ok) experts->check_status(ws_, nullptr);
     return download();
@@ -196,7 +202,7 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
     if (m <= 0 || m > M) continue;
     // Activation + quantization of the GPU's own w1_out rows on the CPU.
     std::vector<float> act(static_cast<std::size_t>(m * I));
-    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I);
+    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant);
     std::vector<std::uint8_t> q(static_cast<std::size_t>(m * I));
     std::vector<float> qs(static_cast<std::size_t>(numerics::activation_scale_count(p.quant, m, I)));
     cpu::quantize_activation(p.quant, act.data(), m, I, I, q.data(), I, qs.data());
@@ -233,6 +239,71 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
   EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
   std::printf("  %-62s W1 %.1e  act codes %lld/%lld  W2 %.1e\n", ctx.c_str(), w1_err, static_cast<long long>(code_diff),
               static_cast<long long>(codes), w2_err);
+}
+
+// The fused W1 (no w1_out): its activation codes and scales against the CPU's activation +
+// quantization of the CPU's W1 output, and the GPU's output against the CPU W2 GEMM of the GPU's
+// own activation. The fused epilogue reads fp32 accumulators where the CPU rounds W1 to bf16 first
+// (2^-9 relative): a code moves at most one FP8 step (2^-4) where that rounding crossed a boundary,
+// a scale by at most 2^-8; measured on DeepSeek-V3 / Qwen3 shapes: ~1-3% of codes (printed).
+void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, const GpuRun& r,
+                        const CpuResult& ref, const std::vector<std::int32_t>& counts, cpu::ThreadPool& pool,
+                        const std::string& ctx) {
+  const std::int64_t N = p.N, K = p.K, I = p.I(), M = p.M;
+  const auto* gpu_act = reinterpret_cast<const std::uint8_t*>(r.workspace.data() + r.placed.region("act_q").offset);
+  const auto* gpu_scale = reinterpret_cast<const float*>(r.workspace.data() + r.placed.region("act_scale").offset);
+  const std::int64_t spr = numerics::activation_scales_per_row(p.quant, I);
+  std::int64_t codes = 0, one_step = 0, far = 0;
+  double scale_diff = 0, err2 = 0, norm2 = 0;
+  std::vector<std::uint16_t> gemm2(static_cast<std::size_t>(M * K));
+  for (std::int64_t e = 0; e < p.E_local; ++e) {
+    const std::int64_t m = counts[static_cast<std::size_t>(e)];
+    if (m <= 0 || m > M) continue;
+    std::vector<float> act(static_cast<std::size_t>(m * I));
+    cpu::activation_rows(p.activation, ref.w1_out.data() + e * M * N, m, N, N, act.data(), I, p.quant);
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(m * I));
+    std::vector<float> qs(static_cast<std::size_t>(numerics::activation_scale_count(p.quant, m, I)));
+    cpu::quantize_activation(p.quant, act.data(), m, I, I, q.data(), I, qs.data());
+    for (std::int64_t i = 0; i < m * I; ++i) {
+      const std::uint8_t a = q[static_cast<std::size_t>(i)], b = gpu_act[e * M * I + i];
+      if (a == b) continue;
+      const bool same_sign = (a & 0x80) == (b & 0x80) || (a & 0x7F) == 0 || (b & 0x7F) == 0;
+      if (same_sign && std::abs(int(a & 0x7F) - int(b & 0x7F)) <= 1)
+        ++one_step;
+      else
+        ++far;
+    }
+    codes += m * I;
+    const float* gs = gpu_scale + e * M * spr;
+    for (std::size_t i = 0; i < qs.size(); ++i) scale_diff = std::max(scale_diff, std::fabs(double(gs[i]) / qs[i] - 1));
+    cpu::Fp8GemmArgs g;
+    g.M = m;
+    g.N = K;
+    g.K = I;
+    g.quant = p.quant;
+    g.A = gpu_act + e * M * I;
+    g.lda = I;
+    g.a_scales = gs;
+    g.B = w.w2.data() + e * K * I;
+    g.ldb = I;
+    g.b_scales = w.w2_scale.data() + e * w.view().w2_scale_stride();
+    g.D_bf16 = gemm2.data();
+    g.ldd = K;
+    cpu::fp8_gemm(g, pool);
+    for (std::int64_t i = 0; i < m * K; ++i) {
+      const double x = bf16_decode(r.output[static_cast<std::size_t>(e * M * K + i)]);
+      const double y = bf16_decode(gemm2[static_cast<std::size_t>(i)]);
+      err2 += (x - y) * (x - y);
+      norm2 += y * y;
+    }
+  }
+  EXPECT_EQ(far, 0) << ctx << ": fused activation codes more than one FP8 step from the CPU's";
+  EXPECT_LE(one_step, codes / 10) << ctx << ": fused activation codes one step apart: " << one_step << " of " << codes;
+  EXPECT_LT(scale_diff, 1.0 / 128) << ctx << ": fused activation scales";
+  const double w2_err = norm2 > 0 ? std::sqrt(err2 / norm2) : 0.0;
+  EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
+  std::printf("  %-62s fused act codes %lld one step /%lld, scales %.1e  W2 %.1e\n", ctx.c_str(),
+              static_cast<long long>(one_step), static_cast<long long>(codes), scale_diff, w2_err);
 }
 
 // Checks guards, padding rows untouched, no NaN in valid rows; returns ||gpu - cpu|| / ||cpu||.
@@ -295,8 +366,12 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
     const auto in = testing::make_batched_inputs(p, counts, 23);
     const auto ref = cpu_oracle(p, w, in, pool);
     for (const auto& cfg : plan::kGemmConfigs) {
-      // One config for both GEMMs, wherever the table says it runs both shapes.
-      if (!plan::supports(cfg, p.N, p.K, p.quant) || !plan::supports(cfg, p.K, p.I(), p.quant)) continue;
+      // One config for both GEMMs, wherever the table says it runs both shapes; a fused W1 config
+      // on W1 (W2 by the rule) wherever the problem fuses.
+      const bool fused = cfg.fused_w1;
+      if (fused ? !plan::fuses_w1(p) || !plan::supports(cfg, p.N, p.K, p.quant, true)
+                : !plan::supports(cfg, p.N, p.K, p.quant) || !plan::supports(cfg, p.K, p.I(), p.quant))
+        continue;
       const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
                               std::string(quant_name(p.quant)) + " " + std::string(activation_name(p.activation)) +
                               " " + pattern + " " + std::string(cfg.name);
@@ -304,7 +379,10 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
       const double rel = check_run(p, r, ref.output, counts, ctx);
       EXPECT_LT(rel, kRelTolerance) << ctx;
       std::printf("  %-62s end to end vs CPU %.3e\n", ctx.c_str(), rel);
-      check_stages(p, w, r, ref, counts, pool, ctx);
+      if (fused)
+        check_fused_stages(p, w, r, ref, counts, pool, ctx);
+      else
+        check_stages(p, w, r, ref, counts, pool, ctx);
       if (pattern == "skew") {
         const GpuRun again = gpu.run(in, both(cfg.id));
         EXPECT_EQ(r.output, again.output) << ctx << ": two runs differ";
@@ -327,6 +405,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTensor, Activation::kSiluNoMul},
                       // Block-scaled (DeepSeek-V3's recipe): I = 14336 > 8192 (Mixtral) and swigluoai
                       // take the generic activation kernel, the others the row-per-block one.
+                      // The fused W1 (block128 but swigluoai) runs in each of these next to the
+                      // unfused configs; qwen3-30b-a3b's I = 768 is 3 (mod 2) output groups.
                       Case{"deepseek-v3", 4, 256, QuantScheme::kBlock128},
                       Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kBlock128},
                       Case{"mixtral-8x7b", 2, 160, QuantScheme::kBlock128},
@@ -395,7 +475,7 @@ TEST_P(ActivationKernels, AgreeBitForBit) {
                            p.M,
                            ws.get<std::uint16_t>("expert_output")};
   const cuda::BatchedExpertsLaunch l =
-      cuda::make_launch(p, input, gpu.weights(), ws, cuda::current_device_num_sms(), plan::single_config(configs));
+      cuda::make_launch(p, input, gpu.weights(), ws, cuda::current_device_num_sms(), plan::single_config(configs, p));
   const auto& act = base.placed.region("act_q");
   const auto& scale = base.placed.region("act_scale");
   for (auto kernel : {cuda::ActivationKernel::kGeneric, cuda::ActivationKernel::kRowPerBlock}) {
@@ -422,6 +502,51 @@ TEST_P(ActivationKernels, AgreeBitForBit) {
         }
       }
     }
+  }
+}
+
+// The plan the runtime uses for block128: the fused W1, no w1_out region at all, every other region
+// and guard intact, the output as the CPU's; a CUDA graph replay equals the eager run.
+TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
+  MOEKIT_REQUIRE_GPU();
+  for (Activation act : {Activation::kSilu, Activation::kRelu2}) {
+    const MoeProblem p = problem_for("qwen3-30b-a3b", 3, 200, QuantScheme::kBlock128, act);
+    ASSERT_TRUE(plan::fuses_w1(p));
+    cpu::ThreadPool pool(4);
+    const auto w = synthetic::make_expert_weights(p, 0, 31, pool);
+    const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
+    GpuExperts gpu(p, w, entry);
+    EXPECT_EQ(gpu.workspace().plan().find_region("w1_out"), nullptr);
+    const WorkspacePlan unfused = plan_layer(p, kEveryConfig, 1);
+    EXPECT_EQ(unfused.total_bytes - plan_layer(p, entry, 1).total_bytes, unfused.region("w1_out").bytes);
+    EXPECT_EQ(unfused.region("w1_out").bytes, p.E_local * p.M * p.N * 2);
+    const auto counts = pattern_counts("ragged", p.E_local, p.M, 5);
+    const auto in = testing::make_batched_inputs(p, counts, 3);
+    const auto ref = cpu_oracle(p, w, in, pool);
+    const GpuRun r = gpu.run(in, std::nullopt);
+    const std::string ctx = std::string("fused plan ") + std::string(activation_name(act));
+    EXPECT_LT(check_run(p, r, ref.output, counts, ctx), kRelTolerance);
+    check_fused_stages(p, w, r, ref, counts, pool, ctx);
+    // An unfused config cannot run in this plan: a clear error, not a crash.
+    EXPECT_THROW(gpu.run(in, plan::GemmConfig::kCooperative128x128), Error);
+
+    const ExpertsInput input = gpu.load(in);
+    const auto experts = cuda::make_batched_experts({});
+    cudaStream_t stream;
+    MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MOEKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    experts->run(p, input, gpu.weights(), gpu.workspace(), stream);
+    MOEKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    MOEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    experts->check_status(gpu.workspace(), stream);
+    EXPECT_EQ(gpu.download().output, r.output) << ctx << ": graph replay";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
 }
 

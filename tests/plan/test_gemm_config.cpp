@@ -9,14 +9,20 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
-  ASSERT_EQ(kNumGemmConfigs, 4);
+  ASSERT_EQ(kNumGemmConfigs, 6);
   for (const auto& c : kGemmConfigs) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
     EXPECT_EQ(c.tile_k, 128) << c.name;
-    // Swap A/B puts the weights on the 128-row side and the tokens on tile_n.
+    // Swap A/B puts the weights on the 128-row side and the tokens on tile_n; a fused W1 holds a
+    // gate block and its up block: 256 rows, swapped, cooperative, block-scaled only.
     if (c.swap_ab) {
-      EXPECT_EQ(c.tile_m, 128) << c.name;
+      EXPECT_EQ(c.tile_m, c.fused_w1 ? 256 : 128) << c.name;
+    }
+    if (c.fused_w1) {
+      EXPECT_TRUE(c.swap_ab && c.schedule == GemmSchedule::kCooperative && !c.token_scaled && !c.block_scaled)
+          << c.name;
+      EXPECT_TRUE(c.name.starts_with("fused-w1")) << c.name;
     }
     EXPECT_EQ(c.schedule == GemmSchedule::kPingpong, c.name.starts_with("pingpong")) << c.name;
   }
@@ -83,6 +89,51 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168));
   EXPECT_EQ(select_gemm_config(65, 4096, 7168, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
   EXPECT_THROW(plan_gemm_launches(1000, 4096, 10), Error);
+}
+
+// The fused W1: block128 with an activation whose 256-row tiles hold whole output groups.
+TEST(GemmConfig, FusedW1) {
+  MoeProblem p;
+  p.format = ActivationFormat::kBatchedExperts;
+  p.quant = QuantScheme::kBlock128;
+  p.activation = Activation::kSilu;
+  p.K = 7168;
+  p.N = 4096;
+  p.M = 8192;
+  p.max_tokens_per_rank = 256;
+  p.num_dispatchers = 32;
+  p.E_local = 16;
+  EXPECT_TRUE(fuses_w1(p));
+  const ExpertsGemmPlan g = plan_experts_gemms(p, 256);
+  EXPECT_TRUE(g.fused_w1);
+  EXPECT_EQ(describe(g.w1), "fused-w1-swapab-256x64 (m_e <= 64), fused-w1-swapab-256x128 (m_e > 64)");
+  EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
+  const ExpertsGemmPlan unfused = plan_experts_gemms(p, 256, false);
+  EXPECT_FALSE(unfused.fused_w1);
+  EXPECT_EQ(describe(unfused.w1), describe(g.w2));
+  // A forced fused config runs W1 only; W2 keeps the rule.
+  const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1SwapAB256x128, p);
+  EXPECT_TRUE(forced.fused_w1);
+  EXPECT_EQ(forced.w1.count, 1);
+  EXPECT_EQ(describe(forced.w2), describe(g.w2));
+  EXPECT_FALSE(single_config(GemmConfig::kCooperative128x128, p).fused_w1);
+  // Fused configs never run a plain GEMM, plain configs never the fused W1.
+  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kFusedW1SwapAB256x64), 4096, 7168, QuantScheme::kBlock128));
+  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kCooperative128x128), 4096, 7168, QuantScheme::kBlock128, true));
+  EXPECT_FALSE(
+      supports(gemm_config_info(GemmConfig::kFusedW1SwapAB256x64), 4096, 7168, QuantScheme::kPerTokenPerChannel, true));
+  // Non-gated and other schemes; swigluoai's interleaved rows stay unfused.
+  p.activation = Activation::kRelu2;
+  p.N = 2048;
+  EXPECT_TRUE(fuses_w1(p));
+  p.activation = Activation::kSwigluOai;
+  p.N = 4096;
+  EXPECT_FALSE(fuses_w1(p));
+  EXPECT_THROW(single_config(GemmConfig::kFusedW1SwapAB256x64, p), Error);
+  p.activation = Activation::kSilu;
+  p.quant = QuantScheme::kPerTokenPerChannel;
+  EXPECT_FALSE(fuses_w1(p));
+  EXPECT_FALSE(plan_experts_gemms(p, 256).fused_w1);
 }
 
 TEST(GemmConfig, MaxRowsPerExpert) {

@@ -244,3 +244,24 @@ def test_device_errors(tmp_path):
         moekit.MoeLayer(model, weights=w, max_tokens_per_rank=2, device="tpu")
     with pytest.raises(moekit.Error, match="rank = 2 of ranks = 2"):
         moekit.synthetic_inputs(model, tokens=2, rank=2, ranks=2)
+
+
+def test_arrange_w1_block_pairs():
+    """HF's halves (gate rows, then up rows) to block128's block pairs: per 256 rows a gate block then
+    its up block, the block scales in the same order; nothing re-rounded."""
+    rng = np.random.default_rng(3)
+    E, I, K = 2, 256, 160
+    w1 = rng.integers(0, 256, size=(E, 2 * I, K), dtype=np.uint8)
+    kb = (K + 127) // 128
+    scale = rng.random((E, 2 * I // 128 * kb), dtype=np.float32)
+    pairs, pairs_scale = moekit.arrange_w1_block_pairs(w1, scale)
+    for b in range(I // 128):
+        np.testing.assert_array_equal(pairs[:, 256 * b:256 * b + 128], w1[:, 128 * b:128 * b + 128])
+        np.testing.assert_array_equal(pairs[:, 256 * b + 128:256 * b + 256], w1[:, I + 128 * b:I + 128 * b + 128])
+        np.testing.assert_array_equal(pairs_scale[:, 2 * b * kb:(2 * b + 1) * kb], scale[:, b * kb:(b + 1) * kb])
+        np.testing.assert_array_equal(pairs_scale[:, (2 * b + 1) * kb:(2 * b + 2) * kb],
+                                      scale[:, (I // 128 + b) * kb:(I // 128 + b + 1) * kb])
+    with pytest.raises(moekit.Error, match="multiple of 128"):
+        moekit.arrange_w1_block_pairs(w1[:, :384], scale)
+    with pytest.raises(moekit.Error, match="w1_scale"):
+        moekit.arrange_w1_block_pairs(w1, scale[:, :-1])
