@@ -11,9 +11,12 @@
 #          checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
 #   ep-layer: (2+ GPUs) the whole layer expert-parallel under graph replay from Python
 #          (bench/ep_layer.py under torchrun) against the experts alone + `moekit bench dispatch`.
+#   fused: block128's experts (the fused W1 next to the unfused configs) against the CPU,
+#          compute-sanitizer on the fused plan, the experts benchmark per-token and block128.
+#   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
-# `bash scripts/gpu-check.sh tests|bench|experts|ep|ep-layer|python` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +90,7 @@ if [[ $part == fused ]]; then
     --gtest_filter='BatchedExpertsGpuContract.FusedW1PlanHasNoW1Out' > "$OUT/fused_sanitizer.log" 2>&1
   fused_san_rc=$?
   grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/fused_sanitizer.log"
-  run timeout 240 $BIN/bench_gpu_experts /tmp/experts.json --quant block128 > "$OUT/bench_fused.log" 2>&1
+  run timeout 300 $BIN/bench_gpu_experts /tmp/experts.json --quant per-token,block128 > "$OUT/bench_fused.log" 2>&1
   grep -vE "^\s+(stages|activation)" "$OUT/bench_fused.log"
   cp /tmp/experts.json "$OUT/bench_fused.json" 2>/dev/null
   echo "fused tests rc=$fused_rc sanitizer rc=$fused_san_rc" | tee -a "$OUT/machine.txt"

@@ -82,11 +82,9 @@ int main(int argc, char** argv) {
               "floor ms", "x floor", "weights", "x weights");
   bool first = true;
   const auto memory = make_memory(Device::kCuda);
-  // The workspace every variant runs in: an unfused plan (it has w1_out; the fused W1 ignores it).
-  const ExpertsEntry entry{
-      "batched-fp8", Device::kCuda, ActivationFormat::kBatchedExperts, "",
-      [](const ExecContext& ctx) { return cuda::make_batched_experts(ctx, plan::GemmConfig::kCooperative128x128); }};
-  const ExpertsEntry& runtime_entry = find_experts("batched-fp8", Device::kCuda);
+  // The workspace every variant runs in: the default (unfused) plan, w1_out included; the fused W1
+  // (fuse_w1) ignores w1_out, its own plan is printed beside.
+  const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
   for (const QuantScheme quant : quants)
     for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
       if (only_M != 0 && M != only_M) continue;
@@ -114,10 +112,13 @@ int main(int argc, char** argv) {
       cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
       cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
       Workspace ws(plan_layer(p, entry, 1), *memory);
-      std::printf("%s M = %lld: workspace %.3f GiB as the runtime plans it (%.3f GiB with w1_out)\n",
-                  std::string(quant_name(quant)).c_str(), static_cast<long long>(M),
-                  double(plan_layer(p, runtime_entry, 1).total_bytes) / double(1 << 30),
-                  double(ws.bytes()) / double(1 << 30));
+      if (quant == QuantScheme::kBlock128) {
+        MoeProblem fused = p;
+        fused.fuse_w1 = true;
+        std::printf("block128 M = %lld: experts' workspace %.3f GiB, %.3f GiB with fuse_w1 (no w1_out)\n",
+                    static_cast<long long>(M), double(ws.plan().section_bytes("experts")) / double(1 << 30),
+                    double(plan_layer(fused, entry, 1).section_bytes("experts")) / double(1 << 30));
+      }
       cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
                               true);
       {
@@ -145,30 +146,35 @@ int main(int argc, char** argv) {
         const double weights_ms = weight_bytes / (bw * 1e9) * 1e3;
         // Each config of the table on every expert of both GEMMs, then what the runtime runs: its
         // launches for experts of up to m_e rows (here all of them hold m_e).
+        // Block128 also runs the fused W1 (fuse_w1: no w1_out), the same problem otherwise.
         struct Variant {
           std::string name;
           plan::ExpertsGemmPlan gemms;
           bool selected;
+          MoeProblem problem;
         };
+        MoeProblem fused_p = p;
+        fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
         std::vector<Variant> sweep;
         for (const auto& cfg : plan::kGemmConfigs) {
           if (quick) break;
-          if (cfg.fused_w1 ? plan::fuses_w1(p) && plan::supports(cfg, N, K, quant, true)
+          if (cfg.fused_w1 ? fused_p.fuse_w1 && plan::supports(cfg, N, K, quant, true)
                            : plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant))
-            sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, p), false});
+            sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,
+                             cfg.fused_w1 ? fused_p : p});
         }
-        if (plan::fuses_w1(p)) {  // the same rule with W1 + the activation kernel: fused vs unfused
-          const plan::ExpertsGemmPlan unfused = plan::plan_experts_gemms(p, m_e, false);
-          sweep.push_back({"unfused rule: " + plan::describe(unfused.w1), unfused, false});
+        if (fused_p.fuse_w1) {
+          const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
+          sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
         }
         {
           const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
-          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true});
+          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
         }
         for (const auto& v : sweep) {
           const auto& name = v.name;
           const bool chosen = v.selected;
-          const cuda::BatchedExpertsLaunch l = cuda::make_launch(p, input, view, ws, dev.num_sms, v.gemms);
+          const cuda::BatchedExpertsLaunch l = cuda::make_launch(v.problem, input, view, ws, dev.num_sms, v.gemms);
           const double ms = median_ms(
               quick ? 5 : 20,
               [&] {

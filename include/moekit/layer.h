@@ -29,6 +29,7 @@ struct LayerOptions {
   std::string prepare_finalize;
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::optional<Activation> activation;  // default: the model's
+  bool fuse_w1 = false;                  // the fused W1 (block128): no w1_out (MoeProblem::fuse_w1)
   // Checked mode: guard bands around every region, workspace and outputs poisoned with NaN before
   // each step, guards and outputs verified after it.
   bool checked = false;

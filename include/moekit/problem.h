@@ -24,6 +24,11 @@ struct MoeProblem {
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::int64_t max_tokens_per_rank = 0;
   std::int64_t num_dispatchers = 1;  // D
+  // The recipe's W1 output: false (default) W1 into bf16 w1_out, then the activation kernel; true
+  // the fused W1 (block128 only, not swigluoai): W1's fp32 output goes straight into the activation
+  // and its 1x128 quantization, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.26 GiB), slower today
+  // (docs/PERF.md). Every device and the float64 reference follow it (plan::fuses_w1).
+  bool fuse_w1 = false;
 
   std::int64_t I() const { return activation_out_dim(activation, N); }
   bool operator==(const MoeProblem&) const = default;

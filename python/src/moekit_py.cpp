@@ -184,8 +184,9 @@ ModelConfig model_with(const std::string& name, std::int64_t num_experts) {
 std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64_t ep, std::int64_t max_tokens,
                            std::int64_t local_experts, const std::string& device, const std::string& quant,
                            const std::string& activation, const std::vector<std::string>& experts,
-                           const std::string& dispatch) {
+                           const std::string& dispatch, bool fuse_w1) {
   cli::PlanRequest req;
+  req.fuse_w1 = fuse_w1;
   req.model = model;
   req.parallel = ParallelConfig{dp, ep, max_tokens, local_experts};
   req.device = device;
@@ -342,7 +343,7 @@ class Layer {
   Layer(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
         const std::string& experts, std::optional<std::string> activation, const std::string& device,
         const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
-        int num_threads, std::optional<nb::object> group)
+        int num_threads, bool fuse_w1, std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -351,6 +352,7 @@ class Layer {
     opt.prepare_finalize = dispatch;
     opt.quant = choose_quant(model_, quant).quant;
     if (activation) opt.activation = parse_activation(*activation);
+    opt.fuse_w1 = fuse_w1;
     opt.num_threads = std::max(1, num_threads);
     if (group) {
       comm_ = std::make_unique<PyCommunicator>(*group);
@@ -361,6 +363,8 @@ class Layer {
     const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
     const ExpertsEntry& entry = find_experts(experts, opt.device);
     problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation));
+    problem_.fuse_w1 = opt.fuse_w1;
+    validate_problem(problem_);
     const MoeProblem& p = problem_;
     weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
     const float* bias_ptr = nullptr;
@@ -763,7 +767,7 @@ NB_MODULE(_moekit, m) {
   nb::exception<moekit::Error>(m, "Error");
   m.def("plan_json", &plan_json_text, nb::arg("model"), nb::arg("dp"), nb::arg("ep"), nb::arg("max_tokens_per_rank"),
         nb::arg("local_experts"), nb::arg("device"), nb::arg("quant"), nb::arg("activation"), nb::arg("experts"),
-        nb::arg("dispatch"));
+        nb::arg("dispatch"), nb::arg("fuse_w1"));
   m.def("synthetic", &synthetic, nb::arg("model"), nb::arg("num_experts"), nb::arg("tokens"),
         nb::arg("max_tokens_per_rank"), nb::arg("quant"), nb::arg("seed"), nb::arg("rank"), nb::arg("ranks"),
         nb::arg("num_threads"));
@@ -817,11 +821,11 @@ NB_MODULE(_moekit, m) {
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
-                    std::optional<Array>, int, std::optional<nb::object>>(),
+                    std::optional<Array>, int, bool, std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
-           nb::arg("num_threads"), nb::arg("group").none())
+           nb::arg("num_threads"), nb::arg("fuse_w1"), nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("check_status", &Layer::check_status, nb::arg("stream"))

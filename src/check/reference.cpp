@@ -12,6 +12,7 @@
 #include "cpu/routing.h"
 #include "moekit/check.h"
 #include "numerics/scales.h"
+#include "plan/gemm_config.h"
 
 namespace moekit::check {
 
@@ -26,8 +27,10 @@ void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const fp8_t
   std::vector<double> h(static_cast<std::size_t>(p.N));
   cpu::fp8_gemm_ref(cpu::expert_gemm(p, w, 1, 0, 1, a1q_row, a1q_row_scale, nullptr), h.data(), p.N);
   // The recipe stores the W1 output in bf16 (w1_out); mirror that rounding so the reference
-  // measures the kernels, not the recipe's choice of intermediate precision.
-  for (auto& x : h) x = static_cast<double>(bf16_decode(bf16_encode(static_cast<float>(x))));
+  // measures the kernels, not the recipe's choice of intermediate precision. The fused W1
+  // (plan::fuses_w1) feeds its fp32 output to the activation: no rounding there.
+  if (!plan::fuses_w1(p))
+    for (auto& x : h) x = static_cast<double>(bf16_decode(bf16_encode(static_cast<float>(x))));
   cpu::activation_row_ref(p.activation, h.data(), p.N, act, p.quant);
 }
 

@@ -27,6 +27,7 @@ struct PlanRequest {
   std::string device = "cuda";       // whose declarations: what one GPU (or one CPU rank) allocates
   std::string activation;            // empty: the model's
   std::string quant = "auto";        // auto: the checkpoint's scheme (choose_quant)
+  bool fuse_w1 = false;              // the fused W1 (block128): no w1_out (MoeProblem::fuse_w1)
   std::vector<std::string> experts;  // empty: every implementation on the device and the references
   std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
   std::string gpu_memory;            // empty: not shown

@@ -91,7 +91,9 @@ PlanReport make_plan_report(const PlanRequest& req) {
   };
   for (const auto& entry : experts_registry()) {
     if (entry.device != device || !wanted(entry.name)) continue;
-    const MoeProblem problem = make_problem(report.model, req.parallel, entry.format, quant, act);
+    MoeProblem problem = make_problem(report.model, req.parallel, entry.format, quant, act);
+    problem.fuse_w1 = req.fuse_w1;
+    validate_problem(problem);
     const auto experts = entry.make({});
     const std::string why = experts->unsupported(problem);
     if (!why.empty()) {
@@ -175,6 +177,7 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
                         {"num_dispatchers", p.num_dispatchers},
                         {"activation", std::string(activation_name(p.activation))},
                         {"quant", std::string(quant_name(p.quant))},
+                        {"fuse_w1", p.fuse_w1},
                         {"sections", nlohmann::json::array()},
                         {"regions", nlohmann::json::array()},
                         {"total_bytes", plan.total_bytes},
@@ -276,6 +279,9 @@ std::function<int()> add_plan_command(CLI::App& app) {
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
                   "per-tensor, per-token or block128")
       ->capture_default_str();
+  cmd->add_flag("--fuse-w1", req->fuse_w1,
+                "block128: fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out: the "
+                "memory-lean recipe, slower today)");
   cmd->add_option("--experts", req->experts,
                   "Only these experts implementations or references (repeatable; default: all)");
   cmd->add_option("--dispatch", req->dispatch,

@@ -38,6 +38,7 @@ struct RunRequest {
   std::string dispatch;        // empty: the default prepare/finalize
   std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
   std::string activation;
+  bool fuse_w1 = false;
   std::int64_t steps = 2;
   bool check = false;
   std::uint64_t seed = 1;
@@ -77,13 +78,16 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   const QuantChoice quant = choose_quant(model, req.quant);
   opt.quant = quant.quant;
   if (!req.activation.empty()) opt.activation = parse_activation(req.activation);
+  opt.fuse_w1 = req.fuse_w1;
   opt.checked = req.check;
   opt.num_threads = threads_per_rank;
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
   opt.device = choose_device(req.device, entry.format, par.ep, comm.size());
   opt.prepare_finalize = req.dispatch;
   if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
-  const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
+  MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
+  p.fuse_w1 = opt.fuse_w1;
+  validate_problem(p);
   if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
 
   // Seeded synthetic weights and tokens: global expert and token indices, so any layout draws the
@@ -115,10 +119,11 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   if (root) {
     std::cout << fmt::format(
         "moekit run: {} device={}{} experts={} dispatch={} comm={} ranks={} dp={} ep={} E={} E_local={} K={} I={} "
-        "topk={} act={} quant={} format={}\n",
+        "topk={} act={} quant={}{} format={}\n",
         model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts,
         layer.plan().section("prepare-finalize").owner, comm.name(), comm.size(), par.dp, par.ep, lp.E, lp.E_local,
-        lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), format_name(lp.format));
+        lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), lp.fuse_w1 ? " (fused W1)" : "",
+        format_name(lp.format));
     std::cout << fmt::format("quantization: {}\n", quant.note);
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
@@ -191,8 +196,9 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
       req.dp, req.ep == 0 ? req.dp : req.ep,
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
-  const MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
-                                    req.activation.empty() ? model.activation : parse_activation(req.activation));
+  MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
+                              req.activation.empty() ? model.activation : parse_activation(req.activation));
+  p.fuse_w1 = req.fuse_w1;  // the float64 reference follows the recipe (no bf16 W1 output when fused)
   cpu::ThreadPool pool(threads);
   synthetic::ExpertBank bank(p, req.seed, pool);
   for (const auto& w : results.weights) bank.adopt(w);
@@ -285,6 +291,8 @@ std::function<int()> add_run_command(CLI::App& app) {
                   "per-tensor, per-token or block128")
       ->capture_default_str();
   cmd->add_option("--activation", req->activation, "Override the model's activation");
+  cmd->add_flag("--fuse-w1", req->fuse_w1,
+                "block128: fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out)");
   cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
   cmd->add_flag("--check", req->check,
                 "Checked mode (guard bands, NaN poisoning) and the float64 reference of the outputs");

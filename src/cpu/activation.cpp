@@ -1,4 +1,5 @@
-// The MoE activations on the CPU: numerics/activation.h evaluated in float (from bf16) and in double.
+// The MoE activations on the CPU: numerics/activation.h evaluated in float (from bf16 or fp32) and in
+// double.
 #include "cpu/activation.h"
 
 #include "moekit/check.h"
@@ -21,10 +22,9 @@ void check_block_pairs(Activation act, QuantScheme quant, std::int64_t I) {
                I);
 }
 
-}  // namespace
-
-void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in,
-                     float* out, std::int64_t ld_out, QuantScheme quant) {
+template <typename In, typename Decode>
+void activation_rows_of(Activation act, const In* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in, float* out,
+                        std::int64_t ld_out, QuantScheme quant, Decode decode) {
   const std::int64_t out_dim = activation_out_dim(act, N);  // checks N > 0, and N even when gated
   MOEKIT_CHECK(rows >= 0, "activation_rows: rows = {} must be >= 0", rows);
   MOEKIT_CHECK(ld_in >= N, "activation_rows: input stride ld_in = {} is below N = {}; pass ld_in >= N", ld_in, N);
@@ -34,10 +34,22 @@ void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::i
   MOEKIT_CHECK(rows == 0 || (in != nullptr && out != nullptr), "activation_rows: null in or out with rows = {}", rows);
   check_block_pairs(act, quant, out_dim);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const bf16_t* row = in + r * ld_in;
+    const In* row = in + r * ld_in;
     activation_row<float>(
-        act, w1_rows(act, quant), out_dim, [row](std::int64_t i) { return bf16_decode(row[i]); }, out + r * ld_out);
+        act, w1_rows(act, quant), out_dim, [row, decode](std::int64_t i) { return decode(row[i]); }, out + r * ld_out);
   }
+}
+
+}  // namespace
+
+void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in,
+                     float* out, std::int64_t ld_out, QuantScheme quant) {
+  activation_rows_of(act, in, rows, N, ld_in, out, ld_out, quant, [](bf16_t x) { return bf16_decode(x); });
+}
+
+void activation_rows(Activation act, const float* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in, float* out,
+                     std::int64_t ld_out, QuantScheme quant) {
+  activation_rows_of(act, in, rows, N, ld_in, out, ld_out, quant, [](float x) { return x; });
 }
 
 void activation_row_ref(Activation act, const double* in, std::int64_t N, double* out, QuantScheme quant) {

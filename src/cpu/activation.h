@@ -16,6 +16,9 @@ using namespace numerics;
 // (stride ld_out).
 void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in,
                      float* out, std::int64_t ld_out, QuantScheme quant = QuantScheme::kPerTokenPerChannel);
+// The same from fp32 W1 outputs (the fused W1: plan::fuses_w1, no bf16 rounding in between).
+void activation_rows(Activation act, const float* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in, float* out,
+                     std::int64_t ld_out, QuantScheme quant);
 // float64 reference of one output row from one input row of N doubles.
 void activation_row_ref(Activation act, const double* in, std::int64_t N, double* out,
                         QuantScheme quant = QuantScheme::kPerTokenPerChannel);

@@ -9,6 +9,7 @@
 #include "moekit/check.h"
 #include "numerics/scales.h"
 #include "plan/experts_recipe.h"
+#include "plan/gemm_config.h"
 
 namespace moekit::cpu {
 namespace {
@@ -29,7 +30,9 @@ class CpuBatchedExperts final : public Experts {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
-    plan::declare_batched_recipe(p, b);
+    const bool fused = plan::fuses_w1(p);
+    plan::declare_batched_recipe(p, b, !fused);
+    if (fused) declare_fused_w1_rows(p, b);
   }
 
   ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
@@ -39,7 +42,9 @@ class CpuBatchedExperts final : public Experts {
     MOEKIT_CHECK(pool_ != nullptr, "batched-fp8 (cpu) runs on a thread pool: build it with ExecContext::pool");
     const std::int64_t N = p.N, K = p.K, I = p.I(), M = p.M;
     const std::int64_t a_spr = activation_scales_per_row(p.quant, K), act_spr = activation_scales_per_row(p.quant, I);
-    auto* w1_out = ws.get<bf16_t>("w1_out");
+    const bool fused = plan::fuses_w1(p);
+    auto* w1_out = fused ? nullptr : ws.get<bf16_t>("w1_out");
+    auto* w1_rows = fused ? ws.get<float>("w1_rows") : nullptr;
     auto* act_q = ws.get<fp8_t>("act_q");
     auto* act_scale = ws.get<float>("act_scale");
     // One read of each count, one behaviour: a count outside [0, M] runs that expert with 0 rows
@@ -58,8 +63,8 @@ class CpuBatchedExperts final : public Experts {
       // Per-tensor: one scale per expert; otherwise the expert's rows' scales.
       const float* a_scale = p.quant == QuantScheme::kPerTensor ? in.a1q_scale + e : in.a1q_scale + e * M * a_spr;
       float* e_act_scale = p.quant == QuantScheme::kPerTensor ? act_scale + e : act_scale + e * M * act_spr;
-      expert_rows(p, w, e, m, in.a1q + e * M * K, a_scale, w1_out + e * M * N, act_q + e * M * I, e_act_scale,
-                  in.output + e * M * K, *pool_);
+      expert_rows(p, w, e, m, in.a1q + e * M * K, a_scale, fused ? nullptr : w1_out + e * M * N, w1_rows,
+                  act_q + e * M * I, e_act_scale, in.output + e * M * K, *pool_);
     }
     MOEKIT_CHECK(bad.empty(), "{}", bad);
     return {in.output, nullptr};

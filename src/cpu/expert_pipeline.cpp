@@ -62,12 +62,45 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
   });
 }
 
+void declare_fused_w1_rows(const MoeProblem& p, WorkspaceBuilder& b) {
+  b.add({"w1_rows",
+         DType::kFp32,
+         {kFusedW1Rows, p.N},
+         Stage::kGemm1,
+         Stage::kActivation,
+         "the fused W1's fp32 output rows, a chunk at a time, straight into the activation"});
+}
+
+void fused_w1_activation_quant(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m,
+                               const fp8_t* a1q, const float* a1q_scale, float* w1_rows, fp8_t* act_q, float* act_scale,
+                               ThreadPool& pool) {
+  const std::int64_t N = p.N, K = p.K, I = p.I();
+  const std::int64_t a_spr = activation_scales_per_row(p.quant, K), spr = activation_scales_per_row(p.quant, I);
+  for (std::int64_t r0 = 0; r0 < m; r0 += kFusedW1Rows) {
+    const std::int64_t rows = std::min(kFusedW1Rows, m - r0);
+    Fp8GemmArgs g = expert_gemm(p, w, 1, e, rows, a1q + r0 * K, a1q_scale + r0 * a_spr, nullptr);
+    g.D_f32 = w1_rows;
+    fp8_gemm(g, pool);
+    pool.parallel_for(rows, [&](std::int64_t i0, std::int64_t i1) {
+      std::vector<float> buf(static_cast<std::size_t>(I));
+      for (std::int64_t r = i0; r < i1; ++r) {
+        activation_rows(p.activation, w1_rows + r * N, 1, N, N, buf.data(), I, p.quant);
+        quantize_activation(p.quant, buf.data(), 1, I, I, act_q + (r0 + r) * I, I, act_scale + (r0 + r) * spr);
+      }
+    });
+  }
+}
+
 void expert_rows(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m, const fp8_t* a1q,
-                 const float* a1q_scale, bf16_t* w1_out, fp8_t* act_q, float* act_scale, bf16_t* out,
+                 const float* a1q_scale, bf16_t* w1_out, float* w1_rows, fp8_t* act_q, float* act_scale, bf16_t* out,
                  ThreadPool& pool) {
   if (m == 0) return;
-  fp8_gemm(expert_gemm(p, w, 1, e, m, a1q, a1q_scale, w1_out), pool);
-  activation_quant(p, w1_out, m, act_q, act_scale, pool);
+  if (w1_rows != nullptr) {
+    fused_w1_activation_quant(p, w, e, m, a1q, a1q_scale, w1_rows, act_q, act_scale, pool);
+  } else {
+    fp8_gemm(expert_gemm(p, w, 1, e, m, a1q, a1q_scale, w1_out), pool);
+    activation_quant(p, w1_out, m, act_q, act_scale, pool);
+  }
   fp8_gemm(expert_gemm(p, w, 2, e, m, act_q, act_scale, out), pool);
 }
 

@@ -1,5 +1,7 @@
 // One expert's pipeline on the CPU, shared by both formats: W1 GEMM into bf16 -> activation fused
-// with FP8 quantization -> W2 GEMM. Napkin math per (token, expert) row, DeepSeek-V3 shapes:
+// with FP8 quantization -> W2 GEMM; or, for the fused W1 (plan::fuses_w1, the recipe every device
+// follows for block128 with block-paired W1 rows), W1 into fp32 rows that go straight into the
+// activation, kFusedW1Rows rows at a time, no w1_out. Napkin math per (token, expert) row, DeepSeek-V3 shapes:
 // 2*(N*K + K*I) = 2*(4096*7168 + 7168*2048) = 88 MFLOP; the weights (44 MiB per expert in FP8) are
 // read once per expert per step, so cost follows the valid rows, never M.
 #pragma once
@@ -10,6 +12,7 @@
 #include "cpu/thread_pool.h"
 #include "moekit/problem.h"
 #include "moekit/weights.h"
+#include "moekit/workspace.h"
 
 namespace moekit::cpu {
 
@@ -22,8 +25,22 @@ Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int whi
 void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m, fp8_t* act_q, float* act_scale,
                       ThreadPool& pool);
 
-// Expert e over m contiguous rows: W1 -> activation + quant -> W2 into `out` (ldd = K).
+// Rows of the fused W1's fp32 buffer (the CPU experts' region "w1_rows", kFusedW1Rows x N fp32).
+inline constexpr std::int64_t kFusedW1Rows = 64;
+
+// The fused W1's fp32 rows, "w1_rows" (kFusedW1Rows, N): 1 MiB at DeepSeek-V3's N = 4096.
+void declare_fused_w1_rows(const MoeProblem& p, WorkspaceBuilder& b);
+
+// The fused W1 of expert e over m contiguous rows: W1 into fp32 `w1_rows` (kFusedW1Rows x N), the
+// activation from it and the FP8 quantization into act_q / act_scale.
+void fused_w1_activation_quant(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m,
+                               const fp8_t* a1q, const float* a1q_scale, float* w1_rows, fp8_t* act_q, float* act_scale,
+                               ThreadPool& pool);
+
+// Expert e over m contiguous rows: W1 -> activation + quant -> W2 into `out` (ldd = K). w1_out for
+// the unfused recipe, w1_rows for the fused one (exactly one non-null).
 void expert_rows(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m, const fp8_t* a1q,
-                 const float* a1q_scale, bf16_t* w1_out, fp8_t* act_q, float* act_scale, bf16_t* out, ThreadPool& pool);
+                 const float* a1q_scale, bf16_t* w1_out, float* w1_rows, fp8_t* act_q, float* act_scale, bf16_t* out,
+                 ThreadPool& pool);
 
 }  // namespace moekit::cpu

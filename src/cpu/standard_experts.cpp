@@ -13,6 +13,7 @@
 #include "moekit/check.h"
 #include "numerics/scales.h"
 #include "plan/experts_recipe.h"
+#include "plan/gemm_config.h"
 
 namespace moekit::cpu {
 namespace {
@@ -33,7 +34,9 @@ class CpuStandardExperts final : public Experts {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
-    plan::declare_standard_recipe(p, b);
+    const bool fused = plan::fuses_w1(p);
+    plan::declare_standard_recipe(p, b, !fused);
+    if (fused) declare_fused_w1_rows(p, b);
   }
 
   ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,
@@ -53,7 +56,8 @@ class CpuStandardExperts final : public Experts {
     auto* a1q_scale_permuted = ws.get<float>("a1q_scale_permuted");
     auto* act_q = ws.get<fp8_t>("act_q");
     auto* act_scale = ws.get<float>("act_scale");
-    auto* w1_out = ws.get<bf16_t>("w1_out");
+    const bool fused = plan::fuses_w1(p);
+    auto* w1_out = fused ? nullptr : ws.get<bf16_t>("w1_out");
     auto* w2_out = ws.get<bf16_t>("w2_out");
 
     // Permute: rows grouped by expert, in (token, slot) order inside each expert.
@@ -79,17 +83,30 @@ class CpuStandardExperts final : public Experts {
     }
     if (p.quant == QuantScheme::kPerTensor) a1q_scale_permuted[0] = in.a1q_scale[0];
 
-    // W1 per expert over its rows (reads a1q_permuted, which act_q overwrites only afterwards).
-    for (std::int64_t e = 0; e < E_local; ++e) {
-      const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
-      if (m == 0) continue;
-      const float* a_scale = p.quant == QuantScheme::kPerTensor ? a1q_scale_permuted : a1q_scale_permuted + r0 * a_spr;
-      fp8_gemm(expert_gemm(p, w, 1, e, m, a1q_permuted + r0 * K, a_scale, w1_out + r0 * N), *pool_);
+    if (fused) {
+      // The fused W1: act_q is written while W1 runs, so the recipe aliases a1q_permuted with w2_out
+      // instead (plan/experts_recipe.cpp).
+      auto* w1_rows = ws.get<float>("w1_rows");
+      for (std::int64_t e = 0; e < E_local; ++e) {
+        const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
+        if (m == 0) continue;
+        fused_w1_activation_quant(p, w, e, m, a1q_permuted + r0 * K, a1q_scale_permuted + r0 * a_spr, w1_rows,
+                                  act_q + r0 * I, act_scale + r0 * act_spr, *pool_);
+      }
+    } else {
+      // W1 per expert over its rows (reads a1q_permuted, which act_q overwrites only afterwards).
+      for (std::int64_t e = 0; e < E_local; ++e) {
+        const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
+        if (m == 0) continue;
+        const float* a_scale =
+            p.quant == QuantScheme::kPerTensor ? a1q_scale_permuted : a1q_scale_permuted + r0 * a_spr;
+        fp8_gemm(expert_gemm(p, w, 1, e, m, a1q_permuted + r0 * K, a_scale, w1_out + r0 * N), *pool_);
+      }
+      // Activation + quant over all permuted rows at once: they form one tensor (per-tensor keeps one
+      // scale for it; the other schemes are row-local). All of it precedes W2, because w2_out aliases
+      // w1_out (declared: their lifetimes do not overlap).
+      activation_quant(p, w1_out, offsets[E_local], act_q, act_scale, *pool_);
     }
-    // Activation + quant over all permuted rows at once: they form one tensor (per-tensor keeps one
-    // scale for it; the other schemes are row-local). All of it precedes W2, because w2_out aliases
-    // w1_out (declared: their lifetimes do not overlap).
-    activation_quant(p, w1_out, offsets[E_local], act_q, act_scale, *pool_);
     for (std::int64_t e = 0; e < E_local; ++e) {
       const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
       if (m == 0) continue;

@@ -33,7 +33,10 @@ class CudaBatchedExperts final : public Experts {
           p.M, p.E_local);
     if (forced_) {
       const plan::GemmConfigInfo& c = plan::gemm_config_info(*forced_);
-      if (c.fused_w1 ? !plan::fuses_w1(p) || !plan::supports(c, p.N, p.K, p.quant, true)
+      if (c.fused_w1 != plan::fuses_w1(p))
+        return fmt::format("GEMM config {} {} W1, the problem's recipe {} it (fuse_w1)", c.name,
+                           c.fused_w1 ? "fuses" : "does not fuse", p.fuse_w1 ? "fuses" : "does not fuse");
+      if (c.fused_w1 ? !plan::supports(c, p.N, p.K, p.quant, true)
                      : !plan::supports(c, p.N, p.K, p.quant) || !plan::supports(c, p.K, p.I(), p.quant))
         return fmt::format(
             "GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) with {} scales (see "

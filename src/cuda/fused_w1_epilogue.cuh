@@ -89,6 +89,7 @@ class FusedW1Epilogue {
     auto& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
 
     const int m_tile = static_cast<int>(get<0>(blk_coord_mnkl));
+    const int n_tile = static_cast<int>(get<1>(blk_coord_mnkl));  // the tile's first token: n_tile * kTileN
     const int group = static_cast<int>(get<3>(blk_coord_mnkl));   // the expert
     const int rows_left = static_cast<int>(get<0>(residue_mnk));  // W1 rows of this tile that exist
     const int tokens_left = static_cast<int>(get<1>(residue_mnk));
@@ -149,7 +150,7 @@ class FusedW1Epilogue {
         CUTLASS_PRAGMA_UNROLL
         for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, smem.amax[h][w][n]);
         const float scale = numerics::fp8_scale(amax);
-        const std::int64_t row = row0 + n;
+        const std::int64_t row = row0 + static_cast<std::int64_t>(n_tile) * kTileN + n;
         std::uint8_t* out = params_.act_q + row * I + out_col0;
         CUTLASS_PRAGMA_UNROLL
         for (int r2 = 0; r2 < 2; ++r2) {

@@ -52,32 +52,51 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
          Stage::kPrepare,
          Stage::kFinalize,
          "permuted row of each (token, slot), -1 for none: the finalize's unpermute map"});
-  b.begin_alias("gemm_in");
-  b.add({"a1q_permuted",
-         DType::kFp8E4m3,
-         {rows, p.K},
-         Stage::kPrepare,
-         Stage::kGemm1,
-         "FP8 tokens grouped by local expert"});
-  b.add({"a1q_scale_permuted", DType::kFp32, activation_scale_shape(p.quant, {rows}, p.K, false), Stage::kPrepare,
-         Stage::kGemm1, "scales of a1q_permuted"});
-  b.next_alternative();
-  b.add({"act_q", DType::kFp8E4m3, {rows, I}, Stage::kActivation, Stage::kGemm2, "activation output quantized to FP8"});
-  b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), Stage::kActivation,
-         Stage::kGemm2, "scales of act_q"});
-  b.end_alias();
+  auto a1q_permuted = [&] {
+    b.add({"a1q_permuted",
+           DType::kFp8E4m3,
+           {rows, p.K},
+           Stage::kPrepare,
+           Stage::kGemm1,
+           "FP8 tokens grouped by local expert"});
+    b.add({"a1q_scale_permuted", DType::kFp32, activation_scale_shape(p.quant, {rows}, p.K, false), Stage::kPrepare,
+           Stage::kGemm1, "scales of a1q_permuted"});
+  };
+  const Stage act_born = w1_out ? Stage::kActivation : Stage::kGemm1;  // the fused W1 writes act_q
+  auto act_q = [&] {
+    b.add({"act_q", DType::kFp8E4m3, {rows, I}, act_born, Stage::kGemm2, "activation output quantized to FP8"});
+    b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), act_born, Stage::kGemm2,
+           "scales of act_q"});
+  };
+  auto w2_out = [&] {
+    b.add({"w2_out",
+           DType::kBf16,
+           {rows, p.K},
+           Stage::kGemm2,
+           Stage::kFinalize,
+           "W2 GEMM output per (token, slot), reduced by the finalize's combine"});
+  };
   if (w1_out) {
+    b.begin_alias("gemm_in");
+    a1q_permuted();
+    b.next_alternative();
+    act_q();
+    b.end_alias();
     b.begin_alias("gemm_out");
     b.add({"w1_out", DType::kBf16, {rows, p.N}, Stage::kGemm1, Stage::kActivation, "W1 GEMM output (gate|up)"});
     b.next_alternative();
+    w2_out();
+    b.end_alias();
+  } else {
+    // The fused W1 reads a1q_permuted while it writes act_q: those two cannot share bytes; the
+    // tokens die before W2 writes its output.
+    act_q();
+    b.begin_alias("gemm_in");
+    a1q_permuted();
+    b.next_alternative();
+    w2_out();
+    b.end_alias();
   }
-  b.add({"w2_out",
-         DType::kBf16,
-         {rows, p.K},
-         Stage::kGemm2,
-         Stage::kFinalize,
-         "W2 GEMM output per (token, slot), reduced by the finalize's combine"});
-  if (w1_out) b.end_alias();
 }
 
 std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& p) {

@@ -17,7 +17,8 @@ void declare_batched_recipe(const MoeProblem& problem, WorkspaceBuilder& builder
 
 // Standard: expert_offsets, pair_row (the finalize's unpermute map), and the GEMM buffers aliased
 // by lifetime: a1q_permuted (+ scales) with act_q (+ scales) in "gemm_in", w1_out with w2_out in
-// "gemm_out"; M * topk rows (every (token, slot) may land on a local expert).
+// "gemm_out"; M * topk rows (every (token, slot) may land on a local expert). Fused W1 (w1_out =
+// false): act_q is born in W1, so a1q_permuted shares "gemm_in" with w2_out instead.
 void declare_standard_recipe(const MoeProblem& problem, WorkspaceBuilder& builder, bool w1_out = true);
 
 // Empty when `problem` is in the format `experts` takes; otherwise the reason.

@@ -79,26 +79,31 @@ std::int64_t max_rows_per_expert(const MoeProblem& p, std::int64_t tokens_per_ra
 
 bool fuses_w1(const MoeProblem& p) {
   const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
-  return p.quant == QuantScheme::kBlock128 &&
+  return p.fuse_w1 && p.quant == QuantScheme::kBlock128 &&
          (rows == numerics::W1Rows::kBlockPairs || rows == numerics::W1Rows::kSingle);
 }
 
-ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank, bool fuse_w1) {
+ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
-  const bool fused = fuse_w1 && fuses_w1(p);
+  const bool fused = fuses_w1(p);
   return {plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant), fused};
 }
 
 ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& p) {
   if (gemm_config_info(config).fused_w1) {
     MOEKIT_CHECK(fuses_w1(p),
-                 "GEMM config {} is a fused W1: it runs block128 with silu, gelu, gelu_tanh, relu2 or "
-                 "silu_no_mul, the problem is {} with {}",
-                 gemm_config_info(config).name, quant_name(p.quant), activation_name(p.activation));
+                 "GEMM config {} is a fused W1: it runs problems with fuse_w1 (block128 with silu, gelu, gelu_tanh, "
+                 "relu2 or silu_no_mul); the problem is {} with {}{}",
+                 gemm_config_info(config).name, quant_name(p.quant), activation_name(p.activation),
+                 p.fuse_w1 ? "" : ", not fused");
     ExpertsGemmPlan g = plan_experts_gemms(p, p.max_tokens_per_rank);
     g.w1 = single_launch(config);
     return g;
   }
+  MOEKIT_CHECK(!fuses_w1(p),
+               "GEMM config {} runs W1 into w1_out, but the problem fuses W1 (fuse_w1): force a fused-w1 config or "
+               "drop fuse_w1",
+               gemm_config_info(config).name);
   return {single_launch(config), single_launch(config), false};
 }
 

@@ -19,7 +19,7 @@ enum class GemmConfig : std::uint8_t {
   kPingpong64x256,
   kCooperative128x128,
   kFusedW1SwapAB256x64,
-  kFusedW1SwapAB256x128
+  kFusedW1SwapAB256x96
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 
@@ -61,11 +61,14 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // registers (MMA_M 0 and 1 of the cooperative 2x64-row warpgroup layout), a group's amax is 2
     // values, 3 shuffles and 8 warps through shared memory. Swapped because CUTLASS 4.2's blockwise
     // main loop does not compile two 128-wide weight blocks on the N side (see above); on the M side
-    // it does. n % 128: non-gated I = 128 (mod 256) leaves a tile's second group empty.
+    // it does. n % 128: non-gated I = 128 (mod 256) leaves a tile's second group empty. The main
+    // loop keeps accumulators and their per-k-block temporaries: 2 x 256 x tile_n / 256 fp32
+    // registers a thread, so 96 tokens is the widest tile (256x96 spills 48 bytes, 256x128 1.2 KB
+    // and ran 2-4x slower; ptxas, docs/PERF.md).
     {GemmConfig::kFusedW1SwapAB256x64, "fused-w1-swapab-256x64", 256, 64, 128, GemmSchedule::kCooperative, true, 128,
      64, false, false, true, "fused W1, m_e <= 64: 64-token tiles"},
-    {GemmConfig::kFusedW1SwapAB256x128, "fused-w1-swapab-256x128", 256, 128, 128, GemmSchedule::kCooperative, true, 128,
-     -1, false, false, true, "fused W1, m_e > 64: 256x128 tiles (the work of a 128x256 tile)"},
+    {GemmConfig::kFusedW1SwapAB256x96, "fused-w1-swapab-256x96", 256, 96, 128, GemmSchedule::kCooperative, true, 128,
+     -1, false, false, true, "fused W1, m_e > 64: the widest token tile whose registers fit"},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
@@ -84,9 +87,13 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
                    : (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
 }
 
-// Whether the CUDA experts fuse the activation and its 1x128 quantization into the W1 GEMM (no
-// w1_out): block128 with an activation whose W1 rows pair whole output groups in a 256-row tile
-// (numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved rows take the unfused path).
+// Whether the experts fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out;
+// W1's fp32 output feeds the activation without a bf16 rounding, on every device: the CUDA epilogue,
+// the CPU's fp32 rows, the float64 reference): the problem's fuse_w1, which validate_problem allows
+// for block128 with an activation whose W1 rows pair whole output groups in a 256-row tile
+// (numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved rows cannot). Not the default:
+// on the H200 the fused W1 measured 8-12% slower at m_e <= 64 and ~1.8x at m_e >= 256 than W1 +
+// the activation kernel (docs/PERF.md), so it is the memory-lean choice, asked for.
 bool fuses_w1(const MoeProblem& problem);
 
 GemmConfig parse_gemm_config(std::string_view name);
@@ -124,9 +131,10 @@ struct ExpertsGemmPlan {
 // The most rows one local expert can receive in a step of tokens_per_rank tokens on every
 // dispatcher (each token picks an expert at most once), at most its capacity.
 std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_per_rank);
-// fuse_w1: the fused W1 where fuses_w1(problem) allows it (false: W1 GEMM + the activation kernel).
-ExpertsGemmPlan plan_experts_gemms(const MoeProblem& problem, std::int64_t tokens_per_rank, bool fuse_w1 = true);
+// The fused W1 when fuses_w1(problem), W1 GEMM + the activation kernel otherwise.
+ExpertsGemmPlan plan_experts_gemms(const MoeProblem& problem, std::int64_t tokens_per_rank);
 // One config on every expert of both GEMMs; a fused W1 config runs W1 only, W2 takes the rule's.
+// The config must follow the problem's recipe (a fused W1 config iff fuses_w1): else an Error.
 ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& problem);
 
 }  // namespace moekit::plan

@@ -20,9 +20,9 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
 
 std::string MoeProblem::describe() const {
   return fmt::format(
-      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}",
+      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}{}",
       format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
-      max_tokens_per_rank, activation_name(activation), quant_name(quant));
+      max_tokens_per_rank, activation_name(activation), quant_name(quant), fuse_w1 ? " fused-w1" : "");
 }
 
 void validate_problem(const MoeProblem& p) {
@@ -52,6 +52,10 @@ void validate_problem(const MoeProblem& p) {
     MOEKIT_CHECK(p.K % kQuantBlock == 0 && I % kQuantBlock == 0,
                  "block128 quantization needs K = {} and I = {} to be multiples of 128; use --quant per-token", p.K, I);
   }
+  MOEKIT_CHECK(!p.fuse_w1 || (p.quant == QuantScheme::kBlock128 && p.activation != Activation::kSwigluOai),
+               "the fused W1 (fuse_w1, --fuse-w1) runs block128 with silu, gelu, gelu_tanh, relu2 or silu_no_mul; "
+               "the problem is {} with {}: drop --fuse-w1 or use --quant block128",
+               quant_name(p.quant), activation_name(p.activation));
   // Every byte count downstream is a product of these: refuse shapes whose largest tensor
   // (E_local, M, max(N, K)) would overflow 64-bit bytes.
   const std::int64_t width = p.N > p.K ? p.N : p.K;

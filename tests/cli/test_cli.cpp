@@ -53,11 +53,24 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   // block-scaled configs.
   EXPECT_EQ(j["plans"][0]["quant"], "block128");
   EXPECT_NE(j["quant_note"].get<std::string>().find("weight_block_size [128, 128]"), std::string::npos);
-  // W1 is fused with the activation and its 1x128 quantization: no w1_out.
   EXPECT_EQ(j["plans"][0]["config"],
-            "GEMMs by each expert's rows (<= 8192 in a step): W1 fused-w1-swapab-256x64 (m_e <= 64), "
-            "fused-w1-swapab-256x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+            "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+            "cooperative-128x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
             "cooperative-128x128 (m_e > 64)");
+  EXPECT_EQ(j["plans"][0]["fuse_w1"], false);
+  {
+    // --fuse-w1: the activation and its 1x128 quantization in W1's epilogue, no w1_out.
+    PlanRequest fused = req;
+    fused.fuse_w1 = true;
+    const nlohmann::json f = plan_json(fused, make_plan_report(fused));
+    EXPECT_EQ(f["plans"][0]["config"],
+              "GEMMs by each expert's rows (<= 8192 in a step): W1 fused-w1-swapab-256x64 (m_e <= 64), "
+              "fused-w1-swapab-256x96 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+              "cooperative-128x128 (m_e > 64)");
+    EXPECT_EQ(f["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256);
+    fused.quant = "per-token";
+    EXPECT_THROW(make_plan_report(fused), Error);
+  }
 
   const std::string table = plan_table(req, report);
   EXPECT_NE(table.find("112.00 GiB"), std::string::npos) << table;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cpu/activation.h"
+#include "cpu/expert_pipeline.h"
 #include "cpu/gemm.h"
 #include "cpu/quant.h"
 #include "cuda/backend.h"
@@ -46,7 +47,7 @@ constexpr double kRelTolerance = 3e-2;
 constexpr std::int64_t kGuardBytes = 4096;
 
 MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std::int64_t M, QuantScheme quant,
-                       std::optional<Activation> activation = std::nullopt) {
+                       std::optional<Activation> activation = std::nullopt, bool fuse_w1 = false) {
   const ModelConfig m = load_model(model_name);
   MoeProblem p;
   p.format = ActivationFormat::kBatchedExperts;
@@ -60,6 +61,7 @@ MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std:
   p.quant = quant;
   p.max_tokens_per_rank = M;
   p.num_dispatchers = 1;
+  p.fuse_w1 = fuse_w1;
   validate_problem(p);
   return p;
 }
@@ -74,22 +76,16 @@ struct GpuRun {
   WorkspacePlan placed;
 };
 
-// The experts entry whose plan every config runs in: an unfused one declares w1_out (the fused W1
-// writes act_q and act_scale, which every plan has).
-const ExpertsEntry kEveryConfig{
-    "batched-fp8", Device::kCuda, ActivationFormat::kBatchedExperts, "",
-    [](const ExecContext& ctx) { return cuda::make_batched_experts(ctx, plan::GemmConfig::kCooperative128x128); }};
-
-// The CUDA experts over one guarded Workspace on the GPU, with the experts' input regions filled
-// from the host. `entry`: whose plan (default: one every config runs in).
+// The CUDA experts over one guarded Workspace on the GPU (the runtime's plan for the problem: w1_out
+// unless it fuses W1), with the experts' input regions filled from the host.
 class GpuExperts {
  public:
-  GpuExperts(const MoeProblem& p, const synthetic::HostExpertWeights& w, const ExpertsEntry& entry = kEveryConfig)
+  GpuExperts(const MoeProblem& p, const synthetic::HostExpertWeights& w)
       : p_(p),
         memory_(make_memory(Device::kCuda)),
         weight_copies_(*memory_),
         view_(w.view(weight_copies_)),
-        ws_(plan_layer(p, entry, 1, kGuardBytes), *memory_) {}
+        ws_(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 1, kGuardBytes), *memory_) {}
 
   // Poisons the workspace (regions NaN, guards their pattern), then writes the inputs.
   ExpertsInput load(const testing::BatchedInputs& in) {
@@ -142,7 +138,9 @@ class GpuExperts {
 
 struct CpuResult {
   std::vector<std::uint16_t> output;  // (E_local, M, K)
-  std::vector<std::uint16_t> w1_out;  // (E_local, M, N)
+  std::vector<std::uint16_t> w1_out;  // (E_local, M, N): W1 into bf16, valid rows (the unfused stage)
+  std::vector<std::uint8_t> act_q;    // (E_local, M, I): the CPU experts' own activation codes
+  std::vector<float> act_scale;       // and scales (the fused recipe's, where it applies)
 };
 
 CpuResult cpu_oracle(const MoeProblem& p, const synthetic::HostExpertWeights& w, const testing::BatchedInputs& in,
@@ -158,8 +156,23 @@ CpuResult cpu_oracle(const MoeProblem& p, const synthetic::HostExpertWeights& w,
                w.view(), ws, nullptr);
   CpuResult r;
   r.output.assign(out, out + p.E_local * p.M * p.K);
-  const auto* w1 = ws.get<std::uint16_t>("w1_out");
-  r.w1_out.assign(w1, w1 + p.E_local * p.M * p.N);
+  const auto* q = ws.get<std::uint8_t>("act_q");
+  r.act_q.assign(q, q + ws.plan().region("act_q").bytes);
+  const auto* s = ws.get<float>("act_scale");
+  r.act_scale.assign(s, s + ws.plan().region("act_scale").bytes / 4);
+  // W1 into bf16 on the CPU (the unfused GPU stage's oracle), whatever recipe the experts followed.
+  r.w1_out.assign(static_cast<std::size_t>(p.E_local * p.M * p.N), 0xFFFF);
+  const ExpertWeightsView view = w.view();
+  const std::int64_t a_spr = numerics::activation_scales_per_row(p.quant, p.K);
+  for (std::int64_t e = 0; e < p.E_local; ++e) {
+    const std::int64_t m = in.expert_num_tokens[static_cast<std::size_t>(e)];
+    if (m <= 0 || m > p.M) continue;
+    const float* a_scale =
+        p.quant == QuantScheme::kPerTensor ? in.a1q_scale.data() + e : in.a1q_scale.data() + e * p.M * a_spr;
+    cpu::fp8_gemm(
+        cpu::expert_gemm(p, view, 1, e, m, in.a1q.data() + e * p.M * p.K, a_scale, r.w1_out.data() + e * p.M * p.N),
+        pool);
+  }
   return r;
 }
 
@@ -241,15 +254,19 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
               static_cast<long long>(codes), w2_err);
 }
 
-// The fused W1 (no w1_out): its activation codes and scales against the CPU's activation +
-// quantization of the CPU's W1 output, and the GPU's output against the CPU W2 GEMM of the GPU's
-// own activation. The fused epilogue reads fp32 accumulators where the CPU rounds W1 to bf16 first
-// (2^-9 relative): a code moves at most one FP8 step (2^-4) where that rounding crossed a boundary,
-// a scale by at most 2^-8; measured on DeepSeek-V3 / Qwen3 shapes: ~1-3% of codes (printed).
+// The fused W1 (no w1_out): its activation codes and scales against the CPU experts' own (the same
+// recipe: fp32 W1 output into the activation), and the GPU's output against the CPU W2 GEMM of the
+// GPU's own activation. There is no intermediate both sides share (the unfused check feeds the CPU
+// the GPU's own w1_out), so what differs is W1 itself: the tensor cores' FP8 accumulation (a few
+// 1e-4 relative after the per-k-block promotion) moves a group's amax, hence its scale, by up to
+// ~1e-3 and a code by one FP8 step (2^-4) where a value sat near a rounding boundary. Measured
+// (DeepSeek-V3, Qwen3, Mixtral shapes): scales <= 7.1e-4 apart, ~0.4-1.1% of codes one step. Bounds:
+// scales 2e-3, one-step codes 2.5%, none further than one step (in value: at most one FP8 ulp of the
+// larger magnitude).
 void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, const GpuRun& r,
                         const CpuResult& ref, const std::vector<std::int32_t>& counts, cpu::ThreadPool& pool,
                         const std::string& ctx) {
-  const std::int64_t N = p.N, K = p.K, I = p.I(), M = p.M;
+  const std::int64_t K = p.K, I = p.I(), M = p.M;
   const auto* gpu_act = reinterpret_cast<const std::uint8_t*>(r.workspace.data() + r.placed.region("act_q").offset);
   const auto* gpu_scale = reinterpret_cast<const float*>(r.workspace.data() + r.placed.region("act_scale").offset);
   const std::int64_t spr = numerics::activation_scales_per_row(p.quant, I);
@@ -259,23 +276,23 @@ void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights&
   for (std::int64_t e = 0; e < p.E_local; ++e) {
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m <= 0 || m > M) continue;
-    std::vector<float> act(static_cast<std::size_t>(m * I));
-    cpu::activation_rows(p.activation, ref.w1_out.data() + e * M * N, m, N, N, act.data(), I, p.quant);
-    std::vector<std::uint8_t> q(static_cast<std::size_t>(m * I));
-    std::vector<float> qs(static_cast<std::size_t>(numerics::activation_scale_count(p.quant, m, I)));
-    cpu::quantize_activation(p.quant, act.data(), m, I, I, q.data(), I, qs.data());
+    const std::uint8_t* q = ref.act_q.data() + e * M * I;
+    const float* qs = ref.act_scale.data() + e * M * spr;
     for (std::int64_t i = 0; i < m * I; ++i) {
-      const std::uint8_t a = q[static_cast<std::size_t>(i)], b = gpu_act[e * M * I + i];
+      const std::uint8_t a = q[i], b = gpu_act[e * M * I + i];
       if (a == b) continue;
-      const bool same_sign = (a & 0x80) == (b & 0x80) || (a & 0x7F) == 0 || (b & 0x7F) == 0;
-      if (same_sign && std::abs(int(a & 0x7F) - int(b & 0x7F)) <= 1)
+      const double x = numerics::fp8_decode(a), y = numerics::fp8_decode(b);
+      const double big = std::max(std::fabs(x), std::fabs(y));
+      // e4m3: 3 mantissa bits, normals from 2^-6, subnormal steps 2^-9.
+      const double ulp = big >= 0x1p-6 ? std::exp2(std::floor(std::log2(big)) - 3) : 0x1p-9;
+      if (std::fabs(x - y) <= ulp)
         ++one_step;
       else
         ++far;
     }
     codes += m * I;
     const float* gs = gpu_scale + e * M * spr;
-    for (std::size_t i = 0; i < qs.size(); ++i) scale_diff = std::max(scale_diff, std::fabs(double(gs[i]) / qs[i] - 1));
+    for (std::int64_t i = 0; i < m * spr; ++i) scale_diff = std::max(scale_diff, std::fabs(double(gs[i]) / qs[i] - 1));
     cpu::Fp8GemmArgs g;
     g.M = m;
     g.N = K;
@@ -298,8 +315,8 @@ void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights&
     }
   }
   EXPECT_EQ(far, 0) << ctx << ": fused activation codes more than one FP8 step from the CPU's";
-  EXPECT_LE(one_step, codes / 10) << ctx << ": fused activation codes one step apart: " << one_step << " of " << codes;
-  EXPECT_LT(scale_diff, 1.0 / 128) << ctx << ": fused activation scales";
+  EXPECT_LE(one_step, codes / 40) << ctx << ": fused activation codes one step apart: " << one_step << " of " << codes;
+  EXPECT_LT(scale_diff, 2e-3) << ctx << ": fused activation scales";
   const double w2_err = norm2 > 0 ? std::sqrt(err2 / norm2) : 0.0;
   EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
   std::printf("  %-62s fused act codes %lld one step /%lld, scales %.1e  W2 %.1e\n", ctx.c_str(),
@@ -345,11 +362,13 @@ struct Case {
   std::int64_t E_local, M;
   QuantScheme quant;
   std::optional<Activation> activation = std::nullopt;  // default: the model's
+  bool fuse_w1 = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " E_local=" << c.E_local << " M=" << c.M << " " << quant_name(c.quant);
   if (c.activation) *os << " " << activation_name(*c.activation);
+  if (c.fuse_w1) *os << " fused-w1";
 }
 
 class BatchedExpertsGpu : public ::testing::TestWithParam<Case> {};
@@ -357,7 +376,7 @@ class BatchedExpertsGpu : public ::testing::TestWithParam<Case> {};
 TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
   MOEKIT_REQUIRE_GPU();
   const Case c = GetParam();
-  const MoeProblem p = problem_for(c.model, c.E_local, c.M, c.quant, c.activation);
+  const MoeProblem p = problem_for(c.model, c.E_local, c.M, c.quant, c.activation, c.fuse_w1);
   cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const auto w = synthetic::make_expert_weights(p, 0, 17, pool);
   GpuExperts gpu(p, w);
@@ -367,9 +386,10 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
     const auto ref = cpu_oracle(p, w, in, pool);
     for (const auto& cfg : plan::kGemmConfigs) {
       // One config for both GEMMs, wherever the table says it runs both shapes; a fused W1 config
-      // on W1 (W2 by the rule) wherever the problem fuses.
+      // on W1 (W2 by the rule) where the problem fuses W1.
       const bool fused = cfg.fused_w1;
-      if (fused ? !plan::fuses_w1(p) || !plan::supports(cfg, p.N, p.K, p.quant, true)
+      if (fused != plan::fuses_w1(p)) continue;
+      if (fused ? !plan::supports(cfg, p.N, p.K, p.quant, true)
                 : !plan::supports(cfg, p.N, p.K, p.quant) || !plan::supports(cfg, p.K, p.I(), p.quant))
         continue;
       const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
@@ -405,18 +425,26 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTensor, Activation::kSiluNoMul},
                       // Block-scaled (DeepSeek-V3's recipe): I = 14336 > 8192 (Mixtral) and swigluoai
                       // take the generic activation kernel, the others the row-per-block one.
-                      // The fused W1 (block128 but swigluoai) runs in each of these next to the
-                      // unfused configs; qwen3-30b-a3b's I = 768 is 3 (mod 2) output groups.
                       Case{"deepseek-v3", 4, 256, QuantScheme::kBlock128},
                       Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kBlock128},
                       Case{"mixtral-8x7b", 2, 160, QuantScheme::kBlock128},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGelu},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSwigluOai},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kRelu2},
-                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul}),
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul},
+                      // The fused W1 (fuse_w1: no w1_out): every activation it runs; qwen3-30b-a3b's
+                      // I = 768 = 3 output groups, a non-gated tile's second group empty at the end.
+                      Case{"deepseek-v3", 4, 256, QuantScheme::kBlock128, std::nullopt, true},
+                      Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kBlock128, std::nullopt, true},
+                      Case{"mixtral-8x7b", 2, 160, QuantScheme::kBlock128, std::nullopt, true},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGelu, true},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGeluTanh, true},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kRelu2, true},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul, true}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
       if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));
+      if (param_info.param.fuse_w1) n += "_fused_w1";
       std::replace_if(
           n.begin(), n.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
       return n;
@@ -505,19 +533,21 @@ TEST_P(ActivationKernels, AgreeBitForBit) {
   }
 }
 
-// The plan the runtime uses for block128: the fused W1, no w1_out region at all, every other region
-// and guard intact, the output as the CPU's; a CUDA graph replay equals the eager run.
+// The plan of a fused W1 (fuse_w1): no w1_out region at all, every other region and guard intact,
+// the output as the CPU's; a CUDA graph replay equals the eager run.
 TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
   MOEKIT_REQUIRE_GPU();
   for (Activation act : {Activation::kSilu, Activation::kRelu2}) {
-    const MoeProblem p = problem_for("qwen3-30b-a3b", 3, 200, QuantScheme::kBlock128, act);
+    const MoeProblem p = problem_for("qwen3-30b-a3b", 3, 200, QuantScheme::kBlock128, act, true);
     ASSERT_TRUE(plan::fuses_w1(p));
     cpu::ThreadPool pool(4);
     const auto w = synthetic::make_expert_weights(p, 0, 31, pool);
     const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
-    GpuExperts gpu(p, w, entry);
+    GpuExperts gpu(p, w);
     EXPECT_EQ(gpu.workspace().plan().find_region("w1_out"), nullptr);
-    const WorkspacePlan unfused = plan_layer(p, kEveryConfig, 1);
+    MoeProblem unfused_p = p;
+    unfused_p.fuse_w1 = false;
+    const WorkspacePlan unfused = plan_layer(unfused_p, entry, 1);
     EXPECT_EQ(unfused.total_bytes - plan_layer(p, entry, 1).total_bytes, unfused.region("w1_out").bytes);
     EXPECT_EQ(unfused.region("w1_out").bytes, p.E_local * p.M * p.N * 2);
     const auto counts = pattern_counts("ragged", p.E_local, p.M, 5);
@@ -527,7 +557,7 @@ TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
     const std::string ctx = std::string("fused plan ") + std::string(activation_name(act));
     EXPECT_LT(check_run(p, r, ref.output, counts, ctx), kRelTolerance);
     check_fused_stages(p, w, r, ref, counts, pool, ctx);
-    // An unfused config cannot run in this plan: a clear error, not a crash.
+    // An unfused config does not follow this problem's recipe: a clear error, not a crash.
     EXPECT_THROW(gpu.run(in, plan::GemmConfig::kCooperative128x128), Error);
 
     const ExpertsInput input = gpu.load(in);

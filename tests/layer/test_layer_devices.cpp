@@ -33,6 +33,7 @@ struct Case {
   Activation activation = Activation::kSilu;
   std::int64_t tokens = 13;
   std::int64_t num_experts = 0;  // 0: the model's
+  bool fuse_w1 = false;
 };
 
 ModelConfig model_of(const Case& c) {
@@ -78,6 +79,7 @@ std::vector<std::uint16_t> with_layer(const Case& c, Device device, const synthe
   opt.device = device;
   opt.experts = c.experts;
   opt.quant = c.quant;
+  opt.fuse_w1 = c.fuse_w1;
   opt.checked = checked;
   opt.num_threads = 2;
   run_in_process(1, [&](Communicator& comm) {
@@ -97,7 +99,8 @@ std::vector<std::uint16_t> run_layer(const Case& c, Device device, const synthet
 
 std::string name_of(const Case& c) {
   std::string n = c.model + "_" + c.experts + "_" + std::string(quant_name(c.quant)) + "_" +
-                  std::string(activation_name(c.activation)) + "_T" + std::to_string(c.tokens);
+                  std::string(activation_name(c.activation)) + "_T" + std::to_string(c.tokens) +
+                  (c.fuse_w1 ? "_fused_w1" : "");
   for (auto& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -145,6 +148,9 @@ std::vector<Case> cases() {
     all.push_back({"deepseek-v3", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 24, 64});
     all.push_back({"deepseek-v3", experts, QuantScheme::kBlock128, Activation::kSilu, 24, 64});
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 37});
+    // The fused W1 (no w1_out), both formats: the standard one aliases its tokens with w2_out then.
+    all.push_back({"deepseek-v3", experts, QuantScheme::kBlock128, Activation::kSilu, 24, 64, true});
+    all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kRelu2, 37, 0, true});
   }
   return all;
 }

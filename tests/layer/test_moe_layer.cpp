@@ -115,6 +115,39 @@ TEST(Layer, StandardEqualsBatchedOnOneRank) {
   }
 }
 
+// The fused W1 (fuse_w1, block128): W1's fp32 output into the activation, no w1_out. Against
+// float64 (which follows the same recipe), the unfused recipe (one bf16 rounding apart) and itself
+// across formats and rank layouts; the experts' workspace is w1_out smaller.
+TEST(Layer, FusedW1) {
+  const ModelConfig m = tiny_model(true);
+  const synthetic::Tokens g = tokens(m, 24, 13);
+  LayerOptions fused = options(QuantScheme::kBlock128, true), unfused = options(QuantScheme::kBlock128, true);
+  fused.fuse_w1 = true;
+  const auto f1 = run_layout(m, g, {24}, 1, 24, fused, kSeed, 1, true);
+  const auto u1 = run_layout(m, g, {24}, 1, 24, unfused, kSeed, 1, true);
+  EXPECT_LT(f1.error.relative(), kRelTolerance);
+  EXPECT_EQ(f1.error.nan_outputs, 0);
+  EXPECT_LT(testing::relative_difference(f1.output, u1.output), kRelTolerance);
+  EXPECT_NE(f1.output, u1.output);  // the recipes differ (one bf16 rounding of W1's output)
+  const std::int64_t w1_out = 16 * 24 * (2 * m.moe_intermediate_size) * 2;  // E_local x M x N bf16
+  EXPECT_EQ(u1.experts_workspace_bytes - f1.experts_workspace_bytes, w1_out - 64 * 2 * m.moe_intermediate_size * 4);
+  LayerOptions standard = fused;
+  standard.experts = "standard-fp8";
+  EXPECT_EQ(run_layout(m, g, {24}, 1, 24, standard, kSeed, 1, true).output, f1.output);
+  const auto f4 = run_layout(m, g, {6, 6, 6, 6}, 4, 6, fused, kSeed, 1, true);
+  EXPECT_LT(testing::relative_difference(f4.output, f1.output), testing::kRanksVsOneRank);
+  EXPECT_LT(f4.error.relative(), kRelTolerance);
+  // What cannot fuse is refused, naming the fix.
+  LayerOptions per_token = options(QuantScheme::kPerTokenPerChannel);
+  per_token.fuse_w1 = true;
+  try {
+    run_layout(m, g, {24}, 1, 24, per_token, kSeed);
+    ADD_FAILURE() << "fuse_w1 with per-token was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--fuse-w1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Layer, EveryTokenToOneExpertFillsCapacity) {
   ModelConfig m = tiny_model(false);
   synthetic::Tokens g = tokens(m, 16, 5);
