@@ -259,10 +259,12 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
 // GPU's own activation. There is no intermediate both sides share (the unfused check feeds the CPU
 // the GPU's own w1_out), so what differs is W1 itself: the tensor cores' FP8 accumulation (a few
 // 1e-4 relative after the per-k-block promotion) moves a group's amax, hence its scale, by up to
-// ~1e-3 and a code by one FP8 step (2^-4) where a value sat near a rounding boundary. Measured
-// (DeepSeek-V3, Qwen3, Mixtral shapes): scales <= 7.1e-4 apart, ~0.4-1.1% of codes one step. Bounds:
-// scales 2e-3, one-step codes 2.5%, none further than one step (in value: at most one FP8 ulp of the
-// larger magnitude).
+// ~1e-3 and a code by one FP8 step (2^-4) where a value sat near a rounding boundary; the error is
+// absolute (the dot product's size, not the result's), so near zero, where e4m3's steps shrink to
+// 2^-9 of a code unit, it spans several steps. Measured (DeepSeek-V3, Qwen3, Mixtral shapes): scales
+// <= 7.1e-4 apart, ~0.4-1.1% of codes one step, ~0.07% further but within 0.5 code units (1/900 of
+// a group's largest code). Bounds: scales 2e-3, codes apart by more than one FP8 ulp of the larger
+// magnitude 2.5% (and then by at most 0.5 code units), none further.
 void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, const GpuRun& r,
                         const CpuResult& ref, const std::vector<std::int32_t>& counts, cpu::ThreadPool& pool,
                         const std::string& ctx) {
@@ -285,7 +287,7 @@ void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights&
       const double big = std::max(std::fabs(x), std::fabs(y));
       // e4m3: 3 mantissa bits, normals from 2^-6, subnormal steps 2^-9.
       const double ulp = big >= 0x1p-6 ? std::exp2(std::floor(std::log2(big)) - 3) : 0x1p-9;
-      if (std::fabs(x - y) <= ulp)
+      if (std::fabs(x - y) <= std::max(ulp, 0.5))
         ++one_step;
       else
         ++far;

@@ -127,7 +127,9 @@ TEST(Layer, FusedW1) {
   const auto u1 = run_layout(m, g, {24}, 1, 24, unfused, kSeed, 1, true);
   EXPECT_LT(f1.error.relative(), kRelTolerance);
   EXPECT_EQ(f1.error.nan_outputs, 0);
-  EXPECT_LT(testing::relative_difference(f1.output, u1.output), kRelTolerance);
+  // The recipes are one bf16 rounding of W1's output apart: FP8 codes flip where it crosses a
+  // boundary, measured 1.4e-2 here (the device-vs-CPU bound, 3e-2, is for the same kind of flips).
+  EXPECT_LT(testing::relative_difference(f1.output, u1.output), 3e-2);
   EXPECT_NE(f1.output, u1.output);  // the recipes differ (one bf16 rounding of W1's output)
   const std::int64_t w1_out = 16 * 24 * (2 * m.moe_intermediate_size) * 2;  // E_local x M x N bf16
   EXPECT_EQ(u1.experts_workspace_bytes - f1.experts_workspace_bytes, w1_out - 64 * 2 * m.moe_intermediate_size * 4);
