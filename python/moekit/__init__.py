@@ -18,7 +18,9 @@ C-contiguity); anything wrong raises moekit.Error with the C++ message: the valu
 fix.
 
 Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales, docs/DESIGN.md):
-  w1 (E_local, N, K): gate rows [0, I) then up rows [I, 2I) (interleaved pairs for swigluoai)
+  w1 (E_local, N, K): gate rows [0, I) then up rows [I, 2I) (interleaved pairs for swigluoai); under
+      block128, block pairs instead: per 256 rows a 128-row gate block then its up block, with
+      w1_scale's block rows in the same order (moekit.arrange_w1_block_pairs does it once at load)
   w2 (E_local, K, I)
   w1_scale (E_local, s1), w2_scale (E_local, s2): per-channel (s = output rows), per-tensor (1) or
   128x128 blocks (row-major over blocks), by `quant`

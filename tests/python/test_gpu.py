@@ -39,19 +39,22 @@ def cli_output(tmp_path, model, quant, T, seed, dp=1, extra=()):
     return out_file
 
 
-@pytest.mark.parametrize("quant", ["per-token", "block128"])
-def test_layer_on_cuda_equals_the_cli_eager_stream_and_graph(tmp_path, quant):
+@pytest.mark.parametrize("quant,fuse_w1", [("per-token", False), ("block128", False), ("block128", True)])
+def test_layer_on_cuda_equals_the_cli_eager_stream_and_graph(tmp_path, quant, fuse_w1):
     model = small_model(tmp_path)
     T, seed = 37, 3
-    cli_out = np.fromfile(cli_output(tmp_path, model, quant, T, seed), dtype=np.uint16)
+    extra = ("--fuse-w1",) if fuse_w1 else ()
+    cli_out = np.fromfile(cli_output(tmp_path, model, quant, T, seed, extra=extra), dtype=np.uint16)
     w = moekit.synthetic_inputs(model, tokens=T, quant=quant, seed=seed, device="cuda")
-    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant=quant)
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant=quant, fuse_w1=fuse_w1)
     assert layer.device == f"cuda:{torch.cuda.current_device()}"
     out = layer(w["hidden"], w["router_logits"])
     assert out.dtype == torch.bfloat16 and out.is_cuda and out.shape == (T, w["hidden"].shape[1])
     assert np.array_equal(bits(out).reshape(-1), cli_out)
-    plans = {p.name: p for p in moekit.plan(model, dp=1, ep=1, max_tokens_per_rank=T, device="cuda", quant=quant)}
+    plans = {p.name: p for p in moekit.plan(model, dp=1, ep=1, max_tokens_per_rank=T, device="cuda", quant=quant,
+                                            fuse_w1=fuse_w1)}
     assert layer.workspace_bytes == plans["batched-fp8 (cuda)"].total_bytes
+    assert ("w1_out" in {r.name for r in plans["batched-fp8 (cuda)"].regions}) == (not fuse_w1)
     # On a side stream (torch's current one there): the same bits.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
