@@ -16,6 +16,7 @@
 #include "cuda/launch.h"
 #include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
+#include "cuda/row_map.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
@@ -30,7 +31,6 @@ using numerics::DeviceMath;
 // --- row map --------------------------------------------------------------------------------------
 
 constexpr int kMapThreads = kRowMapTile;
-constexpr int kMapWarps = kMapThreads / 32;
 constexpr int kMaxMapExperts = kMaxRowMapExperts;  // shared memory: 2 x E ints + 32 warps x E uint16
 
 // Three kernels, tiles of 1024 pairs in order, one block per tile. Count: each tile's pairs per
@@ -83,35 +83,18 @@ __global__ void __launch_bounds__(kMapThreads)
                     const std::int32_t* __restrict__ offsets, std::int32_t* __restrict__ pair_row,
                     std::int32_t* __restrict__ status) {
   extern __shared__ int smem[];
-  unsigned short* warp_prefix = reinterpret_cast<unsigned short*>(smem);  // kMapWarps x E
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  for (int j = tid; j < kMapWarps * E; j += kMapThreads) warp_prefix[j] = 0;
-  __syncthreads();
-  const int i = blockIdx.x * kMapThreads + tid;
+  const int i = blockIdx.x * kMapThreads + static_cast<int>(threadIdx.x);
   int e = i < num_pairs ? ids[i] : -1;
   if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
     flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
     e = -1;
   }
-  const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-  const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
-  if (e >= 0 && rank_in_warp == 0) warp_prefix[warp * E + e] = static_cast<unsigned short>(__popc(peers));
-  __syncthreads();
-  // Per expert: the warps' counts -> their exclusive prefix, in place.
-  for (int x = tid; x < E; x += kMapThreads) {
-    int acc = 0;
-    for (int w = 0; w < kMapWarps; ++w) {
-      const int c = warp_prefix[w * E + x];
-      warp_prefix[w * E + x] = static_cast<unsigned short>(acc);
-      acc += c;
-    }
-  }
-  __syncthreads();
+  const int tile_rank = rank_in_tile(e, E, reinterpret_cast<unsigned short*>(smem), nullptr);
   if (i >= num_pairs) return;
   std::int32_t row = -1;
   if (e >= 0) {
-    // Pairs of expert e before this one: earlier tiles, earlier warps of this tile, earlier lanes.
-    const std::int64_t rank = tile_base[blockIdx.x * E + e] + warp_prefix[warp * E + e] + rank_in_warp;
+    // Pairs of expert e before this one: earlier tiles, then earlier warps and lanes of this tile.
+    const std::int64_t rank = tile_base[blockIdx.x * E + e] + tile_rank;
     if (contiguous) {
       row = static_cast<std::int32_t>(offsets[e] + rank);
     } else if (rank < capacity) {
@@ -238,8 +221,8 @@ void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, i
   row_scan_kernel<<<1, kMapThreads, 0, stream>>>(tiles, E, contiguous, capacity, tile_scratch, counts, offsets);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (tiles > 0) {
-    row_rank_kernel<<<tiles, kMapThreads, kMapWarps * E * sizeof(unsigned short), stream>>>(
-        ids, n, topk, E, contiguous, capacity, tile_scratch, offsets, pair_row, status);
+    row_rank_kernel<<<tiles, kMapThreads, row_map_tile_smem(E), stream>>>(ids, n, topk, E, contiguous, capacity,
+                                                                          tile_scratch, offsets, pair_row, status);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -40,6 +40,7 @@
 #include "cuda/ep_launch.h"
 #include "cuda/launch.h"
 #include "cuda/quantize.cuh"
+#include "cuda/row_map.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/routing.h"
@@ -325,18 +326,16 @@ __global__ void recv_ids_kernel(EpStep s, bool device_initiated) {
 constexpr int kSmallMapPairs = 2 * kRowMapTile;
 
 __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool device_initiated) {
-  constexpr int kWarps = kRowMapTile / 32;
   extern __shared__ int smem[];
   const int E = static_cast<int>(s.E_local);
   int* seen = smem;                                                // E: the expert's slots so far
-  auto* warp_first = reinterpret_cast<unsigned short*>(smem + E);  // kWarps x E: a warp's first rank
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  auto* warp_first = reinterpret_cast<unsigned short*>(smem + E);  // the tile's ranking (row_map.cuh)
+  const int tid = static_cast<int>(threadIdx.x);
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const std::int64_t pairs = s.ranks * s.max_tokens * s.topk;
   for (int e = tid; e < E; e += kRowMapTile) seen[e] = 0;
+  __syncthreads();
   for (std::int64_t t0 = 0; t0 < pairs; t0 += kRowMapTile) {
-    for (int j = tid; j < kWarps * E; j += kRowMapTile) warp_first[j] = 0;
-    __syncthreads();
     const std::int64_t i = t0 + tid;
     int e = -1;
     if (i < pairs) {
@@ -353,24 +352,11 @@ __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool de
       }
       s.recv_ids[i] = e;
     }
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-    const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
-    if (e >= 0 && rank_in_warp == 0) warp_first[warp * E + e] = static_cast<unsigned short>(__popc(peers));
-    __syncthreads();
-    for (int x = tid; x < E; x += kRowMapTile) {  // the warps' counts -> their first ranks; the running count
-      int acc = seen[x];
-      for (int w = 0; w < kWarps; ++w) {
-        const int c = warp_first[w * E + x];
-        warp_first[w * E + x] = static_cast<unsigned short>(acc);
-        acc += c;
-      }
-      seen[x] = acc;
-    }
-    __syncthreads();
+    const int rank_in_step = rank_in_tile(e, E, warp_first, seen);  // + the earlier tiles' (seen)
     if (i < pairs) {
       std::int32_t row = -1;
       if (e >= 0) {
-        const std::int64_t rank = warp_first[warp * E + e] + rank_in_warp;
+        const std::int64_t rank = rank_in_step;
         if (rank < s.M)
           row = static_cast<std::int32_t>(e * s.M + rank);
         else if (rank == s.M)
@@ -378,7 +364,6 @@ __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool de
       }
       s.pair_row[i] = row;
     }
-    __syncthreads();
   }
   for (int e = tid; e < E; e += kRowMapTile)
     s.expert_num_tokens[e] = static_cast<std::int32_t>(std::min<std::int64_t>(seen[e], s.M));
@@ -788,7 +773,7 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
   }
   const std::int64_t records = s.ranks * s.max_tokens;
   if (records * s.topk <= kSmallMapPairs) {
-    const std::size_t smem = s.E_local * (sizeof(int) + (kRowMapTile / 32) * sizeof(unsigned short));
+    const std::size_t smem = s.E_local * sizeof(int) + row_map_tile_smem(static_cast<int>(s.E_local));
     recv_map_kernel<<<1, kRowMapTile, smem, stream>>>(s, device_initiated);
     MOEKIT_CUDA_CHECK_LAUNCH();
   } else {
