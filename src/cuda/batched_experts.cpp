@@ -73,10 +73,6 @@ class CudaBatchedExperts final : public Experts {
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
     const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
-    MOEKIT_CHECK(l.gemms.fused_w1 || l.w1_out != nullptr,
-                 "batched-fp8 (cuda): this workspace was planned for the fused W1 (no w1_out region) but the GEMM "
-                 "config {} runs W1 unfused: plan the workspace with the experts that run it",
-                 plan::describe(l.gemms.w1));
     clear_status_words(l.status, stream);
     launch_batched_experts(l, stream);
     return {in.output, nullptr};

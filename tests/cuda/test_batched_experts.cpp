@@ -192,6 +192,32 @@ double rel_err_valid(const MoeProblem& p, const std::uint16_t* a, const std::uin
   return norm > 0 ? std::sqrt(err / norm) : 0.0;
 }
 
+// The W2 stage alone: the CPU W2 GEMM of the GPU's own activation rows against the GPU's output
+// rows, ||gpu - cpu|| / ||cpu|| over the experts added.
+class W2Stage {
+ public:
+  W2Stage(const MoeProblem& p, ExpertWeightsView w, const GpuRun& r, cpu::ThreadPool& pool)
+      : p_(p), w_(w), r_(r), pool_(pool), out_(static_cast<std::size_t>(p.M * p.K)) {}
+  void add(std::int64_t e, std::int64_t m, const std::uint8_t* act, const float* act_scale) {
+    cpu::fp8_gemm(cpu::expert_gemm(p_, w_, 2, e, m, act, act_scale, out_.data()), pool_);
+    for (std::int64_t i = 0; i < m * p_.K; ++i) {
+      const double x = bf16_decode(r_.output[static_cast<std::size_t>(e * p_.M * p_.K + i)]);
+      const double y = bf16_decode(out_[static_cast<std::size_t>(i)]);
+      err_ += (x - y) * (x - y);
+      norm_ += y * y;
+    }
+  }
+  double relative() const { return norm_ > 0 ? std::sqrt(err_ / norm_) : 0.0; }
+
+ private:
+  const MoeProblem& p_;
+  ExpertWeightsView w_;
+  const GpuRun& r_;
+  cpu::ThreadPool& pool_;
+  std::vector<std::uint16_t> out_;
+  double err_ = 0, norm_ = 0;
+};
+
 // Stage by stage: the GPU's W1 output against the CPU's; the GPU's activation codes against the
 // CPU activation + quantization of the GPU's own W1 output; the GPU's output against the CPU W2
 // GEMM of the GPU's own activation. Each isolates one kernel from the requantization flips.
@@ -208,8 +234,7 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
   const std::int64_t spr = numerics::activation_scales_per_row(p.quant, I);
   std::int64_t codes = 0, code_diff = 0;
   double scale_diff = 0;
-  std::vector<std::uint16_t> gemm2(static_cast<std::size_t>(M * K));
-  double err2 = 0, norm2 = 0;
+  W2Stage w2(p, w.view(), r, pool);
   for (std::int64_t e = 0; e < p.E_local; ++e) {
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m <= 0 || m > M) continue;
@@ -223,32 +248,12 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
     codes += m * I;
     const float* gs = per_tensor ? gpu_scale + e : gpu_scale + e * M * spr;
     for (std::size_t i = 0; i < qs.size(); ++i) scale_diff = std::max(scale_diff, std::fabs(double(gs[i]) / qs[i] - 1));
-    // W2 on the CPU from the GPU's activation.
-    cpu::Fp8GemmArgs g;
-    g.M = m;
-    g.N = K;
-    g.K = I;
-    g.quant = p.quant;
-    g.A = gpu_act + e * M * I;
-    g.lda = I;
-    g.a_scales = gs;
-    g.B = w.w2.data() + e * K * I;
-    g.ldb = I;
-    g.b_scales = w.w2_scale.data() + e * w.view().w2_scale_stride();
-    g.D_bf16 = gemm2.data();
-    g.ldd = K;
-    cpu::fp8_gemm(g, pool);
-    for (std::int64_t i = 0; i < m * K; ++i) {
-      const double x = bf16_decode(r.output[static_cast<std::size_t>(e * M * K + i)]);
-      const double y = bf16_decode(gemm2[static_cast<std::size_t>(i)]);
-      err2 += (x - y) * (x - y);
-      norm2 += y * y;
-    }
+    w2.add(e, m, gpu_act + e * M * I, gs);  // W2 on the CPU from the GPU's activation
   }
   // expf / erff differ from the host's by an ulp or two: a code flips only at a rounding boundary.
   EXPECT_LE(code_diff, codes / 500) << ctx << ": activation FP8 codes differ: " << code_diff << " of " << codes;
   EXPECT_LT(scale_diff, 1e-5) << ctx << ": activation scales";
-  const double w2_err = norm2 > 0 ? std::sqrt(err2 / norm2) : 0.0;
+  const double w2_err = w2.relative();
   EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
   std::printf("  %-62s W1 %.1e  act codes %lld/%lld  W2 %.1e\n", ctx.c_str(), w1_err, static_cast<long long>(code_diff),
               static_cast<long long>(codes), w2_err);
@@ -273,8 +278,8 @@ void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights&
   const auto* gpu_scale = reinterpret_cast<const float*>(r.workspace.data() + r.placed.region("act_scale").offset);
   const std::int64_t spr = numerics::activation_scales_per_row(p.quant, I);
   std::int64_t codes = 0, one_step = 0, far = 0;
-  double scale_diff = 0, err2 = 0, norm2 = 0;
-  std::vector<std::uint16_t> gemm2(static_cast<std::size_t>(M * K));
+  double scale_diff = 0;
+  W2Stage w2(p, w.view(), r, pool);
   for (std::int64_t e = 0; e < p.E_local; ++e) {
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m <= 0 || m > M) continue;
@@ -295,31 +300,12 @@ void check_fused_stages(const MoeProblem& p, const synthetic::HostExpertWeights&
     codes += m * I;
     const float* gs = gpu_scale + e * M * spr;
     for (std::int64_t i = 0; i < m * spr; ++i) scale_diff = std::max(scale_diff, std::fabs(double(gs[i]) / qs[i] - 1));
-    cpu::Fp8GemmArgs g;
-    g.M = m;
-    g.N = K;
-    g.K = I;
-    g.quant = p.quant;
-    g.A = gpu_act + e * M * I;
-    g.lda = I;
-    g.a_scales = gs;
-    g.B = w.w2.data() + e * K * I;
-    g.ldb = I;
-    g.b_scales = w.w2_scale.data() + e * w.view().w2_scale_stride();
-    g.D_bf16 = gemm2.data();
-    g.ldd = K;
-    cpu::fp8_gemm(g, pool);
-    for (std::int64_t i = 0; i < m * K; ++i) {
-      const double x = bf16_decode(r.output[static_cast<std::size_t>(e * M * K + i)]);
-      const double y = bf16_decode(gemm2[static_cast<std::size_t>(i)]);
-      err2 += (x - y) * (x - y);
-      norm2 += y * y;
-    }
+    w2.add(e, m, gpu_act + e * M * I, gs);
   }
   EXPECT_EQ(far, 0) << ctx << ": fused activation codes more than one FP8 step from the CPU's";
   EXPECT_LE(one_step, codes / 40) << ctx << ": fused activation codes one step apart: " << one_step << " of " << codes;
   EXPECT_LT(scale_diff, 2e-3) << ctx << ": fused activation scales";
-  const double w2_err = norm2 > 0 ? std::sqrt(err2 / norm2) : 0.0;
+  const double w2_err = w2.relative();
   EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
   std::printf("  %-62s fused act codes %lld one step /%lld, scales %.1e  W2 %.1e\n", ctx.c_str(),
               static_cast<long long>(one_step), static_cast<long long>(codes), scale_diff, w2_err);
