@@ -311,6 +311,11 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
+    // Batched: E_local x M token rows; contiguous: the M * topk rows of a1q_permuted / act_q.
+    g.tensors.tokens = which == 1 ? static_cast<const void*>(l.a1q) : l.act_q;
+    g.tensors.token_rows = l.contiguous ? p.M * p.topk : p.E_local * p.M;
+    g.tensors.weights = which == 1 ? l.weights.w1 : l.weights.w2;
+    g.tensors.weight_rows = p.E_local * g.n;
     if (which == 1 && l.gemms.fused_w1) {
       g.fused.act_q = l.act_q;
       g.fused.act_scale = l.act_scale;

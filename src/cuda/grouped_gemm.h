@@ -95,6 +95,15 @@ struct GroupedGemmLaunch {
     int I = 0;
     Activation activation = Activation::kSilu;
   };
+  // The tensors every group's A (tokens) and B (weights) lie in, rows of k FP8 each: moekit's own
+  // main loop (plan::GemmMainLoop::kMoekit) addresses them through one TMA descriptor each, a
+  // group's first row being its pointer's offset there. CUTLASS's kernels take the pointers alone.
+  struct Tensors {
+    const void* tokens = nullptr;
+    std::int64_t token_rows = 0;
+    const void* weights = nullptr;
+    std::int64_t weight_rows = 0;
+  };
   std::byte* args = nullptr;
   int groups = 0;
   std::int64_t n = 0, k = 0;  // the logical GEMM's (checked against the config table)
@@ -104,6 +113,7 @@ struct GroupedGemmLaunch {
   std::int64_t scratch_bytes = 0;
   int num_sms = 0;
   FusedW1 fused{};
+  Tensors tensors{};
 };
 void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& launch, void* stream);
 

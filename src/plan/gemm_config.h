@@ -19,9 +19,14 @@ enum class GemmConfig : std::uint8_t {
   kPingpong64x256,
   kCooperative128x128,
   kFusedW1SwapAB256x64,
-  kFusedW1SwapAB256x96
+  kFusedW1SwapAB256x96,
+  kBlock128x256,
+  kFusedW1Block128x256
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
+// Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
+// (src/cuda/block_gemm_sm90.cuh: 128 x 256 tiles promoted one 128-column half at a time).
+enum class GemmMainLoop : std::uint8_t { kCutlass, kMoekit };
 
 struct GemmConfigInfo {
   GemmConfig id;
@@ -36,6 +41,7 @@ struct GemmConfigInfo {
   bool fused_w1;               // block-scaled W1 whose epilogue writes act_q / act_scale (no w1_out):
                                // grouped_gemm_<name>.cu; it runs no other GEMM
   std::string_view why;
+  GemmMainLoop main_loop = GemmMainLoop::kCutlass;
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows covers the expected
@@ -69,6 +75,14 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      64, false, false, true, "fused W1, m_e <= 64: 64-token tiles"},
     {GemmConfig::kFusedW1SwapAB256x96, "fused-w1-swapab-256x96", 256, 96, 128, GemmSchedule::kCooperative, true, 128,
      -1, false, false, true, "fused W1, m_e > 64: the widest token tile whose registers fit"},
+    // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
+    // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
+    // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
+    // the fused W1's gate block and up block are the tile's two halves, paired in registers.
+    {GemmConfig::kBlock128x256, "block-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1, false, true,
+     false, "block128, m_e > 64: a 256-wide tile (moekit's main loop)", GemmMainLoop::kMoekit},
+    {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
+     false, false, true, "fused W1 on a 256-wide tile (moekit's main loop)", GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 

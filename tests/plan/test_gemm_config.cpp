@@ -9,20 +9,28 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
-  ASSERT_EQ(kNumGemmConfigs, 6);
+  ASSERT_EQ(kNumGemmConfigs, 8);
   for (const auto& c : kGemmConfigs) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
     EXPECT_EQ(c.tile_k, 128) << c.name;
     // Swap A/B puts the weights on the 128-row side and the tokens on tile_n; a fused W1 holds a
-    // gate block and its up block: 256 rows, swapped, cooperative, block-scaled only.
+    // gate block and its up block: 256 weight rows (the swapped M side, or the N side of moekit's
+    // own main loop), cooperative, block-scaled only.
     if (c.swap_ab) {
       EXPECT_EQ(c.tile_m, c.fused_w1 ? 256 : 128) << c.name;
     }
     if (c.fused_w1) {
-      EXPECT_TRUE(c.swap_ab && c.schedule == GemmSchedule::kCooperative && !c.token_scaled && !c.block_scaled)
-          << c.name;
+      EXPECT_EQ(c.swap_ab ? c.tile_m : c.tile_n, 256) << c.name;
+      EXPECT_TRUE(c.schedule == GemmSchedule::kCooperative && !c.token_scaled && !c.block_scaled) << c.name;
       EXPECT_TRUE(c.name.starts_with("fused-w1")) << c.name;
+    }
+    // moekit's main loop (cuda/block_gemm_sm90.cuh) is one shape: 128 tokens x 256 weight rows,
+    // unswapped, block-scaled, columns in whole 128-wide weight blocks.
+    if (c.main_loop == GemmMainLoop::kMoekit) {
+      EXPECT_TRUE(!c.swap_ab && c.tile_m == 128 && c.tile_n == 256 && !c.token_scaled && c.n_multiple == 128) << c.name;
+    } else {
+      EXPECT_TRUE(c.swap_ab || !c.fused_w1) << c.name;  // CUTLASS's fused W1 is swapped
     }
     EXPECT_EQ(c.schedule == GemmSchedule::kPingpong, c.name.starts_with("pingpong")) << c.name;
   }

@@ -1,0 +1,413 @@
+// moekit's own block-scaled grouped FP8 GEMM for Hopper (sm_90a), behind grouped_gemm.h: a 128 x 256
+// (tokens x weight rows) tile whose main loop promotes each 128-deep k-block's partial sums one
+// 128-column half at a time, so 128 fp32 accumulators and 64 temporaries are live per thread, not
+// 2 x 128 (CUTLASS 4.2's blockwise main loop keeps the whole tile's temporaries: a 256-wide tile
+// spills there, and its fp8_accumulation.hpp does not compile two weight blocks on the N side).
+//   D[g] (m_g x n) = bf16(sum_kb (A_kb . B_kb^T) * sa[row][kb] * sb[col / 128][kb])
+// or, fused W1 (plan::GemmConfigInfo::fused_w1), the activation of each 1x128 output group as FP8
+// codes act_q and their scale act_scale, no D: under numerics::W1Rows::kBlockPairs the tile's 256
+// weight rows are gate block b then up block b, so in wgmma's accumulator layout a thread holds a
+// gate value (half 0) and its up value (half 1) at the same register index.
+//
+// Structure: a persistent grid of one CTA per SM, 384 threads. Warpgroup 0 (one thread) streams
+// the A (128 x 128 B) and B (256 x 128 B) k-blocks by TMA into a ring of kStages stages; warpgroups
+// 1 and 2 each own 64 token rows x 256 columns: per k-block and half, 4 wgmma m64n128k32 into 64
+// temporaries, wait, then acc += tmp * sa[row] * sb[half]. The two consumer warpgroups interleave,
+// one promoting while the other's wgmmas run. Tiles: expert by expert, the token tiles of one
+// weight tile adjacent (CTAs that read the same weights run together and share them through L2).
+// Operands are addressed through one 2-D TMA descriptor each over the tensor every group lies in
+// (GroupedGemmLaunch::tensors): a group's first row is its pointer's offset in that tensor. Rows a
+// tile reads past its group are never written (the epilogue masks rows >= m and columns >= n).
+// Napkin math (DeepSeek-V3 W1, m_e = 256, E_local = 16): 16 x 2 x 16 = 512 tiles of 56 k-blocks;
+// a k-block is 8 wgmma (2 x 128 x 256 x 128 x 2 = 16.8 MFLOP) over 48 KB of shared memory.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "cuda/check.h"
+#include "cuda/grouped_gemm.h"
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "numerics/activation.h"
+#include "numerics/fp8.h"
+
+namespace moekit::cuda::detail {
+
+struct BlockGemm {
+  static constexpr int kTileM = 128, kTileN = 256, kTileK = static_cast<int>(kQuantBlock);
+  static constexpr int kHalfN = 128;  // one weight block: the promotion's unit
+  static constexpr int kStages = 4;
+  static constexpr int kThreads = 384;             // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kMaxGroups = 1024;          // the tile table lives in shared memory
+  static constexpr int kABytes = kTileM * kTileK;  // FP8: one byte an element
+  static constexpr int kBBytes = kTileN * kTileK;
+  static constexpr int kConsumerWarps = 8;
+  // Registers: 24 for the producer, 240 for the consumers (128 x 24 + 256 x 240 <= 64 K).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(kTileK == 128, "a TMA box row of 128 FP8 = one 128-byte swizzle row");
+  static_assert(kTileM == 2 * 64 && kTileN == 2 * kHalfN, "two 64-row consumer warpgroups, two 128-column halves");
+
+  struct alignas(1024) Smem {
+    std::uint8_t a[kStages][kABytes];  // 128-byte swizzled, 1024-byte aligned (the wgmma descriptors' base)
+    std::uint8_t b[kStages][kBBytes];
+    std::uint64_t full[kStages];   // TMA bytes landed
+    std::uint64_t empty[kStages];  // the 8 consumer warps are done reading
+    int tile_start[kMaxGroups + 1];
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;  // + the alignment of the dynamic base
+  static_assert(kSmemBytes <= 227 * 1024, "BlockGemm's stages exceed Hopper's 227 KB of shared memory a CTA");
+
+  struct Params {
+    GroupedGemmArrays args;
+    int groups = 0, n = 0, k = 0, k_blocks = 0;
+    const std::uint8_t* a_base = nullptr;  // the tensors the groups' A and B lie in
+    const std::uint8_t* b_base = nullptr;
+    GroupedGemmLaunch::FusedW1 fused{};  // act_q null: write D
+  };
+};
+
+#if defined(__CUDACC__)
+
+// A K-major operand of 8-row x 128-byte swizzle atoms: the smem matrix descriptor of wgmma (start
+// address and the 1024-byte stride between 8-row groups, in 16-byte units; layout 1 = 128-byte
+// swizzle). Advancing 32 bytes along K inside the swizzle row is +2 on the start address.
+__device__ __forceinline__ std::uint64_t block_gemm_desc(const void* smem) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{1} << 16) |
+         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+template <int... kI>
+__device__ __forceinline__ void block_gemm_wgmma(std::uint64_t da, std::uint64_t db, float (&d)[64], bool accumulate,
+                                                 std::integer_sequence<int, kI...>) {
+  cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(
+      da, db, d[kI]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+struct BlockGemmTile {
+  int g, mt, nt;
+};
+
+// The tile's group: the last group whose first tile is <= tile (empty groups share their
+// successor's start, so the last such group is the one holding the tile).
+__device__ __forceinline__ BlockGemmTile block_gemm_locate(const int* tile_start, const int* shapes, int groups,
+                                                           int n_tiles, int tile) {
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int local = tile - tile_start[lo];
+  const int m_tiles = (shapes[3 * lo] + BlockGemm::kTileM - 1) / BlockGemm::kTileM;
+  return {lo, local % m_tiles, local / m_tiles};
+}
+
+// The fused W1's 1x128 quantization of one output group held as wgmma accumulators: a thread holds
+// rows r0 and r0 + 8 at columns 8i + 2(lane % 4) + {0, 1}; a row's 128 values are 32 of a thread and
+// the 4 lanes of equal lane / 4 (2 shuffles). scale = fp8_scale(amax); codes RNE-saturated x / scale,
+// as the activation kernel's.
+__device__ __forceinline__ void block_gemm_quant_group(const float (&v)[64], int lane, int r0, int m,
+                                                       std::int64_t act_row0, int I, int col0,
+                                                       const GroupedGemmLaunch::FusedW1& f) {
+  float amax0 = 0.0f, amax1 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    amax0 = fmaxf(amax0, fmaxf(fabsf(v[4 * i]), fabsf(v[4 * i + 1])));
+    amax1 = fmaxf(amax1, fmaxf(fabsf(v[4 * i + 2]), fabsf(v[4 * i + 3])));
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    amax0 = fmaxf(amax0, __shfl_xor_sync(0xFFFFFFFFu, amax0, o));
+    amax1 = fmaxf(amax1, __shfl_xor_sync(0xFFFFFFFFu, amax1, o));
+  }
+  const int spr = I / static_cast<int>(kQuantBlock);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + 8 * half;
+    if (r >= m) continue;
+    const float scale = numerics::fp8_scale(half == 0 ? amax0 : amax1);
+    const std::int64_t row = act_row0 + r;
+    std::uint8_t* out = f.act_q + row * I + col0 + 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const __nv_fp8_e4m3 q0(v[4 * i + 2 * half] / scale), q1(v[4 * i + 2 * half + 1] / scale);
+      const auto pair = static_cast<std::uint16_t>(q0.__x | (static_cast<std::uint16_t>(q1.__x) << 8));
+      *reinterpret_cast<std::uint16_t*>(out + 8 * i) = pair;
+    }
+    if (lane % 4 == 0) f.act_scale[row * spr + col0 / static_cast<int>(kQuantBlock)] = scale;
+  }
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(BlockGemm::kThreads, 1)
+    block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                      const BlockGemm::Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using BG = BlockGemm;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ std::uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<BG::Smem*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  const int n_tiles = (p.n + BG::kTileN - 1) / BG::kTileN;
+
+  // --- the tile table (warp 0) and the barriers (thread 0) ---
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    int carry = 0;
+    for (int base = 0; base < p.groups; base += 32) {
+      const int g = base + lane;
+      const int t = g < p.groups ? (p.args.shapes[3 * g] + BG::kTileM - 1) / BG::kTileM * n_tiles : 0;
+      int incl = t;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (g < p.groups) s.tile_start[g] = carry + incl - t;
+      carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+    if (lane == 0) s.tile_start[p.groups] = carry;
+    if (lane == 0) {
+      for (int i = 0; i < BG::kStages; ++i) {
+        TxBarrier::init(&s.full[i], 1);
+        Barrier::init(&s.empty[i], BG::kConsumerWarps);
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+  }
+  __syncthreads();
+  const int total = s.tile_start[p.groups];
+  const int warp_group = static_cast<int>(threadIdx.x) / 128;
+
+  if (warp_group == 0) {
+    // --- producer: one thread streams k-blocks by TMA ---
+    cutlass::arch::warpgroup_reg_dealloc<BG::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    int stage = 0;
+    std::uint32_t phase = 0;
+    for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
+      const BlockGemmTile t = block_gemm_locate(s.tile_start, p.args.shapes, p.groups, n_tiles, tile);
+      const auto a_row =
+          static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[t.g]) - p.a_base) / p.k) + t.mt * BG::kTileM;
+      const auto b_row =
+          static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[t.g]) - p.b_base) / p.k) + t.nt * BG::kTileN;
+      for (int kb = 0; kb < p.k_blocks; ++kb) {
+        Barrier::wait(&s.empty[stage], phase ^ 1);
+        TxBarrier::arrive_and_expect_tx(&s.full[stage], BG::kABytes + BG::kBBytes);
+        cute::SM90_TMA_LOAD_2D::copy(&tma_a, &s.full[stage], kHint, s.a[stage], kb * BG::kTileK, a_row);
+        cute::SM90_TMA_LOAD_2D::copy(&tma_b, &s.full[stage], kHint, s.b[stage], kb * BG::kTileK, b_row);
+        if (++stage == BG::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // --- consumers: 64 token rows x 256 columns each ---
+  cutlass::arch::warpgroup_reg_alloc<BG::kConsumerRegs>();
+  const int wg = warp_group - 1;
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  const int row_in_tile = wg * 64 + warp * 16 + lane / 4;  // and + 8
+  const int n_blocks = (p.n + BG::kHalfN - 1) / BG::kHalfN;
+  int stage = 0;
+  std::uint32_t phase = 0;
+  float acc[2][64];
+  float tmp[64];
+  for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
+    const BlockGemmTile t = block_gemm_locate(s.tile_start, p.args.shapes, p.groups, n_tiles, tile);
+    const int m = p.args.shapes[3 * t.g];
+    const int r0 = t.mt * BG::kTileM + row_in_tile;
+    // Scales of rows past the group: its last row's (finite; those rows are never written).
+    const float* sa0 = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(r0, m - 1)) * p.k_blocks;
+    const float* sa1 = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
+    const float* sb0 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(2 * t.nt, n_blocks - 1)) * p.k_blocks;
+    const float* sb1 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(2 * t.nt + 1, n_blocks - 1)) * p.k_blocks;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
+    float na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = __ldg(sb1);
+    for (int kb = 0; kb < p.k_blocks; ++kb) {
+      const float a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;
+      if (kb + 1 < p.k_blocks) {  // the next k-block's scales load under this one's MMAs
+        na0 = __ldg(sa0 + kb + 1);
+        na1 = __ldg(sa1 + kb + 1);
+        nb0 = __ldg(sb0 + kb + 1);
+        nb1 = __ldg(sb1 + kb + 1);
+      }
+      TxBarrier::wait(&s.full[stage], phase);
+      const std::uint64_t da = block_gemm_desc(s.a[stage] + wg * 64 * BG::kTileK);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uint64_t db = block_gemm_desc(s.b[stage] + h * BG::kHalfN * BG::kTileK);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int ks = 0; ks < BG::kTileK / 32; ++ks)
+          block_gemm_wgmma(da + 2 * ks, db + 2 * ks, tmp, ks > 0, std::make_integer_sequence<int, 64>{});
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
+        if (h == 1) {  // the stage is read: hand it back to the producer
+          __syncwarp();
+          if (lane == 0) Barrier::arrive(&s.empty[stage]);
+        }
+        const float sb = h == 0 ? b0 : b1;
+        const float s0 = a0 * sb, s1 = a1 * sb;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          acc[h][4 * i] += tmp[4 * i] * s0;
+          acc[h][4 * i + 1] += tmp[4 * i + 1] * s0;
+          acc[h][4 * i + 2] += tmp[4 * i + 2] * s1;
+          acc[h][4 * i + 3] += tmp[4 * i + 3] * s1;
+        }
+      }
+      if (++stage == BG::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // --- epilogue ---
+    if constexpr (kFused) {
+      const GroupedGemmLaunch::FusedW1& f = p.fused;
+      const std::int64_t act_row0 =
+          f.row_offsets != nullptr ? f.row_offsets[t.g] : static_cast<std::int64_t>(t.g) * f.M;
+      const bool gated = numerics::w1_rows(f.activation, QuantScheme::kBlock128) == numerics::W1Rows::kBlockPairs;
+      if (gated) {  // output group nt: gate in half 0, up in half 1
+#pragma unroll
+        for (int i = 0; i < 64; ++i)
+          acc[0][i] = numerics::activation_value<float, numerics::DeviceMath>(f.activation, acc[0][i], acc[1][i]);
+        block_gemm_quant_group(acc[0], lane, r0, m, act_row0, f.I, t.nt * BG::kHalfN, f);
+      } else {  // output groups 2 nt and 2 nt + 1 (the second past I when I = 128 mod 256)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int col0 = (2 * t.nt + h) * BG::kHalfN;
+          if (col0 >= f.I) continue;
+#pragma unroll
+          for (int i = 0; i < 64; ++i)
+            acc[h][i] = numerics::activation_value<float, numerics::DeviceMath>(f.activation, acc[h][i], 0.0f);
+          block_gemm_quant_group(acc[h], lane, r0, m, act_row0, f.I, col0, f);
+        }
+      }
+    } else {
+      auto* D = static_cast<__nv_bfloat16*>(p.args.ptr_D[t.g]);
+      const std::int64_t ldd = p.args.stride_D[t.g];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = t.nt * BG::kTileN + h * BG::kHalfN + 8 * i + 2 * (lane % 4);
+          if (col >= p.n) continue;
+          if (r0 < m)
+            *reinterpret_cast<__nv_bfloat162*>(D + r0 * ldd + col) =
+                __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
+          if (r0 + 8 < m)
+            *reinterpret_cast<__nv_bfloat162*>(D + (r0 + 8) * ldd + col) =
+                __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
+        }
+      }
+    }
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime (no -lcuda): fetched once.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult query{};
+    MOEKIT_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &query));
+    MOEKIT_CUDA_REQUIRE(query == cudaDriverEntryPointSuccess && fn != nullptr,
+                        "the CUDA driver has no cuTensorMapEncodeTiled (TMA needs driver >= 12.0)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A row-major FP8 (rows x k) tensor as TMA boxes of box_rows x 128 bytes, 128-byte swizzled.
+inline CUtensorMap block_gemm_tensor_map(const void* base, std::int64_t rows, std::int64_t k, int box_rows,
+                                         const char* what) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(BlockGemm::kTileK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+                           elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MOEKIT_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("block GEMM: cuTensorMapEncodeTiled failed for ") + what + " (" +
+                                             std::to_string(rows) + " x " + std::to_string(k) + " FP8, error " +
+                                             std::to_string(static_cast<int>(r)) +
+                                             "): the base must be 16-byte aligned and k a multiple of 16");
+  return map;
+}
+
+// The launch of a config row whose main loop is moekit's (its tile is this kernel's: checked).
+template <plan::GemmConfig kConfig>
+void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
+  using BG = BlockGemm;
+  static constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
+  static constexpr bool kFused = info.fused_w1;
+  static_assert(info.main_loop == plan::GemmMainLoop::kMoekit && !info.swap_ab && info.tile_m == BG::kTileM &&
+                    info.tile_n == BG::kTileN && info.tile_k == BG::kTileK && info.n_multiple % BG::kHalfN == 0,
+                "the config row does not describe moekit's block GEMM (plan/gemm_config.h)");
+  const std::string name = "grouped_fp8_gemm: config " + std::string(info.name);
+  MOEKIT_CUDA_REQUIRE(
+      l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128, kFused),
+      name + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= BG::kMaxGroups,
+                      name + ": " + std::to_string(l.groups) + " groups, at most " + std::to_string(BG::kMaxGroups) +
+                          " (its tile table is in shared memory)");
+  MOEKIT_CUDA_REQUIRE(l.tensors.tokens != nullptr && l.tensors.weights != nullptr && l.tensors.token_rows > 0 &&
+                          l.tensors.weight_rows > 0 && l.tensors.token_rows < (std::int64_t{1} << 31) &&
+                          l.tensors.weight_rows < (std::int64_t{1} << 31),
+                      name +
+                          ": moekit's own main loop needs the tensors the groups lie in "
+                          "(GroupedGemmLaunch::tensors, fewer than 2^31 rows each)");
+  if constexpr (kFused)
+    MOEKIT_CUDA_REQUIRE(l.fused.act_q != nullptr && l.fused.act_scale != nullptr && l.fused.I > 0 &&
+                            l.fused.I % static_cast<int>(kQuantBlock) == 0,
+                        name + " (fused W1): act_q, act_scale and I = " + std::to_string(l.fused.I) +
+                            " (a multiple of 128) are needed");
+  BG::Params p;
+  p.args = GroupedGemmArrays::at(l.args, l.groups);
+  p.groups = l.groups;
+  p.n = static_cast<int>(l.n);
+  p.k = static_cast<int>(l.k);
+  p.k_blocks = static_cast<int>((l.k + BG::kTileK - 1) / BG::kTileK);
+  p.a_base = static_cast<const std::uint8_t*>(l.tensors.tokens);
+  p.b_base = static_cast<const std::uint8_t*>(l.tensors.weights);
+  if constexpr (kFused) p.fused = l.fused;
+  const CUtensorMap ta = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kTileM, "the tokens");
+  const CUtensorMap tb =
+      block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileN, "the weights");
+  const auto kernel = block_gemm_kernel<kFused>;
+  MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
+  kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, tb, p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+#endif  // __CUDACC__
+
+}  // namespace moekit::cuda::detail
