@@ -421,6 +421,14 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
                         name + " (fused W1): act_q, act_scale, I = " + std::to_string(l.fused.I) +
                             " (a multiple of 128) and an activation whose W1 rows pair whole groups (not "
                             "swigluoai) are needed");
+  // The kernel body exists for sm_90a only (wgmma, TMA, setmaxnreg): elsewhere it would do nothing.
+  int device = 0, major = 0, minor = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, name + ": moekit's block GEMM runs on Hopper (sm_90a); device " +
+                                                    std::to_string(device) + " is sm_" + std::to_string(major) +
+                                                    std::to_string(minor) + ": force a CUTLASS config");
   BG::Params p;
   p.args = GroupedGemmArrays::at(l.args, l.groups);
   p.groups = l.groups;
