@@ -284,13 +284,18 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   return op;
 }
 
+// The most rows one expert's slab of the token tensor holds: batched, its own M rows (expert g's at
+// g * M); contiguous, all M * topk rows of a1q_permuted may be one expert's.
+std::int64_t expert_capacity(const BatchedExpertsLaunch& l) {
+  return l.contiguous ? l.problem.M * l.problem.topk : l.problem.M;
+}
+
 }  // namespace
 
 void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const MoeProblem& p = l.problem;
-  // Batched: each expert holds at most M rows; contiguous: all M * topk rows may be one expert's.
-  const std::int64_t capacity = l.contiguous ? p.M * p.topk : p.M;
+  const std::int64_t capacity = expert_capacity(l);
   prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
                                                     l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1),
                                                     operands(l, 2), l.row_offsets, l.status);
@@ -311,9 +316,9 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
-    // Batched: E_local x M token rows; contiguous: the M * topk rows of a1q_permuted / act_q.
+    // The token tensor: one slab of rows (contiguous) or E_local of them (batched).
     g.tensors.tokens = which == 1 ? static_cast<const void*>(l.a1q) : l.act_q;
-    g.tensors.token_rows = l.contiguous ? p.M * p.topk : p.E_local * p.M;
+    g.tensors.token_rows = expert_capacity(l) * (l.contiguous ? 1 : p.E_local);
     g.tensors.weights = which == 1 ? l.weights.w1 : l.weights.w2;
     g.tensors.weight_rows = p.E_local * g.n;
     if (which == 1 && l.gemms.fused_w1) {
