@@ -19,7 +19,6 @@ enum class GemmConfig : std::uint8_t {
   kPingpong64x256,
   kCooperative128x128,
   kFusedW1SwapAB256x64,
-  kFusedW1SwapAB256x96,
   kBlock128x256,
   kFusedW1Block128x256
 };
@@ -61,20 +60,18 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
      true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
-    // The fused W1 (block128): 256 weight rows a tile (the kernel's M, swapped) = one gate block and
-    // its up block (numerics::W1Rows::kBlockPairs), or two groups of a non-gated activation, so the
-    // epilogue holds whole 1x128 output groups: each thread has a gate value and its up value in
-    // registers (MMA_M 0 and 1 of the cooperative 2x64-row warpgroup layout), a group's amax is 2
-    // values, 3 shuffles and 8 warps through shared memory. Swapped because CUTLASS 4.2's blockwise
-    // main loop does not compile two 128-wide weight blocks on the N side (see above); on the M side
-    // it does. n % 128: non-gated I = 128 (mod 256) leaves a tile's second group empty. The main
-    // loop keeps accumulators and their per-k-block temporaries: 2 x 256 x tile_n / 256 fp32
-    // registers a thread, so 96 tokens is the widest tile (256x96 spills 48 bytes, 256x128 1.2 KB
-    // and ran 2-4x slower; ptxas, docs/PERF.md).
+    // The fused W1 (block128) on CUTLASS's blockwise main loop: 256 weight rows a tile (the kernel's
+    // M, swapped) = one gate block and its up block (numerics::W1Rows::kBlockPairs), or two groups of
+    // a non-gated activation, so the epilogue holds whole 1x128 output groups: each thread has a gate
+    // value and its up value in registers (MMA_M 0 and 1 of the cooperative 2x64-row warpgroup
+    // layout), a group's amax is 2 values, 3 shuffles and 8 warps through shared memory. Swapped
+    // because CUTLASS 4.2's blockwise main loop does not compile two 128-wide weight blocks on the N
+    // side (see above); on the M side it does. n % 128: non-gated I = 128 (mod 256) leaves a tile's
+    // second group empty. Its main loop keeps accumulators and their per-k-block temporaries, so 64
+    // tokens is its tile here (a 96-token tile, the widest whose registers fit, measured 1.7x
+    // fused-w1-128x256's time at m_e = 256 and 1.3x at 1024 and was dropped: docs/PERF.md).
     {GemmConfig::kFusedW1SwapAB256x64, "fused-w1-swapab-256x64", 256, 64, 128, GemmSchedule::kCooperative, true, 128,
      64, false, false, true, "fused W1, m_e <= 64: 64-token tiles"},
-    {GemmConfig::kFusedW1SwapAB256x96, "fused-w1-swapab-256x96", 256, 96, 128, GemmSchedule::kCooperative, true, 128,
-     -1, false, false, true, "fused W1, m_e > 64: the widest token tile whose registers fit"},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
     // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
     // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
@@ -82,7 +79,8 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kBlock128x256, "block-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1, false, true,
      false, "block128, m_e > 64: a 256-wide tile (moekit's main loop)", GemmMainLoop::kMoekit},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
-     false, false, true, "fused W1 on a 256-wide tile (moekit's main loop)", GemmMainLoop::kMoekit},
+     false, false, true, "fused W1, m_e > 64: 128 tokens x 256 weight rows (moekit's main loop)",
+     GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
@@ -106,8 +104,9 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
 // the CPU's fp32 rows, the float64 reference): the problem's fuse_w1, which validate_problem allows
 // for block128 with an activation whose W1 rows pair whole output groups in a 256-row tile
 // (numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved rows cannot). Not the default:
-// on the H200 the fused W1 measured 8-12% slower at m_e <= 64 and ~1.8x at m_e >= 256 than W1 +
-// the activation kernel (docs/PERF.md), so it is the memory-lean choice, asked for.
+// on the H200 (160e9ff) the fused rule's step measured 8% slower than W1 + the activation kernel at
+// m_e = 64, equal at 256 (fused-w1-128x256) and 1.24x at 1024 (docs/PERF.md), so it is the
+// memory-lean choice, asked for.
 bool fuses_w1(const MoeProblem& problem);
 
 GemmConfig parse_gemm_config(std::string_view name);

@@ -151,6 +151,10 @@ std::vector<Case> cases() {
     // The fused W1 (no w1_out), both formats: the standard one aliases its tokens with w2_out then.
     all.push_back({"deepseek-v3", experts, QuantScheme::kBlock128, Activation::kSilu, 24, 64, true});
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kRelu2, 37, 0, true});
+    // Experts past 64 rows (1200 rows over 16 experts, grouped routing): the fused rule's second
+    // launch, moekit's own block GEMM (fused-w1-128x256), gated and not.
+    all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 300, 0, true});
+    all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kRelu2, 300, 0, true});
   }
   return all;
 }

@@ -9,7 +9,7 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
-  ASSERT_EQ(kNumGemmConfigs, 8);
+  ASSERT_EQ(kNumGemmConfigs, 7);
   for (const auto& c : kGemmConfigs) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
@@ -120,11 +120,11 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_TRUE(fuses_w1(p));
   const ExpertsGemmPlan g = plan_experts_gemms(p, 256);
   EXPECT_TRUE(g.fused_w1);
-  EXPECT_EQ(describe(g.w1), "fused-w1-swapab-256x64 (m_e <= 64), fused-w1-swapab-256x96 (m_e > 64)");
+  EXPECT_EQ(describe(g.w1), "fused-w1-swapab-256x64 (m_e <= 64), fused-w1-128x256 (m_e > 64)");
   EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(describe(unfused.w1), describe(g.w2));
   // A forced fused config runs W1 only; W2 keeps the rule.
-  const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1SwapAB256x96, p);
+  const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1Block128x256, p);
   EXPECT_TRUE(forced.fused_w1);
   EXPECT_EQ(forced.w1.count, 1);
   EXPECT_EQ(describe(forced.w2), describe(g.w2));
