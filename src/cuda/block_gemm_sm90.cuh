@@ -53,6 +53,10 @@ struct BlockGemm {
   static constexpr int kABytes = kTileM * kTileK;  // FP8: one byte an element
   static constexpr int kBBytes = kTileN * kTileK;
   static constexpr int kConsumerWarps = 8;
+  // The epilogue stages 16 rows x 128 bytes a consumer warp (a quarter tile of bf16, an output group
+  // of FP8 codes) and writes them 16 bytes a lane, whole rows; a staged row is 128 bytes + 16 of
+  // padding, so a thread's writes at rows lane / 4 and lane / 4 + 8 fall in 32 distinct banks.
+  static constexpr int kStageRows = 16, kStageRowBytes = 128 + 16;
   // Registers: 24 for the producer, 240 for the consumers (128 x 24 + 256 x 240 <= 64 K).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kTileK == 128, "a TMA box row of 128 FP8 = one 128-byte swizzle row");
@@ -64,6 +68,7 @@ struct BlockGemm {
     std::uint64_t full[kStages];   // TMA bytes landed
     std::uint64_t empty[kStages];  // the 8 consumer warps are done reading
     int tile_start[kMaxGroups + 1];
+    alignas(16) std::uint8_t out[kConsumerWarps][kStageRows * kStageRowBytes];  // each warp's own
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;  // + the alignment of the dynamic base
   static_assert(kSmemBytes <= 227 * 1024, "BlockGemm's stages exceed Hopper's 227 KB of shared memory a CTA");
@@ -116,12 +121,38 @@ __device__ __forceinline__ BlockGemmTile block_gemm_locate(const int* tile_start
   return {lo, local % m_tiles, local / m_tiles};
 }
 
+// Writes a warp's staged rows (BlockGemm::Smem::out) to dst + row * ld_bytes, 128 bytes a row, the
+// first `rows` of 16: a lane copies 16 bytes, 8 lanes a row (whole 32-byte sectors, where the
+// uncoalesced 2- and 4-byte stores from the accumulator layout wrote half sectors). A destination
+// that is not 16-byte aligned takes 4-byte copies (the layouts moekit builds are aligned).
+__device__ __forceinline__ void block_gemm_flush(const std::uint8_t* stage, int lane, std::uint8_t* dst,
+                                                 std::int64_t ld_bytes, int rows) {
+  __syncwarp();
+  const bool aligned = ((reinterpret_cast<std::uintptr_t>(dst) | static_cast<std::uintptr_t>(ld_bytes)) & 15) == 0;
+#pragma unroll
+  for (int j = 0; j < BlockGemm::kStageRows / 4; ++j) {
+    const int row = 4 * j + lane / 8, c = lane % 8;
+    if (row >= rows) continue;
+    const std::uint8_t* src = stage + row * BlockGemm::kStageRowBytes + 16 * c;
+    std::uint8_t* out = dst + row * ld_bytes + 16 * c;
+    if (aligned) {
+      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        reinterpret_cast<std::uint32_t*>(out)[w] = reinterpret_cast<const std::uint32_t*>(src)[w];
+    }
+  }
+  __syncwarp();  // the stage is free for the warp's next rows
+}
+
 // The fused W1's 1x128 quantization of one output group held as wgmma accumulators: a thread holds
 // rows r0 and r0 + 8 at columns 8i + 2(lane % 4) + {0, 1}; a row's 128 values are 32 of a thread and
 // the 4 lanes of equal lane / 4 (2 shuffles). scale = fp8_scale(amax); codes RNE-saturated x / scale,
-// as the activation kernel's.
-__device__ __forceinline__ void block_gemm_quant_group(const float (&v)[64], int lane, int r0, int m,
-                                                       std::int64_t act_row0, int I, int col0,
+// as the activation kernel's. The codes go through the warp's stage (rows warp_row0 .. + 16 of the
+// group; rows >= m are not written).
+__device__ __forceinline__ void block_gemm_quant_group(const float (&v)[64], int lane, int r0, int m, int warp_row0,
+                                                       std::uint8_t* stage, std::int64_t act_row0, int I, int col0,
                                                        const GroupedGemmLaunch::FusedW1& f) {
   float amax0 = 0.0f, amax1 = 0.0f;
 #pragma unroll
@@ -138,26 +169,24 @@ __device__ __forceinline__ void block_gemm_quant_group(const float (&v)[64], int
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r0 + 8 * half;
-    if (r >= m) continue;
     const float scale = numerics::fp8_scale(half == 0 ? amax0 : amax1);
-    const std::int64_t row = act_row0 + r;
-    std::uint8_t* out = f.act_q + row * I + col0 + 2 * (lane % 4);
+    const numerics::DivideBy div(scale);
+    std::uint8_t* out = stage + (lane / 4 + 8 * half) * BlockGemm::kStageRowBytes + 2 * (lane % 4);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const __nv_fp8_e4m3 q0(v[4 * i + 2 * half] / scale), q1(v[4 * i + 2 * half + 1] / scale);
-      const auto pair = static_cast<std::uint16_t>(q0.__x | (static_cast<std::uint16_t>(q1.__x) << 8));
-      *reinterpret_cast<std::uint16_t*>(out + 8 * i) = pair;
-    }
-    if (lane % 4 == 0) f.act_scale[row * spr + col0 / static_cast<int>(kQuantBlock)] = scale;
+    for (int i = 0; i < 16; ++i)  // RNE-saturated codes of a column pair, the lower column in the low byte
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(out + 8 * i) = __nv_cvt_float2_to_fp8x2(
+          make_float2(div(v[4 * i + 2 * half]), div(v[4 * i + 2 * half + 1])), __NV_SATFINITE, __NV_E4M3);
+    if (r < m && lane % 4 == 0) f.act_scale[(act_row0 + r) * spr + col0 / static_cast<int>(kQuantBlock)] = scale;
   }
+  block_gemm_flush(stage, lane, f.act_q + (act_row0 + warp_row0) * I + col0, I, min(m - warp_row0, 16));
 }
 
 // The fused W1's epilogue for one activation, a compile-time constant: the activation's switch folds
 // away. NOTES: with the switch inside the 64-value unrolled loop the kernel was 15x larger (61 K
 // SASS lines, every activation inlined 64 times) and its W1 ran 1.9x the unfused W1's time.
 template <Activation kAct>
-__device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], int lane, int r0, int m,
-                                                          std::int64_t act_row0, int nt,
+__device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], int lane, int r0, int m, int warp_row0,
+                                                          std::uint8_t* stage, std::int64_t act_row0, int nt,
                                                           const GroupedGemmLaunch::FusedW1& f) {
   using numerics::activation_value;
   using numerics::DeviceMath;
@@ -166,7 +195,7 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
     // Output group nt: gate in half 0, up in half 1.
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = activation_value<float, DeviceMath>(kAct, acc[0][i], acc[1][i]);
-    block_gemm_quant_group(acc[0], lane, r0, m, act_row0, f.I, nt * kHalfN, f);
+    block_gemm_quant_group(acc[0], lane, r0, m, warp_row0, stage, act_row0, f.I, nt * kHalfN, f);
   } else {
     // Output groups 2 nt and 2 nt + 1 (the second past I when I = 128 mod 256).
 #pragma unroll
@@ -175,7 +204,7 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
       if (col0 >= f.I) continue;
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = activation_value<float, DeviceMath>(kAct, acc[h][i], 0.0f);
-      block_gemm_quant_group(acc[h], lane, r0, m, act_row0, f.I, col0, f);
+      block_gemm_quant_group(acc[h], lane, r0, m, warp_row0, stage, act_row0, f.I, col0, f);
     }
   }
 }
@@ -314,44 +343,52 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       }
     }
 
-    // --- epilogue ---
+    // --- epilogue: the warp's 16 rows (warp_row0 of the group on), staged, whole rows written ---
+    const int warp_row0 = t.mt * BG::kTileM + wg * 64 + warp * 16;
+    if (warp_row0 >= m) continue;  // the warp's rows are all past the group
+    std::uint8_t* stage = s.out[wg * 4 + warp];
     if constexpr (kFused) {
       const GroupedGemmLaunch::FusedW1& f = p.fused;
       const std::int64_t act_row0 =
           f.row_offsets != nullptr ? f.row_offsets[t.g] : static_cast<std::int64_t>(t.g) * f.M;
       switch (f.activation) {  // swigluoai's interleaved rows are refused at launch
         case Activation::kSilu:
-          block_gemm_fused_epilogue<Activation::kSilu>(acc, lane, r0, m, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kSilu>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
           break;
         case Activation::kGelu:
-          block_gemm_fused_epilogue<Activation::kGelu>(acc, lane, r0, m, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kGelu>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
           break;
         case Activation::kGeluTanh:
-          block_gemm_fused_epilogue<Activation::kGeluTanh>(acc, lane, r0, m, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kGeluTanh>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
           break;
         case Activation::kRelu2:
-          block_gemm_fused_epilogue<Activation::kRelu2>(acc, lane, r0, m, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kRelu2>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
           break;
         case Activation::kSiluNoMul:
-          block_gemm_fused_epilogue<Activation::kSiluNoMul>(acc, lane, r0, m, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kSiluNoMul>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
           break;
         case Activation::kSwigluOai: break;
       }
     } else {
-      auto* D = static_cast<__nv_bfloat16*>(p.args.ptr_D[t.g]);
-      const std::int64_t ldd = p.args.stride_D[t.g];
+      // bf16 D a quarter tile (64 columns = 128 bytes a row) at a time; n % 128 == 0 (n_multiple).
+      auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[t.g]);
+      const std::int64_t ld_bytes = 2 * p.args.stride_D[t.g];
+      std::uint8_t* out0 = stage + (lane / 4) * BG::kStageRowBytes + 4 * (lane % 4);
+      std::uint8_t* out1 = out0 + 8 * BG::kStageRowBytes;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int col = t.nt * BG::kTileN + h * BG::kHalfN + 8 * i + 2 * (lane % 4);
-          if (col >= p.n) continue;
-          if (r0 < m)
-            *reinterpret_cast<__nv_bfloat162*>(D + r0 * ldd + col) =
-                __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
-          if (r0 + 8 < m)
-            *reinterpret_cast<__nv_bfloat162*>(D + (r0 + 8) * ldd + col) =
+        for (int q = 0; q < 2; ++q) {
+          const int col0 = t.nt * BG::kTileN + h * BG::kHalfN + q * 64;
+          if (col0 >= p.n) continue;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int i = 8 * q + j;
+            *reinterpret_cast<__nv_bfloat162*>(out0 + 16 * j) = __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
+            *reinterpret_cast<__nv_bfloat162*>(out1 + 16 * j) =
                 __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
+          }
+          block_gemm_flush(stage, lane, D + warp_row0 * ld_bytes + 2 * col0, ld_bytes, min(m - warp_row0, 16));
         }
       }
     }

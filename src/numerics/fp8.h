@@ -16,6 +16,9 @@
 #include <bit>
 #include <cmath>
 #endif
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>  // the device intrinsics DivideBy uses
+#endif
 
 namespace moekit::numerics {
 
@@ -96,6 +99,30 @@ inline bf16_t bf16_encode(float x) {
   const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
   return static_cast<bf16_t>((bits + rounding) >> 16);
 }
+#endif
+
+#if defined(__CUDACC__)
+// x / scale rounded exactly as IEEE division (__fdiv_rn), for the many x of a group over its one
+// scale: the correctly rounded reciprocal r once a group, then per x Markstein's correction (q = x r,
+// e = x - q scale exact by FMA, q + e r: the correctly rounded quotient while every intermediate is a
+// normal number), without division's per-call range check and branch into its slow path (which keep
+// the divisions of an unrolled group from overlapping). Scales outside [2^-64, 2^64] and NaN take
+// __fdiv_rn itself. Inside, an x small enough to make e subnormal (|x| < 2^-75) has a quotient below
+// 2^-11, whose FP8 code is 0 whatever its last bits; the sign is x's, as division's (-0 stays -0).
+struct DivideBy {
+  float scale, r;
+  bool fast;
+  __device__ __forceinline__ explicit DivideBy(float s) : scale(s), r(0.0f), fast(s >= 0x1p-64f && s <= 0x1p64f) {
+#if defined(__CUDA_ARCH__)  // (the host pass of nvcc declares no __frcp_rn)
+    r = __frcp_rn(s);
+#endif
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+    if (!fast) return __fdiv_rn(x, scale);
+    const float q = __fmul_rn(x, r);
+    return copysignf(__fmaf_rn(__fmaf_rn(-q, scale, x), r, q), x);
+  }
+};
 #endif
 
 }  // namespace moekit::numerics
