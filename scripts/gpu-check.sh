@@ -16,7 +16,11 @@
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python` runs one part (default: tests and bench). Logs and
+#   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
+#          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
+#          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
+#          moekit's block GEMM kernels.
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +45,7 @@ if [[ $part == all || $part == tests ]]; then
   echo "== GPU tests"
   run $BIN/test_batched_experts > "$OUT/tests.log" 2>&1
   tests_rc=$?
+  run $BIN/test_fp8_device >> "$OUT/tests.log" 2>&1 || tests_rc=$((tests_rc | $?))
   run $BIN/test_backend_ops --gtest_brief=1 >> "$OUT/tests.log" 2>&1
   ops_rc=$?
   run $BIN/test_layer_devices >> "$OUT/tests.log" 2>&1
@@ -85,6 +90,7 @@ if [[ $part == fused ]]; then
   run timeout 300 $BIN/test_batched_experts --gtest_filter='*block128*:BatchedExpertsGpuContract.*' \
     > "$OUT/fused_tests.log" 2>&1
   fused_rc=$?
+  run timeout 60 $BIN/test_fp8_device >> "$OUT/fused_tests.log" 2>&1 || fused_rc=$((fused_rc | $?))
   grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran|fused' "$OUT/fused_tests.log" | tail -40
   run timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
     --gtest_filter='BatchedExpertsGpuContract.FusedW1PlanHasNoW1Out' > "$OUT/fused_sanitizer.log" 2>&1
@@ -155,4 +161,39 @@ if [[ $part == ep-layer ]]; then
   PYTHONPATH="$PWD/$BIN/python" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 run timeout 400 python3 -m torch.distributed.run \
     --nproc-per-node "$(nvidia-smi -L | wc -l)" bench/ep_layer.py "$OUT/dispatch.json" "$OUT/ep_layer_results.json" \
     "$commit" 32 128 512 2>&1 | grep -v "^\*\*\*\|OMP_NUM_THREADS" | tee "$OUT/ep_layer.log" | tail -12
+fi
+
+if [[ $part == profile ]]; then
+  configs=${PROFILE_CONFIGS:-cooperative-128x128,block-128x256}
+  cuobjdump --dump-sass $BIN/bench_gpu_experts 2>/dev/null \
+    | awk '/Function : .*block_gemm/{p=1} /Function : /&&!/block_gemm/{p=0} p' > "$OUT/block_gemm_sass.txt"
+  echo "SASS lines of the block GEMM kernels: $(wc -l < "$OUT/block_gemm_sass.txt")"
+  # The tensor pipe's (wgmma) busy cycles, where this ncu names the metric.
+  metrics=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' \
+    | grep -xE 'sm__pipe_tensor_op_gmma_cycles_active|sm__pipe_shared_cycles_active|l1tex__data_pipe_lsu_wavefronts_mem_shared' \
+    | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+  echo "extra metrics: ${metrics:-none}"
+  for m_e in ${PROFILE_ME:-256}; do
+    for config in ${configs//,/ }; do
+      # The config runs first (--configs): its first two launches of its kernel are its W1 and W2.
+      kernel=device_kernel
+      [[ $config == block-* || $config == fused-w1-128x* ]] && kernel=block_gemm
+      echo "== ncu: $config at M = 8192, m_e = $m_e (W1, then W2)"
+      run timeout 200 ncu --kernel-name regex:$kernel --launch-count 2 ${metrics:+--metrics $metrics} \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters \
+        $BIN/bench_gpu_experts /tmp/profile.json --case 8192 "$m_e" --quant block128 --configs "$config" \
+        > "$OUT/ncu_${config}_me$m_e.txt" 2>&1
+      echo "ncu rc=$?"
+      grep -E '^  [a-z_:<>]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|No Eligible|Warp Cycles Per Issued|Registers Per|Shared Memory Configuration Size|pct_of_peak' \
+        "$OUT/ncu_${config}_me$m_e.txt" | cut -c1-150
+      [[ $kernel == block_gemm ]] || continue
+      # Where moekit's kernel waits: warp-state samples per SASS instruction of its W1 launch.
+      run timeout 200 ncu --kernel-name regex:$kernel --launch-count 1 --section SourceCounters --section WarpStateStats \
+        --page source --print-source sass --csv \
+        $BIN/bench_gpu_experts /tmp/profile.json --case 8192 "$m_e" --quant block128 --configs "$config" \
+        > "$OUT/ncu_source_${config}_me$m_e.csv" 2>/dev/null
+      python3 scripts/ncu_stalls.py "$OUT/ncu_source_${config}_me$m_e.csv" | tee "$OUT/ncu_stalls_${config}_me$m_e.txt"
+    done
+  done
 fi

@@ -7,8 +7,9 @@
 // bandwidth), the ratio to it, and the time to read the local experts' weights once; for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Writes JSON (argv[1]) for bench/torch_baseline.py.
-// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128]
-// (--case: that case only, selected config; for profiling under ncu)
+// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
+// (--case: that case only, and quick (5 iterations, the rules only) unless --configs names configs of
+// the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,16 +40,25 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::int64_t only_M = 0, only_m_e = 0;
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
+  std::vector<std::string> only_configs;  // empty: every config of the table (unless quick)
+  auto split = [](const std::string& list) {
+    std::vector<std::string> items;
+    for (std::size_t pos = 0; pos <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', pos), list.size());
+      items.push_back(list.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+    return items;
+  };
   for (int a = 2; a < argc; ++a) {
     if (std::string(argv[a]) == "--quick") quick = true;
     if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
       quants.clear();
-      std::string list = argv[a + 1];
-      for (std::size_t pos = 0; pos <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', pos), list.size());
-        quants.push_back(parse_quant(list.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
+      for (const std::string& q : split(argv[a + 1])) quants.push_back(parse_quant(q));
+    }
+    if (std::string(argv[a]) == "--configs" && a + 1 < argc) {
+      only_configs = split(argv[a + 1]);
+      for (const std::string& c : only_configs) plan::parse_gemm_config(c);  // an unknown name: an Error listing them
     }
     if (std::string(argv[a]) == "--case" && a + 2 < argc) {
       only_M = std::stoll(argv[a + 1]);
@@ -157,7 +167,10 @@ int main(int argc, char** argv) {
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
         std::vector<Variant> sweep;
         for (const auto& cfg : plan::kGemmConfigs) {
-          if (quick) break;
+          if (only_configs.empty()
+                  ? quick
+                  : std::find(only_configs.begin(), only_configs.end(), cfg.name) == only_configs.end())
+            continue;
           if (cfg.fused_w1 ? fused_p.fuse_w1 && plan::supports(cfg, N, K, quant, true)
                            : plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant))
             sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,

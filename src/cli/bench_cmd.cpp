@@ -45,6 +45,7 @@ struct BenchRequest {
   std::vector<std::string> experts{"batched-fp8", "standard-fp8"};
   std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 2048, 8192};
   std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
+  bool fuse_w1 = false;        // block128: the activation in W1's epilogue (no w1_out)
   int iters = 50;
   std::uint64_t seed = 1;
   std::string format = "table";
@@ -141,6 +142,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
     opt.device = device;
     opt.experts = name;
     opt.quant = p.quant;
+    opt.fuse_w1 = req.fuse_w1;
     opt.num_threads = threads;
     std::vector<Row> mine;
     run_in_process(1, [&](Communicator& comm) {
@@ -264,6 +266,7 @@ int bench_command(const BenchRequest& req) {
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
     j["quant"] = quant_name(quant.quant);
+    j["fuse_w1"] = req.fuse_w1;
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -282,9 +285,9 @@ int bench_command(const BenchRequest& req) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}; {}\n",
+  std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}{}; {}\n",
                            model.name, device_text, model.num_experts, model.topk, model.hidden_size,
-                           model.moe_intermediate_size, quant.note,
+                           model.moe_intermediate_size, quant.note, req.fuse_w1 ? " (fused W1: no w1_out)" : "",
                            device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
                                                    : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
@@ -335,6 +338,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
                   "per-tensor, per-token or block128")
       ->capture_default_str();
+  cmd->add_flag("--fuse-w1", req->fuse_w1,
+                "layer, block128: fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out)");
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
   cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")
