@@ -84,13 +84,18 @@ struct BlockGemm {
 
 #if defined(__CUDACC__)
 
-// A K-major operand of 8-row x 128-byte swizzle atoms: the smem matrix descriptor of wgmma (start
-// address and the 1024-byte stride between 8-row groups, in 16-byte units; layout 1 = 128-byte
-// swizzle). Advancing 32 bytes along K inside the swizzle row is +2 on the start address.
-__device__ __forceinline__ std::uint64_t block_gemm_desc(const void* smem) {
+// A K-major operand of 8-row x 128-byte swizzle atoms: the smem matrix descriptor of wgmma. Its high
+// word is constant (the 1024-byte stride between 8-row groups in 16-byte units; layout 1 = 128-byte
+// swizzle); its low word is the 16-byte start address (14 bits: below 256 KB nothing carries out)
+// and the leading byte offset 1. So moving along the operand is a 32-bit add on the low word:
+// +2 a 32-byte k-step inside the swizzle row, + bytes / 16 a stage or a half.
+__device__ __forceinline__ std::uint32_t block_gemm_desc_lo(const void* smem) {
   const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{1} << 16) |
-         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+  return ((addr & 0x3FFFF) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ std::uint64_t block_gemm_desc(std::uint32_t lo) {
+  constexpr std::uint32_t kHi = (1024 >> 4) | (1u << (62 - 32));
+  return (static_cast<std::uint64_t>(kHi) << 32) | lo;
 }
 
 template <int... kI>
@@ -279,7 +284,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 
   // --- consumers: 64 token rows x 256 columns each ---
   cutlass::arch::warpgroup_reg_alloc<BG::kConsumerRegs>();
-  const int wg = warp_group - 1;
+  // Warp-uniform as far as the compiler can see (a shuffle from lane 0), so the wgmma descriptors
+  // below are computed in uniform registers, not moved there for every instruction.
+  const int wg = __shfl_sync(0xFFFFFFFFu, warp_group - 1, 0);
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int row_in_tile = wg * 64 + warp * 16 + lane / 4;  // and + 8
@@ -288,6 +295,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   std::uint32_t phase = 0;
   float acc[2][64];
   float tmp[64];
+  const std::uint32_t a_desc0 = block_gemm_desc_lo(s.a[0] + wg * 64 * BG::kTileK), b_desc0 = block_gemm_desc_lo(s.b[0]);
   for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
     const BlockGemmTile t = block_gemm_locate(s.tile_start, p.args.shapes, p.groups, n_tiles, tile);
     const int m = p.args.shapes[3 * t.g];
@@ -300,6 +308,11 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     float na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = __ldg(sb1);
+    // NOTES (H200, docs/PERF.md): the promotion costs this loop ~25% (a build whose MMAs accumulate
+    // unscaled, no wait or promotion, ran W1 at 1265 TFLOP/s against 983 here). 64-column quarters
+    // in two sets of 32 temporaries, each issued before the previous one is promoted, measured no
+    // faster (n64 wgmma) and the fused W1 8% slower; a wgmma left in flight across this loop's back
+    // edge makes ptxas serialize every wgmma of the kernel (C7514).
     for (int kb = 0; kb < p.k_blocks; ++kb) {
       const float a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;
       if (kb + 1 < p.k_blocks) {  // the next k-block's scales load under this one's MMAs
@@ -309,16 +322,17 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         nb1 = __ldg(sb1 + kb + 1);
       }
       TxBarrier::wait(&s.full[stage], phase);
-      const std::uint64_t da = block_gemm_desc(s.a[stage] + wg * 64 * BG::kTileK);
+      const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const std::uint64_t db = block_gemm_desc(s.b[stage] + h * BG::kHalfN * BG::kTileK);
+        const std::uint32_t db = b_desc0 + stage * (BG::kBBytes >> 4) + h * (BG::kHalfN * BG::kTileK >> 4);
 #pragma unroll
         for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
         cute::warpgroup_arrive();
 #pragma unroll
         for (int ks = 0; ks < BG::kTileK / 32; ++ks)
-          block_gemm_wgmma(da + 2 * ks, db + 2 * ks, tmp, ks > 0, std::make_integer_sequence<int, 64>{});
+          block_gemm_wgmma(block_gemm_desc(da + 2 * ks), block_gemm_desc(db + 2 * ks), tmp, ks > 0,
+                           std::make_integer_sequence<int, 64>{});
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<0>();
 #pragma unroll
