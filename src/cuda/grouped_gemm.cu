@@ -35,7 +35,6 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& l, void*
     case plan::GemmConfig::kSwapAB128x64: return instance<plan::GemmConfig::kSwapAB128x64>(l, stream);
     case plan::GemmConfig::kPingpong64x256: return instance<plan::GemmConfig::kPingpong64x256>(l, stream);
     case plan::GemmConfig::kCooperative128x128: return instance<plan::GemmConfig::kCooperative128x128>(l, stream);
-    case plan::GemmConfig::kFusedW1SwapAB256x64: return instance<plan::GemmConfig::kFusedW1SwapAB256x64>(l, stream);
     case plan::GemmConfig::kBlock128x256: return instance<plan::GemmConfig::kBlock128x256>(l, stream);
     case plan::GemmConfig::kFusedW1Block128x256: return instance<plan::GemmConfig::kFusedW1Block128x256>(l, stream);
   }

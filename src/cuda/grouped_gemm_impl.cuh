@@ -14,7 +14,6 @@
 #include <string>
 
 #include "cuda/check.h"
-#include "cuda/fused_w1_epilogue.cuh"
 #include "cuda/grouped_gemm.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -113,9 +112,9 @@ struct GroupedFp8Gemm {
   }
 };
 
-// The block-scaled epilogue: bf16 D (CUTLASS's TMA epilogue), or the fused W1's act_q / act_scale
-// (fused_w1_epilogue.cuh; shared memory twice: the adapter's tensor and tensormap storage).
-template <class TileShape, class LayoutD, class EpilogueSchedule, bool kFused>
+// The block-scaled epilogue: bf16 D (CUTLASS's TMA epilogue). The fused W1 runs on moekit's own main
+// loop (block_gemm_sm90.cuh), not here.
+template <class TileShape, class LayoutD, class EpilogueSchedule>
 struct BlockEpilogue {
   using CollectiveOp = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Shape<_1, _1, _1>,
@@ -124,17 +123,10 @@ struct BlockEpilogue {
       cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, float, void, float>>::CollectiveOp;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(typename CollectiveOp::SharedStorage));
 };
-template <class TileShape, class LayoutD, class EpilogueSchedule>
-struct BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, true> {
-  using CollectiveOp =
-      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<FusedW1Epilogue<TileShape, 256>>;
-  static constexpr int kSmemBytes =
-      2 * static_cast<int>(sizeof(typename FusedW1Epilogue<TileShape, 256>::SharedStorage));
-};
 
 // The block-scaled twin. The scale granularity follows the swap: unswapped, the kernel's A is the
 // tokens (one scale per row and k-block: granularity 1 x 128) and its B the weights (128 x 128);
-// swapped, the other way round. A fused W1 config (swapped, cooperative) takes the fused epilogue.
+// swapped, the other way round.
 template <plan::GemmConfig kConfig>
 struct GroupedFp8BlockGemm {
   static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
@@ -163,10 +155,9 @@ struct GroupedFp8BlockGemm {
                                                 cute::GMMA::Major::K, cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-  static constexpr bool kFused = kInfo.fused_w1;
-  static_assert(!kFused || (kSwapAB && !kPingpong && kInfo.tile_m == 2 * kQuantBlock),
-                "a fused W1 config is swapped, cooperative, 256 weight rows a tile (fused_w1_epilogue.cuh)");
-  using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, kFused>;
+  static_assert(!kInfo.fused_w1 && kInfo.main_loop == plan::GemmMainLoop::kCutlass,
+                "CUTLASS runs no fused W1 here: the fused W1 is moekit's main loop (block_gemm_sm90.cuh)");
+  using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule>;
   using CollectiveEpilogue = typename Epilogue::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -182,7 +173,7 @@ struct GroupedFp8BlockGemm {
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
   static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
-  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && (kFused || sizeof(StrideD) == 8),
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
                 "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
   static_assert(sizeof(LayoutSFA) == 5 * sizeof(int) && sizeof(LayoutSFB) == 5 * sizeof(int),
                 "a CUTLASS block-scale layout is not five ints: write_block_scale_layout no longer matches it");
@@ -198,7 +189,7 @@ struct GroupedFp8BlockGemm {
     int want_tokens[5], want_weights[5];
     write_block_scale_layout(want_tokens, m, 3);
     write_block_scale_layout(want_weights, 3, 3);
-    // The per-token checks of shapes and strides (for a fused config: its swap; D is not written).
+    // The per-token checks of shapes and strides.
     return std::memcmp(&a, kSwapAB ? want_weights : want_tokens, sizeof(a)) == 0 &&
            std::memcmp(&b, kSwapAB ? want_tokens : want_weights, sizeof(b)) == 0 &&
            GroupedFp8Gemm<kConfig>::layout_matches();
@@ -208,8 +199,8 @@ struct GroupedFp8BlockGemm {
 // The persistent scheduler's tile order: the token tiles of one weight tile adjacent, so that the
 // CTAs reading the same weights run together and share them through L2 (the weights of all experts
 // are ~8x L2). Unswapped, the tokens are the kernel's M: along M (CUTLASS's grouped default);
-// swapped, its N: along N. Measured (fused-w1-swapab-256x64, m_e = 256, 4 token tiles): along M
-// the W1 GEMM read its weights ~4 times (0.53 ms against cooperative-128x128's 0.25).
+// swapped, its N: along N. Measured (a swapped 256x64 fused W1, since dropped; m_e = 256, 4 token
+// tiles): along M the W1 GEMM read its weights ~4 times (0.53 ms against cooperative-128x128's 0.25).
 template <class RasterOrder, bool kSwapAB>
 constexpr RasterOrder raster_order() {
   return kSwapAB ? RasterOrder::AlongN : RasterOrder::AlongM;
@@ -279,10 +270,10 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   MOEKIT_CUDA_REQUIRE(layout_ok, std::string("grouped_fp8_gemm ") + std::string(G::kInfo.name) +
                                      " (block-scaled): CUTLASS's argument layout differs from GroupedGemmArrays "
                                      "(cuda/grouped_gemm.h)");
-  MOEKIT_CUDA_REQUIRE(
-      l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k, QuantScheme::kBlock128, G::kFused),
-      std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) + " (block-scaled) does not run n = " +
-          std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.block_scaled && plan::supports(G::kInfo, l.n, l.k, QuantScheme::kBlock128),
+                      std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) +
+                          " (block-scaled) does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
+                          " (see plan/gemm_config.h)");
   const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
   using Gemm = typename G::Gemm;
   cutlass::KernelHardwareInfo hw;
@@ -299,24 +290,16 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
                         reinterpret_cast<typename G::LayoutSFA*>(a.layout_sfa),
                         a.ptr_row,
                         reinterpret_cast<typename G::LayoutSFB*>(a.layout_sfb)};
-  if constexpr (G::kFused) {
-    MOEKIT_CUDA_REQUIRE(G::Epilogue::CollectiveOp::can_implement(0, l.fused),
-                        "grouped_fp8_gemm (fused W1): act_q, act_scale and I = " + std::to_string(l.fused.I) +
-                            " (a multiple of 128) are needed");
-    arguments.epilogue = l.fused;
-  } else {
-    arguments.epilogue = {{},
-                          nullptr,
-                          nullptr,
-                          reinterpret_cast<typename G::ElementD**>(a.ptr_D),
-                          reinterpret_cast<typename G::StrideD*>(a.stride_D)};
-    arguments.epilogue.thread.alpha = 1.0f;
-    arguments.epilogue.thread.beta = 0.0f;
-  }
+  arguments.epilogue = {{},
+                        nullptr,
+                        nullptr,
+                        reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+                        reinterpret_cast<typename G::StrideD*>(a.stride_D)};
+  arguments.epilogue.thread.alpha = 1.0f;
+  arguments.epilogue.thread.beta = 0.0f;
   arguments.hw_info = hw;
   arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
-  launch_gemm<Gemm>(arguments, l, stream,
-                    G::kFused ? "grouped_fp8_gemm (fused W1)" : "grouped_fp8_gemm (block-scaled)");
+  launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm (block-scaled)");
 }
 
 }  // namespace moekit::cuda::detail
@@ -326,14 +309,6 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   template <>                                                                                                \
   void grouped_fp8_gemm_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                    \
     detail::run_grouped_fp8_gemm<detail::GroupedFp8Gemm<CONFIG>>(launch, static_cast<cudaStream_t>(stream)); \
-  }
-
-// The one line each grouped_gemm_<fused config>.cu holds.
-#define MOEKIT_GROUPED_GEMM_FUSED_W1_INSTANCE(CONFIG)                                                           \
-  template <>                                                                                                   \
-  void grouped_fp8_gemm_fused_w1_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {              \
-    detail::run_grouped_fp8_block_gemm<detail::GroupedFp8BlockGemm<CONFIG>>(launch,                             \
-                                                                            static_cast<cudaStream_t>(stream)); \
   }
 
 // The one line each grouped_gemm_block_<config>.cu holds.

@@ -18,7 +18,6 @@ enum class GemmConfig : std::uint8_t {
   kSwapAB128x64,
   kPingpong64x256,
   kCooperative128x128,
-  kFusedW1SwapAB256x64,
   kBlock128x256,
   kFusedW1Block128x256
 };
@@ -60,26 +59,17 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
      true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
-    // The fused W1 (block128) on CUTLASS's blockwise main loop: 256 weight rows a tile (the kernel's
-    // M, swapped) = one gate block and its up block (numerics::W1Rows::kBlockPairs), or two groups of
-    // a non-gated activation, so the epilogue holds whole 1x128 output groups: each thread has a gate
-    // value and its up value in registers (MMA_M 0 and 1 of the cooperative 2x64-row warpgroup
-    // layout), a group's amax is 2 values, 3 shuffles and 8 warps through shared memory. Swapped
-    // because CUTLASS 4.2's blockwise main loop does not compile two 128-wide weight blocks on the N
-    // side (see above); on the M side it does. n % 128: non-gated I = 128 (mod 256) leaves a tile's
-    // second group empty. Its main loop keeps accumulators and their per-k-block temporaries, so 64
-    // tokens is its tile here (a 96-token tile, the widest whose registers fit, measured 1.7x
-    // fused-w1-128x256's time at m_e = 256 and 1.3x at 1024 and was dropped: docs/PERF.md).
-    {GemmConfig::kFusedW1SwapAB256x64, "fused-w1-swapab-256x64", 256, 64, 128, GemmSchedule::kCooperative, true, 128,
-     64, false, false, true, "fused W1, m_e <= 64: 64-token tiles"},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
     // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
     // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
-    // the fused W1's gate block and up block are the tile's two halves, paired in registers.
+    // the fused W1's gate block and up block are the tile's two halves, paired in registers. The
+    // fused W1 runs here alone: CUTLASS's blockwise main loop holds whole 1x128 output groups only
+    // swapped (256 weight rows on its M side, 64 or 96 tokens), and those kernels measured slower
+    // than fused-w1-128x256 at every m_e (1.04-1.08x at m_e <= 64, 1.6x at 256; docs/PERF.md).
     {GemmConfig::kBlock128x256, "block-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1, false, true,
      false, "block128, m_e > 64: a 256-wide tile (moekit's main loop)", GemmMainLoop::kMoekit},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
-     false, false, true, "fused W1, m_e > 64: 128 tokens x 256 weight rows (moekit's main loop)",
+     false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
      GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
@@ -104,8 +94,8 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
 // the CPU's fp32 rows, the float64 reference): the problem's fuse_w1, which validate_problem allows
 // for block128 with an activation whose W1 rows pair whole output groups in a 256-row tile
 // (numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved rows cannot). Not the default:
-// on the H200 (160e9ff) the fused rule's step measured 8% slower than W1 + the activation kernel at
-// m_e = 64, equal at 256 (fused-w1-128x256) and 1.24x at 1024 (docs/PERF.md), so it is the
+// on the H200 (cacead2, DeepSeek-V3, M = 8192) the fused step measured 1.14x / 1.04x / 0.94x /
+// 1.05x the unfused default's time at m_e = 8 / 64 / 256 / 1024 (docs/PERF.md), so it is the
 // memory-lean choice, asked for.
 bool fuses_w1(const MoeProblem& problem);
 

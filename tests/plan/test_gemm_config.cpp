@@ -9,7 +9,7 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
-  ASSERT_EQ(kNumGemmConfigs, 7);
+  ASSERT_EQ(kNumGemmConfigs, 6);
   for (const auto& c : kGemmConfigs) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
@@ -30,7 +30,7 @@ TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
     if (c.main_loop == GemmMainLoop::kMoekit) {
       EXPECT_TRUE(!c.swap_ab && c.tile_m == 128 && c.tile_n == 256 && !c.token_scaled && c.n_multiple == 128) << c.name;
     } else {
-      EXPECT_TRUE(c.swap_ab || !c.fused_w1) << c.name;  // CUTLASS's fused W1 is swapped
+      EXPECT_FALSE(c.fused_w1) << c.name;  // the fused W1 is moekit's main loop alone
     }
     EXPECT_EQ(c.schedule == GemmSchedule::kPingpong, c.name.starts_with("pingpong")) << c.name;
   }
@@ -115,12 +115,12 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_FALSE(fuses_w1(p));  // not the default: measured slower (docs/PERF.md)
   const ExpertsGemmPlan unfused = plan_experts_gemms(p, 256);
   EXPECT_FALSE(unfused.fused_w1);
-  EXPECT_THROW(single_config(GemmConfig::kFusedW1SwapAB256x64, p), Error);
+  EXPECT_THROW(single_config(GemmConfig::kFusedW1Block128x256, p), Error);
   p.fuse_w1 = true;
   EXPECT_TRUE(fuses_w1(p));
   const ExpertsGemmPlan g = plan_experts_gemms(p, 256);
   EXPECT_TRUE(g.fused_w1);
-  EXPECT_EQ(describe(g.w1), "fused-w1-swapab-256x64 (m_e <= 64), fused-w1-128x256 (m_e > 64)");
+  EXPECT_EQ(describe(g.w1), "fused-w1-128x256");
   EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(describe(unfused.w1), describe(g.w2));
   // A forced fused config runs W1 only; W2 keeps the rule.
@@ -130,10 +130,10 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_EQ(describe(forced.w2), describe(g.w2));
   EXPECT_THROW(single_config(GemmConfig::kCooperative128x128, p), Error);  // the recipe fuses
   // Fused configs never run a plain GEMM, plain configs never the fused W1.
-  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kFusedW1SwapAB256x64), 4096, 7168, QuantScheme::kBlock128));
+  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kFusedW1Block128x256), 4096, 7168, QuantScheme::kBlock128));
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kCooperative128x128), 4096, 7168, QuantScheme::kBlock128, true));
   EXPECT_FALSE(
-      supports(gemm_config_info(GemmConfig::kFusedW1SwapAB256x64), 4096, 7168, QuantScheme::kPerTokenPerChannel, true));
+      supports(gemm_config_info(GemmConfig::kFusedW1Block128x256), 4096, 7168, QuantScheme::kPerTokenPerChannel, true));
   // Non-gated and other schemes; swigluoai's interleaved rows stay unfused.
   p.activation = Activation::kRelu2;
   p.N = 2048;
@@ -141,7 +141,7 @@ TEST(GemmConfig, FusedW1) {
   p.activation = Activation::kSwigluOai;
   p.N = 4096;
   EXPECT_FALSE(fuses_w1(p));
-  EXPECT_THROW(single_config(GemmConfig::kFusedW1SwapAB256x64, p), Error);
+  EXPECT_THROW(single_config(GemmConfig::kFusedW1Block128x256, p), Error);
   p.activation = Activation::kSilu;
   p.quant = QuantScheme::kPerTokenPerChannel;
   EXPECT_FALSE(fuses_w1(p));
