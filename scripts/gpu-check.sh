@@ -188,12 +188,16 @@ if [[ $part == profile ]]; then
       grep -E '^  [a-z_:<>]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|No Eligible|Warp Cycles Per Issued|Registers Per|Shared Memory Configuration Size|pct_of_peak' \
         "$OUT/ncu_${config}_me$m_e.txt" | cut -c1-150
       [[ $kernel == block_gemm ]] || continue
-      # Where moekit's kernel waits: warp-state samples per SASS instruction of its W1 launch.
-      run timeout 200 ncu --kernel-name regex:$kernel --launch-count 1 --section SourceCounters --section WarpStateStats \
-        --page source --print-source sass --csv \
-        $BIN/bench_gpu_experts /tmp/profile.json --case 8192 "$m_e" --quant block128 --configs "$config" \
-        > "$OUT/ncu_source_${config}_me$m_e.csv" 2>/dev/null
-      python3 scripts/ncu_stalls.py "$OUT/ncu_source_${config}_me$m_e.csv" | tee "$OUT/ncu_stalls_${config}_me$m_e.txt"
+      # Where moekit's kernel waits: warp-state samples per SASS instruction of its W1, then its W2.
+      for gemm in 1 2; do
+        run timeout 200 ncu --kernel-name regex:$kernel --launch-skip $((gemm - 1)) --launch-count 1 \
+          --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+          $BIN/bench_gpu_experts /tmp/profile.json --case 8192 "$m_e" --quant block128 --configs "$config" \
+          > "$OUT/ncu_source_${config}_me${m_e}_w$gemm.csv" 2>/dev/null
+        echo "-- W$gemm"
+        python3 scripts/ncu_stalls.py "$OUT/ncu_source_${config}_me${m_e}_w$gemm.csv" \
+          | tee "$OUT/ncu_stalls_${config}_me${m_e}_w$gemm.txt" | head -40
+      done
     done
   done
 fi
