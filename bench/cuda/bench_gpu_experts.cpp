@@ -8,6 +8,7 @@
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Writes JSON (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
+//      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 // (--case: that case only, and quick (5 iterations, the rules only) unless --configs names configs of
 // the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
@@ -38,6 +39,7 @@ using cuda::median_ms;
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
+  bool rule_first = false;
   std::int64_t only_M = 0, only_m_e = 0;
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
   std::vector<std::string> only_configs;  // empty: every config of the table (unless quick)
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   };
   for (int a = 2; a < argc; ++a) {
     if (std::string(argv[a]) == "--quick") quick = true;
+    if (std::string(argv[a]) == "--rule-first") rule_first = true;
     if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
       quants.clear();
       for (const std::string& q : split(argv[a + 1])) quants.push_back(parse_quant(q));
@@ -166,6 +169,9 @@ int main(int argc, char** argv) {
         MoeProblem fused_p = p;
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
         std::vector<Variant> sweep;
+        if (rule_first)
+          sweep.push_back({"rule, run first: " + plan::describe(plan::plan_experts_gemms(p, m_e).w1),
+                           plan::plan_experts_gemms(p, m_e), false, p});
         for (const auto& cfg : plan::kGemmConfigs) {
           if (only_configs.empty()
                   ? quick
