@@ -359,27 +359,27 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 
     // --- epilogue: the warp's 16 rows (warp_row0 of the group on), staged, whole rows written ---
     const int warp_row0 = t.mt * BG::kTileM + wg * 64 + warp * 16;
-    if (warp_row0 >= m) continue;  // the warp's rows are all past the group
-    std::uint8_t* stage = s.out[wg * 4 + warp];
+    if (warp_row0 >= m) continue;                 // the warp's rows are all past the group
+    std::uint8_t* staged = s.out[wg * 4 + warp];  // the warp's rows in shared memory
     if constexpr (kFused) {
       const GroupedGemmLaunch::FusedW1& f = p.fused;
       const std::int64_t act_row0 =
           f.row_offsets != nullptr ? f.row_offsets[t.g] : static_cast<std::int64_t>(t.g) * f.M;
       switch (f.activation) {  // swigluoai's interleaved rows are refused at launch
         case Activation::kSilu:
-          block_gemm_fused_epilogue<Activation::kSilu>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kSilu>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
           break;
         case Activation::kGelu:
-          block_gemm_fused_epilogue<Activation::kGelu>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kGelu>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
           break;
         case Activation::kGeluTanh:
-          block_gemm_fused_epilogue<Activation::kGeluTanh>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kGeluTanh>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
           break;
         case Activation::kRelu2:
-          block_gemm_fused_epilogue<Activation::kRelu2>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kRelu2>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
           break;
         case Activation::kSiluNoMul:
-          block_gemm_fused_epilogue<Activation::kSiluNoMul>(acc, lane, r0, m, warp_row0, stage, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<Activation::kSiluNoMul>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
           break;
         case Activation::kSwigluOai: break;
       }
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       // bf16 D a quarter tile (64 columns = 128 bytes a row) at a time; n % 128 == 0 (n_multiple).
       auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[t.g]);
       const std::int64_t ld_bytes = 2 * p.args.stride_D[t.g];
-      std::uint8_t* out0 = stage + (lane / 4) * BG::kStageRowBytes + 4 * (lane % 4);
+      std::uint8_t* out0 = staged + (lane / 4) * BG::kStageRowBytes + 4 * (lane % 4);
       std::uint8_t* out1 = out0 + 8 * BG::kStageRowBytes;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
             *reinterpret_cast<__nv_bfloat162*>(out1 + 16 * j) =
                 __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
           }
-          block_gemm_flush(stage, lane, D + warp_row0 * ld_bytes + 2 * col0, ld_bytes, min(m - warp_row0, 16));
+          block_gemm_flush(staged, lane, D + warp_row0 * ld_bytes + 2 * col0, ld_bytes, min(m - warp_row0, 16));
         }
       }
     }
