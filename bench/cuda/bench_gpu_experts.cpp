@@ -169,9 +169,8 @@ int main(int argc, char** argv) {
         MoeProblem fused_p = p;
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
         std::vector<Variant> sweep;
-        if (rule_first)
-          sweep.push_back({"rule, run first: " + plan::describe(plan::plan_experts_gemms(p, m_e).w1),
-                           plan::plan_experts_gemms(p, m_e), false, p});
+        const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
+        if (rule_first) sweep.push_back({"rule, run first: " + plan::describe(rule.w1), rule, false, p});
         for (const auto& cfg : plan::kGemmConfigs) {
           if (only_configs.empty()
                   ? quick
@@ -186,10 +185,7 @@ int main(int argc, char** argv) {
           const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
           sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
         }
-        {
-          const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
-          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
-        }
+        sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
         for (const auto& v : sweep) {
           const auto& name = v.name;
           const bool chosen = v.selected;

@@ -15,13 +15,13 @@ TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
     EXPECT_EQ(c.tile_k, 128) << c.name;
     // Swap A/B puts the weights on the 128-row side and the tokens on tile_n; a fused W1 holds a
-    // gate block and its up block: 256 weight rows (the swapped M side, or the N side of moekit's
-    // own main loop), cooperative, block-scaled only.
+    // gate block and its up block: 256 weight rows (the N side of moekit's own main loop, unswapped),
+    // cooperative, block-scaled only.
     if (c.swap_ab) {
-      EXPECT_EQ(c.tile_m, c.fused_w1 ? 256 : 128) << c.name;
+      EXPECT_EQ(c.tile_m, 128) << c.name;
     }
     if (c.fused_w1) {
-      EXPECT_EQ(c.swap_ab ? c.tile_m : c.tile_n, 256) << c.name;
+      EXPECT_TRUE(!c.swap_ab && c.tile_n == 256) << c.name;
       EXPECT_TRUE(c.schedule == GemmSchedule::kCooperative && !c.token_scaled && !c.block_scaled) << c.name;
       EXPECT_TRUE(c.name.starts_with("fused-w1")) << c.name;
     }
