@@ -16,11 +16,15 @@
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
+#   graphs: the captured step's conditional launches (test_batched_experts' graph tests, memcheck
+#          on them), the experts benchmark (eager and graph replay, the rule with and without its
+#          conditional nodes), `moekit bench layer` with and without --fuse-w1, the Python ops on
+#          the GPU (test_gpu.py's op tests, fuse_w1 among them).
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels.
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|profile` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -100,6 +104,30 @@ if [[ $part == fused ]]; then
   grep -vE "^\s+(stages|activation)" "$OUT/bench_fused.log"
   cp /tmp/experts.json "$OUT/bench_fused.json" 2>/dev/null
   echo "fused tests rc=$fused_rc sanitizer rc=$fused_san_rc" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == graphs ]]; then
+  echo "== the captured step: conditional launches (graph tests), memcheck, experts + layer benchmarks"
+  run timeout 200 $BIN/test_batched_experts --gtest_filter='*Graph*:BatchedExpertsGpuContract.*' \
+    > "$OUT/graph_tests.log" 2>&1
+  graph_rc=$?
+  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/graph_tests.log" | tail -20
+  run timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
+    --gtest_filter='*GraphSkipsEmptyLaunches*' > "$OUT/graph_sanitizer.log" 2>&1
+  graph_san_rc=$?
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/graph_sanitizer.log"
+  if [[ -d $BIN/python ]]; then
+    PYTHONPATH="$PWD/$BIN/python" MOEKIT_CLI="$PWD/$BIN/moekit" PYTHONUNBUFFERED=1 run timeout 200 python3 -m pytest \
+      -q -rs -p no:cacheprovider tests/python/test_gpu.py -k "op" 2>&1 | tail -6 | tee "$OUT/graph_python.log"
+  fi
+  run timeout 300 $BIN/bench_gpu_experts /tmp/experts.json --quant per-token,block128 > "$OUT/bench_graphs.log" 2>&1
+  grep -vE "^\s+(stages|activation)" "$OUT/bench_graphs.log"
+  cp /tmp/experts.json "$OUT/bench_graphs.json" 2>/dev/null
+  for fuse in "" --fuse-w1; do
+    run timeout 120 $BIN/moekit bench layer --quant block128 --iters 20 --tokens 128,512 $fuse 2>&1 \
+      | tee -a "$OUT/bench_layer_graphs.txt" | tail -8
+  done
+  echo "graph tests rc=$graph_rc sanitizer rc=$graph_san_rc" | tee -a "$OUT/machine.txt"
 fi
 
 if [[ $part == layer ]]; then

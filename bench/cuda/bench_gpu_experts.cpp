@@ -6,8 +6,12 @@
 // rule selects, TFLOP/s on valid rows, the floor max(flops / FP8 peak, (weight + activation bytes) /
 // bandwidth), the ratio to it, and the time to read the local experts' weights once; for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
-// two are compared on the same machine state). Writes JSON (argv[1]) for bench/torch_baseline.py.
-// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
+// two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
+// first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's.
+// Under capture the rule's launches that get no rows are conditional nodes that run nothing
+// (launch.h: skip_empty_launches); the rule is also replayed with every launch, its A/B. Writes JSON (argv[1]) for
+// bench/torch_baseline.py. Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128]
+// [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 // (--case: that case only, and quick (5 iterations, the rules only) unless --configs names configs of
 // the table to run too: for profiling one config under ncu)
@@ -91,8 +95,8 @@ int main(int argc, char** argv) {
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
           "},\n  \"E_local\": 16, \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
-  std::printf("%-9s %6s %6s %-20s %9s %9s %9s %8s %9s %10s\n", "quant", "M", "m_e", "config", "ms", "TFLOP/s",
-              "floor ms", "x floor", "weights", "x weights");
+  std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s\n", "quant", "M", "m_e", "config", "eager ms",
+              "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights");
   bool first = true;
   const auto memory = make_memory(Device::kCuda);
   // The workspace every variant runs in: the default (unfused) plan, w1_out included; the fused W1
@@ -198,6 +202,26 @@ int main(int argc, char** argv) {
               },
               stream);
           cuda::check_status_words(l.status, "bench", M, p.E, stream);
+          auto replay_ms = [&](const cuda::BatchedExpertsLaunch& launch) {
+            cuda::Graph graph(
+                [&](void* s) {
+                  cuda::clear_status_words(launch.status, s);
+                  cuda::launch_batched_experts(launch, s);
+                },
+                stream);
+            const double t = median_ms(
+                quick ? 5 : 20, [&] { graph.replay(stream); }, stream);
+            cuda::check_status_words(launch.status, "bench (graph)", M, p.E, stream);
+            return t;
+          };
+          const double graph_ms = replay_ms(l);
+          double every_launch_ms = 0;  // the rule replayed without conditional nodes
+          if (chosen || v.gemms.w1.count + v.gemms.w2.count > 2) {
+            cuda::BatchedExpertsLaunch all = l;
+            all.skip_empty_launches = false;
+            every_launch_ms = replay_ms(all);
+            std::printf("       graph replay with every launch (no conditional nodes): %.4f ms\n", every_launch_ms);
+          }
           // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
           // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
           cuda::launch_experts_prepare(l, stream);
@@ -220,16 +244,18 @@ int main(int argc, char** argv) {
               std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", kname, us, act_bytes_moved / (us * 1e3));
             }
           }
-          std::printf("%-9s %6lld %6lld %-20s %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n",
+          std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n",
                       std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
-                      name.c_str(), ms, flops / (ms * 1e-3) / 1e12, floor_ms, ms / floor_ms, weights_ms,
-                      ms / weights_ms, chosen ? "  <- selected" : "");
+                      name.c_str(), ms, graph_ms, flops / (graph_ms * 1e-3) / 1e12, floor_ms, graph_ms / floor_ms,
+                      weights_ms, graph_ms / weights_ms, chosen ? "  <- selected" : "");
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
+                  ", \"graph_ms\": " + std::to_string(graph_ms) +
+                  (every_launch_ms > 0 ? ", \"graph_every_launch_ms\": " + std::to_string(every_launch_ms) : "") +
                   ", \"floor_ms\": " + std::to_string(floor_ms) +
                   ", \"weights_read_ms\": " + std::to_string(weights_ms) +
-                  ", \"tflops\": " + std::to_string(flops / (ms * 1e-3) / 1e12) +
+                  ", \"tflops\": " + std::to_string(flops / (graph_ms * 1e-3) / 1e12) +
                   ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
           first = false;
         }

@@ -606,5 +606,80 @@ TEST_P(GraphReplay, MatchesEagerRun) {
 INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplay,
                          ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128), quant_param_name);
 
+// A step captured once holds each GEMM launch of the rule as a conditional node (launch.h:
+// skip_empty_launches); replayed over counts that fall in one range, in each, or in none, every
+// replay equals an eager run of the same counts bit for bit (the nodes run exactly the launches
+// with rows, whatever ran in the replay before), and a step with no rows writes nothing.
+struct SkipCase {
+  QuantScheme quant;
+  bool fuse_w1;
+};
+
+class GraphSkipsEmptyLaunches : public ::testing::TestWithParam<SkipCase> {};
+
+TEST_P(GraphSkipsEmptyLaunches, ReplaysEqualEagerRuns) {
+  MOEKIT_REQUIRE_GPU();
+  const auto [quant, fuse] = GetParam();
+  const MoeProblem p = problem_for("qwen3-30b-a3b", 4, 200, quant, std::nullopt, fuse);
+  const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, p.M);
+  ASSERT_EQ(rule.w2.count, 3) << "the test wants W2's three row ranges: " << plan::describe(rule.w2);
+  cpu::ThreadPool pool(4);
+  const auto w = synthetic::make_expert_weights(p, 0, 41, pool);
+  GpuExperts gpu(p, w);
+  const std::vector<std::vector<std::int32_t>> patterns = {
+      {5, 32, 0, 17},     // the first range only
+      {200, 65, 130, 0},  // the last range only
+      {3, 50, 200, 0},    // one expert in each
+      {0, 0, 0, 0},       // no rows: nothing runs, nothing is written
+      {40, 64, 33, 1},    // the first two
+  };
+  const auto experts = cuda::make_batched_experts({});
+  cudaStream_t stream;
+  MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  const ExpertsInput input = gpu.load(testing::make_batched_inputs(p, patterns[0], 1));
+  MOEKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  experts->run(p, input, gpu.weights(), gpu.workspace(), stream);
+  MOEKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  std::size_t num_nodes = 0;
+  MOEKIT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes));
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  MOEKIT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &num_nodes));
+  int conditional = 0;
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType type;
+    MOEKIT_CUDA_CHECK(cudaGraphNodeGetType(n, &type));
+    conditional += type == cudaGraphNodeTypeConditional;
+  }
+  EXPECT_EQ(conditional, rule.w1.count + rule.w2.count) << "one conditional node per GEMM launch";
+  MOEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    const auto& counts = patterns[i];
+    const auto in = testing::make_batched_inputs(p, counts, 10 + static_cast<int>(i));
+    const GpuRun eager = gpu.run(in, std::nullopt);
+    gpu.load(in);  // poisoned again
+    MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    experts->check_status(gpu.workspace(), stream);
+    const GpuRun replay = gpu.download();
+    const std::string ctx = std::string(quant_name(quant)) + (fuse ? " fused" : "") + " pattern " + std::to_string(i);
+    EXPECT_EQ(replay.output, eager.output) << ctx << ": graph replay differs from the eager run";
+    check_run(p, replay, eager.output, counts, ctx);  // guards intact, padding rows unwritten
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphSkipsEmptyLaunches,
+                         ::testing::Values(SkipCase{QuantScheme::kPerTokenPerChannel, false},
+                                           SkipCase{QuantScheme::kBlock128, false},
+                                           SkipCase{QuantScheme::kBlock128, true}),
+                         [](const ::testing::TestParamInfo<SkipCase>& info) {
+                           return std::string(info.param.quant == QuantScheme::kBlock128 ? "block128" : "per_token") +
+                                  (info.param.fuse_w1 ? "_fused" : "");
+                         });
+
 }  // namespace
 }  // namespace moekit
