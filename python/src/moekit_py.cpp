@@ -511,7 +511,8 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
 class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
-               const std::string& activation_name, const std::string& quant, int num_threads, std::uintptr_t stream) {
+               const std::string& activation_name, const std::string& quant, bool fuse_w1, int num_threads,
+               std::uintptr_t stream) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -526,6 +527,7 @@ class ExpertsOp {
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {p.E_local, p.M}, p.N, p.K, true);
+    p.fuse_w1 = fuse_w1;
     validate_problem(p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes", where);
@@ -553,7 +555,7 @@ class ExpertsOp {
   }
 
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
-                Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
+                Array w2_scale, Array out, const std::string& activation_name, const std::string& quant, bool fuse_w1,
                 int num_threads, std::uintptr_t stream) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
@@ -572,6 +574,7 @@ class ExpertsOp {
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
+    p.fuse_w1 = fuse_w1;
     validate_problem(p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {T, p.K}, "uint8 FP8 e4m3 codes", where);
@@ -774,24 +777,25 @@ NB_MODULE(_moekit, m) {
   m.def(
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
-         const std::string& activation, const std::string& quant, int num_threads, std::uintptr_t stream) {
-        experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, num_threads,
-                             stream);
+         const std::string& activation, const std::string& quant, bool fuse_w1, int num_threads,
+         std::uintptr_t stream) {
+        experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
+                             num_threads, stream);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
-      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
+      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"), nb::arg("fuse_w1"),
       nb::arg("num_threads"), nb::arg("stream"));
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
-         Array w2_scale, Array out, const std::string& activation, const std::string& quant, int num_threads,
-         std::uintptr_t stream) {
+         Array w2_scale, Array out, const std::string& activation, const std::string& quant, bool fuse_w1,
+         int num_threads, std::uintptr_t stream) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                              quant, num_threads, stream);
+                              quant, fuse_w1, num_threads, stream);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("num_threads"), nb::arg("stream"));
+      nb::arg("fuse_w1"), nb::arg("num_threads"), nb::arg("stream"));
   m.def(
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });

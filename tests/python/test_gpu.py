@@ -103,15 +103,15 @@ def poisoned(shape):
     return torch.full(shape, POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
 
 
-@pytest.mark.parametrize("quant", ["per-token", "block128"])
-def test_batched_op_on_cuda_agrees_with_the_cpu_and_leaves_padding(quant):
+@pytest.mark.parametrize("quant,fuse_w1", [("per-token", False), ("block128", False), ("block128", True)])
+def test_batched_op_on_cuda_agrees_with_the_cpu_and_leaves_padding(quant, fuse_w1):
     case = experts_case(quant)
     E, M, K = case["a1q"].shape
     cpu_out = np.full((E, M, K), 0xFFFF, np.uint16)
-    moekit.ops.batched_experts(**case, out=cpu_out)
+    moekit.ops.batched_experts(**case, out=cpu_out, fuse_w1=fuse_w1)
     t = to_cuda(case)
     out = poisoned((E, M, K))
-    moekit.ops.batched_experts(**t, out=out)
+    moekit.ops.batched_experts(**t, out=out, fuse_w1=fuse_w1)
     moekit.ops.check_status()
     got = bits(out)
     for e, m in enumerate(case["expert_num_tokens"]):

@@ -249,3 +249,54 @@ def test_standard_experts_reuse_a_workspace_for_fewer_tokens():
     moekit.ops.standard_experts(a1q[:-1].copy(), scale[:-1].copy(), ids[:-1].copy(), wts[:-1].copy(), **w, out=five)
     assert moekit.ops.workspace_bytes() == before, "T = 5 built a new workspace"
     assert np.array_equal(five, six[:-1])
+
+
+def test_fuse_w1_runs_the_lean_recipe_and_drops_w1_out():
+    """fuse_w1 (block128): the activation in W1's epilogue, no bf16 W1 output. Batched and standard
+    agree with the unfused op within the requantization flips (a W1 value rounded to bf16 or not
+    moves an FP8 code by one step: ~1e-2 end to end, as the C++ layer tests measure), padding rows
+    stay unwritten, the workspace is smaller by exactly w1_out (E_local x M x N bf16), and a scheme
+    that cannot fuse raises."""
+    rng = np.random.default_rng(21)
+    E, M, K, I = 3, 13, 256, 256
+    N = 2 * I
+    a1q = random_codes(rng, (E, M, K))
+    a1q_scale = (rng.uniform(0.5, 1.5, (E, M, K // 128)) / 64).astype(np.float32)
+    w = dict(w1=random_codes(rng, (E, N, K)),
+             w1_scale=(rng.uniform(0.5, 1.5, (E, N // 128 * K // 128)) / (64 * np.sqrt(K))).astype(np.float32),
+             w2=random_codes(rng, (E, K, I)),
+             w2_scale=(rng.uniform(0.5, 1.5, (E, K // 128 * I // 128)) / (64 * np.sqrt(I))).astype(np.float32))
+    counts = np.array([13, 0, 6], np.int32)
+    outs = {}
+    grew = {}
+    for fuse in (False, True):
+        before = moekit.ops.workspace_bytes()
+        out = np.full((E, M, K), 0xFFFF, np.uint16)
+        moekit.ops.batched_experts(a1q, a1q_scale, counts, **w, out=out, fuse_w1=fuse)
+        grew[fuse] = moekit.ops.workspace_bytes() - before
+        for e, m in enumerate(counts):
+            assert (out[e, m:] == 0xFFFF).all(), f"fuse_w1={fuse}: expert {e}: a padding row was written"
+        outs[fuse] = out
+    assert grew[False] - grew[True] == E * M * N * 2, grew
+    for e, m in enumerate(counts):
+        if m:
+            a, b = bf16_to_f64(outs[True][e, :m]), bf16_to_f64(outs[False][e, :m])
+            err = np.linalg.norm(a - b) / np.linalg.norm(b)
+            assert err < 3e-2, f"expert {e}: fused vs unfused relative error {err:.3e}"
+
+    T, topk = 7, 2
+    ids = rng.integers(-1, E, (T, topk)).astype(np.int32)
+    wts = rng.uniform(0, 1, (T, topk)).astype(np.float32)
+    ta1q, tscale = a1q[0, :T].copy(), a1q_scale[0, :T].copy()
+    std = {}
+    for fuse in (False, True):
+        std[fuse] = np.zeros((T, K), np.uint16)
+        moekit.ops.standard_experts(ta1q, tscale, ids, wts, **w, out=std[fuse], fuse_w1=fuse)
+    a, b = bf16_to_f64(std[True]), bf16_to_f64(std[False])
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
+
+    per_token = dict(w1=w["w1"], w1_scale=np.full((E, N), 1e-3, np.float32), w2=w["w2"],
+                     w2_scale=np.full((E, K), 1e-3, np.float32))
+    with pytest.raises(moekit.Error, match="fused W1"):
+        moekit.ops.batched_experts(a1q, np.full((E, M), 1 / 64, np.float32), counts, **per_token,
+                                   out=np.zeros((E, M, K), np.uint16), fuse_w1=True)
