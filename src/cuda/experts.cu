@@ -51,10 +51,6 @@ struct GemmOperands {
   int launches;
   bool swap_ab[plan::kMaxGemmLaunches];
   std::int64_t lo[plan::kMaxGemmLaunches], hi[plan::kMaxGemmLaunches];
-  // Captured steps: launch j is a conditional graph node; the prepare kernel sets cond[j] to whether
-  // any expert has rows in it (LaunchConditions).
-  bool conditional = false;
-  cudaGraphConditionalHandle cond[plan::kMaxGemmLaunches];
 };
 
 __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int g, int m, std::int64_t row_start,
@@ -106,29 +102,6 @@ __device__ void write_group_args(const GemmOperands& op, int groups, int g, int 
   }
 }
 
-// Under capture: each launch's conditional node runs its body only when some expert has rows in
-// the launch's range, so a range no expert falls in costs nothing (an empty CUTLASS launch costs a
-// grid of CTAs that find no tile). Called by the whole block after row_offsets is final.
-__device__ void set_launch_conditions(const GemmOperands& w1, const GemmOperands& w2,
-                                      const std::int32_t* __restrict__ row_offsets, int E) {
-  __shared__ int busy[2][plan::kMaxGemmLaunches];
-  if (threadIdx.x < 2 * plan::kMaxGemmLaunches)
-    busy[threadIdx.x / plan::kMaxGemmLaunches][threadIdx.x % plan::kMaxGemmLaunches] = 0;
-  __syncthreads();
-  for (int g = static_cast<int>(threadIdx.x); g < E; g += kPrepareThreads) {
-    const int m = row_offsets[g + 1] - row_offsets[g];
-    for (int j = 0; j < w1.launches; ++j)
-      if (m > 0 && m >= w1.lo[j] && m <= w1.hi[j]) busy[0][j] = 1;
-    for (int j = 0; j < w2.launches; ++j)
-      if (m > 0 && m >= w2.lo[j] && m <= w2.hi[j]) busy[1][j] = 1;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int j = 0; j < w1.launches && w1.conditional; ++j) cudaGraphSetConditional(w1.cond[j], busy[0][j]);
-    for (int j = 0; j < w2.launches && w2.conditional; ++j) cudaGraphSetConditional(w2.cond[j], busy[1][j]);
-  }
-}
-
 // The one read of the counts. A count outside [0, capacity] sets the status flag (first one wins),
 // and that expert runs with 0 rows in both GEMMs and the activation: nothing past its rows is
 // touched. row_offsets is the exclusive prefix of the valid counts (the activation's row index).
@@ -166,7 +139,6 @@ __global__ void __launch_bounds__(kPrepareThreads)
     write_group_args(w1, E, g, m, row_start, per_row, contiguous);
     write_group_args(w2, E, g, m, row_start, per_row, contiguous);
   }
-  if (w1.conditional || w2.conditional) set_launch_conditions(w1, w2, row_offsets, E);
 }
 
 // --- activation + FP8 -------------------------------------------------------------------------------
@@ -289,86 +261,7 @@ __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float*
   act_scale[e] = numerics::fp8_scale(__uint_as_float(expert_amax[e]));
 }
 
-// The conditional nodes of one captured step: a handle per launch of each GEMM, created on the
-// capturing graph; `on` false when the stream is not capturing (every launch runs), when
-// skip_empty_launches is off, or when the driver has no conditional nodes (CUDA < 12.4).
-struct LaunchConditions {
-  bool on = false;
-  cudaGraphConditionalHandle w1[plan::kMaxGemmLaunches] = {}, w2[plan::kMaxGemmLaunches] = {};
-};
-
-LaunchConditions capture_conditions(const BatchedExpertsLaunch& l, cudaStream_t stream) {
-  LaunchConditions c;
-  if (!l.skip_empty_launches) return c;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaGraph_t graph = nullptr;
-  MOEKIT_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph, nullptr, nullptr, nullptr));
-  if (capture != cudaStreamCaptureStatusActive) return c;
-  auto create = [&](cudaGraphConditionalHandle* h, int count) {
-    for (int j = 0; j < count; ++j)
-      if (cudaGraphConditionalHandleCreate(h + j, graph, 0, cudaGraphCondAssignDefault) != cudaSuccess) {
-        (void)cudaGetLastError();  // no conditional nodes in this driver: every launch runs, as eager
-        return false;
-      }
-    return true;
-  };
-  c.on = create(c.w1, l.gemms.w1.count) && create(c.w2, l.gemms.w2.count);
-  return c;
-}
-
-// Captured: a conditional node after the stream's current work whose body is what `enqueue` puts
-// on a stream, run only when `handle` is non-zero at that point of the replay. The body is captured
-// from a side stream into the node's own graph; the capturing stream continues after the node.
-template <class Enqueue>
-void enqueue_if(cudaStream_t stream, cudaGraphConditionalHandle handle, const Enqueue& enqueue) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaGraph_t graph = nullptr;
-  const cudaGraphNode_t* deps = nullptr;
-  const cudaGraphEdgeData* edges = nullptr;
-  std::size_t num_deps = 0;
-  MOEKIT_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph, &deps, &edges, &num_deps));
-  MOEKIT_CUDA_REQUIRE(capture == cudaStreamCaptureStatusActive, "enqueue_if: the stream is not capturing");
-  cudaGraphNodeParams params{};
-  params.type = cudaGraphNodeTypeConditional;
-  params.conditional.handle = handle;
-  params.conditional.type = cudaGraphCondTypeIf;
-  params.conditional.size = 1;
-  cudaGraphNode_t node = nullptr;
-  MOEKIT_CUDA_CHECK(cudaGraphAddNode(&node, graph, deps, edges, num_deps, &params));
-  MOEKIT_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
-  // Stream creation is not a stream operation; relaxed so a global-mode capture (PyTorch's) allows it.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  MOEKIT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  cudaStream_t side = nullptr;
-  const cudaError_t created = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
-  MOEKIT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  MOEKIT_CUDA_CHECK(created);
-  auto destroy_side = [&] {
-    cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&m);
-    cudaStreamDestroy(side);
-    cudaThreadExchangeStreamCaptureMode(&m);
-  };
-  cudaGraph_t body = params.conditional.phGraph_out[0];
-  const cudaError_t begun =
-      cudaStreamBeginCaptureToGraph(side, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
-  if (begun != cudaSuccess) destroy_side();
-  MOEKIT_CUDA_CHECK(begun);
-  try {
-    enqueue(side);
-  } catch (...) {
-    cudaGraph_t ignored = nullptr;
-    cudaStreamEndCapture(side, &ignored);
-    destroy_side();
-    throw;
-  }
-  cudaGraph_t captured = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(side, &captured);
-  destroy_side();
-  MOEKIT_CUDA_CHECK(ended);
-}
-
-GemmOperands operands(const BatchedExpertsLaunch& l, int which, const LaunchConditions& c) {
+GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   const MoeProblem& p = l.problem;
   const plan::GemmLaunches& launches = which == 1 ? l.gemms.w1 : l.gemms.w2;
   GemmOperands op;
@@ -387,9 +280,7 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which, const LaunchCond
     op.swap_ab[j] = plan::gemm_config_info(launches.config[j]).swap_ab;
     op.lo[j] = launches.lo[j];
     op.hi[j] = launches.hi[j];
-    op.cond[j] = which == 1 ? c.w1[j] : c.w2[j];
   }
-  op.conditional = c.on;
   return op;
 }
 
@@ -399,16 +290,19 @@ std::int64_t expert_capacity(const BatchedExpertsLaunch& l) {
   return l.contiguous ? l.problem.M * l.problem.topk : l.problem.M;
 }
 
-void prepare(const BatchedExpertsLaunch& l, cudaStream_t stream, const LaunchConditions& c) {
+}  // namespace
+
+void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
   const MoeProblem& p = l.problem;
   const std::int64_t capacity = expert_capacity(l);
   prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
-                                                    l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1, c),
-                                                    operands(l, 2, c), l.row_offsets, l.status);
+                                                    l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1),
+                                                    operands(l, 2), l.row_offsets, l.status);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
-void gemm(const BatchedExpertsLaunch& l, int which, cudaStream_t stream, const LaunchConditions& c) {
+void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream) {
   const MoeProblem& p = l.problem;
   const plan::GemmLaunches& launches = which == 1 ? l.gemms.w1 : l.gemms.w2;
   for (int j = 0; j < launches.count; ++j) {
@@ -435,22 +329,8 @@ void gemm(const BatchedExpertsLaunch& l, int which, cudaStream_t stream, const L
       g.fused.I = static_cast<int>(p.I());
       g.fused.activation = p.activation;
     }
-    if (c.on)
-      enqueue_if(stream, which == 1 ? c.w1[j] : c.w2[j],
-                 [&](cudaStream_t body) { grouped_fp8_gemm(launches.config[j], g, body); });
-    else
-      grouped_fp8_gemm(launches.config[j], g, stream);
+    grouped_fp8_gemm(launches.config[j], g, stream);
   }
-}
-
-}  // namespace
-
-void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream) {
-  prepare(l, static_cast<cudaStream_t>(stream), LaunchConditions{});
-}
-
-void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream) {
-  gemm(l, which, static_cast<cudaStream_t>(stream), LaunchConditions{});
 }
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {
@@ -512,13 +392,11 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
-void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream_ptr) {
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const LaunchConditions c = capture_conditions(l, stream);
-  prepare(l, stream, c);
-  gemm(l, 1, stream, c);  // fused: writes act_q / act_scale itself
+void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
+  launch_experts_prepare(l, stream);
+  launch_experts_gemm(l, 1, stream);  // fused: writes act_q / act_scale itself
   if (!l.gemms.fused_w1) launch_activation_quant(l, ActivationKernel::kAuto, stream);
-  gemm(l, 2, stream, c);
+  launch_experts_gemm(l, 2, stream);
 }
 
 }  // namespace moekit::cuda

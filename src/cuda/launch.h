@@ -63,17 +63,11 @@ struct BatchedExpertsLaunch {
   std::int32_t* status = nullptr;
   plan::ExpertsGemmPlan gemms{};
   int num_sms = 0;
-  // Captured in a CUDA graph, each GEMM launch is a conditional node that runs only when some
-  // expert's count falls in its row range (set on the device by the prepare kernel): a range no
-  // expert falls in, or a step with no rows at all, launches nothing. Eager steps launch every
-  // range. false: every range launches under capture too (benchmarks' A/B).
-  bool skip_empty_launches = true;
 };
 
 // The stages: prepare (reads expert_num_tokens once, validates it, writes row_offsets and both
 // GEMMs' arguments), W1 GEMM, activation + FP8, W2 GEMM. launch_batched_experts runs all four, or
 // three when gemms.fused_w1 (the W1 GEMM's epilogue writes act_q / act_scale; w1_out is null).
-// Only launch_batched_experts skips empty launches under capture; the stages alone launch all.
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream);
 void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream);
 void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream);  // which: 1 (W1) or 2 (W2)
