@@ -16,10 +16,9 @@
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
-#   graphs: the captured step's conditional launches (test_batched_experts' graph tests, memcheck
-#          on them), the experts benchmark (eager and graph replay, the rule with and without its
-#          conditional nodes), `moekit bench layer` with and without --fuse-w1, the Python ops on
-#          the GPU (test_gpu.py's op tests, fuse_w1 among them).
+#   graphs: the captured step (test_batched_experts' graph tests, memcheck on them), the experts
+#          benchmark (eager and graph replay), `moekit bench layer` with and without --fuse-w1, the
+#          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
@@ -107,13 +106,13 @@ if [[ $part == fused ]]; then
 fi
 
 if [[ $part == graphs ]]; then
-  echo "== the captured step: conditional launches (graph tests), memcheck, experts + layer benchmarks"
+  echo "== the captured step (graph tests), memcheck, experts + layer benchmarks"
   run timeout 200 $BIN/test_batched_experts --gtest_filter='*Graph*:BatchedExpertsGpuContract.*' \
     > "$OUT/graph_tests.log" 2>&1
   graph_rc=$?
   grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/graph_tests.log" | tail -20
   run timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
-    --gtest_filter='*GraphSkipsEmptyLaunches*' > "$OUT/graph_sanitizer.log" 2>&1
+    --gtest_filter='*GraphReplayFollowsTheCounts*' > "$OUT/graph_sanitizer.log" 2>&1
   graph_san_rc=$?
   grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/graph_sanitizer.log"
   if [[ -d $BIN/python ]]; then

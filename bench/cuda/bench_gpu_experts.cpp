@@ -7,10 +7,9 @@
 // bandwidth), the ratio to it, and the time to read the local experts' weights once; for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
-// first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's.
-// Under capture the rule's launches that get no rows are conditional nodes that run nothing
-// (launch.h: skip_empty_launches); the rule is also replayed with every launch, its A/B. Writes JSON (argv[1]) for
-// bench/torch_baseline.py. Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128]
+// first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's. Writes JSON
+// (argv[1]) for bench/torch_baseline.py. Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant
+// per-token,block128]
 // [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 // (--case: that case only, and quick (5 iterations, the rules only) unless --configs names configs of
@@ -202,25 +201,18 @@ int main(int argc, char** argv) {
               },
               stream);
           cuda::check_status_words(l.status, "bench", M, p.E, stream);
-          auto replay_ms = [&](const cuda::BatchedExpertsLaunch& launch) {
+          // The same step replayed from a CUDA graph: no host launch gaps.
+          double graph_ms = 0;
+          {
             cuda::Graph graph(
                 [&](void* s) {
-                  cuda::clear_status_words(launch.status, s);
-                  cuda::launch_batched_experts(launch, s);
+                  cuda::clear_status_words(l.status, s);
+                  cuda::launch_batched_experts(l, s);
                 },
                 stream);
-            const double t = median_ms(
+            graph_ms = median_ms(
                 quick ? 5 : 20, [&] { graph.replay(stream); }, stream);
-            cuda::check_status_words(launch.status, "bench (graph)", M, p.E, stream);
-            return t;
-          };
-          const double graph_ms = replay_ms(l);
-          double every_launch_ms = 0;  // the rule replayed without conditional nodes
-          if (chosen || v.gemms.w1.count + v.gemms.w2.count > 2) {
-            cuda::BatchedExpertsLaunch all = l;
-            all.skip_empty_launches = false;
-            every_launch_ms = replay_ms(all);
-            std::printf("       graph replay with every launch (no conditional nodes): %.4f ms\n", every_launch_ms);
+            cuda::check_status_words(l.status, "bench (graph)", M, p.E, stream);
           }
           // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
           // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
@@ -251,9 +243,7 @@ int main(int argc, char** argv) {
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
-                  ", \"graph_ms\": " + std::to_string(graph_ms) +
-                  (every_launch_ms > 0 ? ", \"graph_every_launch_ms\": " + std::to_string(every_launch_ms) : "") +
-                  ", \"floor_ms\": " + std::to_string(floor_ms) +
+                  ", \"graph_ms\": " + std::to_string(graph_ms) + ", \"floor_ms\": " + std::to_string(floor_ms) +
                   ", \"weights_read_ms\": " + std::to_string(weights_ms) +
                   ", \"tflops\": " + std::to_string(flops / (graph_ms * 1e-3) / 1e12) +
                   ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
