@@ -111,7 +111,21 @@ def test_batched_op_on_cuda_agrees_with_the_cpu_and_leaves_padding(quant, fuse_w
     moekit.ops.batched_experts(**case, out=cpu_out, fuse_w1=fuse_w1)
     t = to_cuda(case)
     out = poisoned((E, M, K))
+    before = moekit.ops.workspace_bytes()
     moekit.ops.batched_experts(**t, out=out, fuse_w1=fuse_w1)
+    if fuse_w1:  # the unfused workspace of this shape exists already (the block128 case before)
+        unfused = dict(case, a1q=case["a1q"][:, :M - 1].copy())  # a fresh shape: M - 1 rows
+        unfused["a1q_scale"] = case["a1q_scale"][:, :M - 1].copy()
+        unfused["expert_num_tokens"] = np.minimum(case["expert_num_tokens"], M - 1).astype(np.int32)
+        fused_bytes = moekit.ops.workspace_bytes() - before
+        mid = moekit.ops.workspace_bytes()
+        moekit.ops.batched_experts(**to_cuda(unfused), out=poisoned((E, M - 1, K)))
+        unfused_bytes = moekit.ops.workspace_bytes() - mid
+        mid = moekit.ops.workspace_bytes()
+        moekit.ops.batched_experts(**to_cuda(unfused), out=poisoned((E, M - 1, K)), fuse_w1=True)
+        fused_small = moekit.ops.workspace_bytes() - mid
+        assert fused_bytes > 0 and unfused_bytes - fused_small == E * (M - 1) * case["w1"].shape[1] * 2, \
+            (fused_bytes, unfused_bytes, fused_small)
     moekit.ops.check_status()
     got = bits(out)
     for e, m in enumerate(case["expert_num_tokens"]):
