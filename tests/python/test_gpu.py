@@ -237,8 +237,8 @@ def test_op_overhead_over_the_direct_call():
     names = ("a1q", "a1q_scale", "expert_num_tokens", "w1", "w1_scale", "w2", "w2_scale")
     stream = torch.cuda.current_stream().cuda_stream
     calls = {
-        "C++ entry, tensors": lambda: moekit._moekit.batched_experts(*[views[k] for k in names], out, "silu", "", 1,
-                                                                      stream),
+        "C++ entry, tensors": lambda: moekit._moekit.batched_experts(*[views[k] for k in names], out, "silu", "", False,
+                                                                      1, stream),
         "moekit.ops.batched_experts": lambda: moekit.ops.batched_experts(**t, out=out),
         "torch.ops.moekit.batched_experts": lambda: torch.ops.moekit.batched_experts(**t, out=out),
     }
