@@ -22,7 +22,7 @@
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
-#          moekit's block GEMM kernels.
+#          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
 # `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
@@ -191,6 +191,7 @@ if [[ $part == ep-layer ]]; then
 fi
 
 if [[ $part == profile ]]; then
+  [[ -x $BIN/bench_weight_stream ]] && run timeout 60 $BIN/bench_weight_stream 4 6 | tee "$OUT/weight_stream.txt"
   configs=${PROFILE_CONFIGS:-cooperative-128x128,block-128x256}
   cuobjdump --dump-sass $BIN/bench_gpu_experts 2>/dev/null \
     | awk '/Function : .*block_gemm/{p=1} /Function : /&&!/block_gemm/{p=0} p' > "$OUT/block_gemm_sass.txt"
