@@ -19,7 +19,9 @@ enum class GemmConfig : std::uint8_t {
   kPingpong64x256,
   kCooperative128x128,
   kBlock128x256,
-  kFusedW1Block128x256
+  kFusedW1Block128x256,
+  kBlockSwap128x32,
+  kBlockSwap128x64
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 // Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
@@ -71,6 +73,12 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
      GemmMainLoop::kMoekit},
+    // moekit's own swapped block-scaled main loop (block_gemm_swap_sm90.cuh): 128 weight rows (one
+    // weight block: one scale a k-block) x 32 or 64 tokens. Opt-in (after the rule's open-ended row).
+    {GemmConfig::kBlockSwap128x32, "block-swap-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 128, 32, false,
+     true, false, "block128, m_e <= 32: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
+    {GemmConfig::kBlockSwap128x64, "block-swap-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 128, 64, false,
+     true, false, "block128, m_e <= 64: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 

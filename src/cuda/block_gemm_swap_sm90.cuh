@@ -1,0 +1,296 @@
+// moekit's own block-scaled grouped FP8 GEMM for small m_e, swapped (sm_90a): the weights on the
+// kernel's 128-row side, the tokens on its kTN = 32 or 64 columns, so a tile of an expert with m_e
+// <= kTN rows does no MMA on padding and reads each weight byte once:
+//   D[g]^T (n x m_g) = sum_kb (W_kb . A_kb^T) * sb[row / 128][kb] * sa[col][kb], written as D[g]
+//   (m_g x n) row-major, the same memory contract as every config (grouped_gemm.h).
+// A tile's 128 weight rows are one 128x128 weight block, so its weight scale is one number a
+// k-block; the token scales are one per column. At small m_e the GEMM is memory-bound: the weights
+// stream once (bench_weight_stream: TMA alone reaches the read ceiling with 4+ stages), and the
+// consumers' work a k-block (4 wgmma m64 x kTN x 32 a warpgroup, the wait, kTN / 2 promotion FMAs a
+// thread) is a fraction of a k-block's 16 KB arrival time, so a deep ring keeps the loads in flight.
+// Structure as block_gemm_sm90.cuh: one CTA per SM, a producer thread streaming the weight box
+// (128 x 128 B) and the token box (kTN x 128 B) of each k-block into a ring, two consumer warpgroups
+// of 64 weight rows each. Epilogue: each warpgroup stages its 64 output columns (128 bytes of every
+// token row) in shared memory and writes whole 128-byte rows; token rows past the group are never
+// written. The tokens of one weight tile adjacent in the tile order (an expert's token tiles share
+// the weight tile through L2).
+#pragma once
+
+#include "cuda/block_gemm_sm90.cuh"
+
+namespace moekit::cuda::detail {
+
+template <int kTN>
+struct BlockGemmSwap {
+  static_assert(kTN == 32 || kTN == 64, "swapped tiles of 32 or 64 tokens");
+  static constexpr int kTileM = 128, kTileK = static_cast<int>(kQuantBlock);
+  static constexpr int kStages = kTN == 64 ? 8 : 10;
+  static constexpr int kThreads = 384;
+  static constexpr int kMaxGroups = 1024;
+  static constexpr int kABytes = kTileM * kTileK;  // weights
+  static constexpr int kBBytes = kTN * kTileK;     // tokens
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kAcc = kTN / 2;  // fp32 accumulators a thread (64 rows x kTN per warpgroup)
+  static constexpr int kStageRowBytes = 128 + 16;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+  struct alignas(1024) Smem {
+    std::uint8_t a[kStages][kABytes];
+    std::uint8_t b[kStages][kBBytes];
+    std::uint64_t full[kStages];
+    std::uint64_t empty[kStages];
+    int tile_start[kMaxGroups + 1];
+    alignas(16) std::uint8_t out[2][kTN * kStageRowBytes];  // each warpgroup's kTN token rows x 64 columns
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "BlockGemmSwap's stages exceed Hopper's 227 KB of shared memory a CTA");
+  static_assert(kBBytes % 1024 == 0, "every token stage 1024-byte aligned (the wgmma descriptors' base)");
+};
+
+#if defined(__CUDACC__)
+
+template <int kTN, int... kI>
+__device__ __forceinline__ void block_gemm_swap_wgmma(std::uint64_t da, std::uint64_t db, float (&d)[kTN / 2],
+                                                      bool accumulate, std::integer_sequence<int, kI...>) {
+  const auto scale = accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero;
+  if constexpr (kTN == 64)
+    cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(da, db, d[kI]..., scale);
+  else
+    cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>::fma(da, db, d[kI]..., scale);
+}
+
+// The tile's group, weight tile (mt) and token tile (nt): token tiles of one weight tile adjacent.
+template <int kTN>
+__device__ __forceinline__ BlockGemmTile block_gemm_swap_locate(const int* tile_start, const int* shapes, int groups,
+                                                                int tile) {
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int local = tile - tile_start[lo];
+  const int token_tiles = (shapes[3 * lo + 1] + kTN - 1) / kTN;
+  return {lo, local / token_tiles, local % token_tiles};
+}
+
+template <int kTN>
+__global__ void __launch_bounds__(BlockGemmSwap<kTN>::kThreads, 1)
+    block_gemm_swap_kernel(const __grid_constant__ CUtensorMap tma_w, const __grid_constant__ CUtensorMap tma_t,
+                           const BlockGemm::Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using BG = BlockGemmSwap<kTN>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ std::uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<typename BG::Smem*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
+                                                  ~std::uintptr_t{1023});
+  // Kernel problem (n, m, k) per group: shapes[3g] = n (weight rows), shapes[3g + 1] = m (tokens).
+  const int weight_tiles = (p.n + BG::kTileM - 1) / BG::kTileM;
+
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    int carry = 0;
+    for (int base = 0; base < p.groups; base += 32) {
+      const int g = base + lane;
+      const int t = g < p.groups ? (p.args.shapes[3 * g + 1] + kTN - 1) / kTN * weight_tiles : 0;
+      int incl = t;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (g < p.groups) s.tile_start[g] = carry + incl - t;
+      carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+    if (lane == 0) s.tile_start[p.groups] = carry;
+    if (lane == 0) {
+      for (int i = 0; i < BG::kStages; ++i) {
+        TxBarrier::init(&s.full[i], 1);
+        Barrier::init(&s.empty[i], BG::kConsumerWarps);
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+  }
+  __syncthreads();
+  const int total = s.tile_start[p.groups];
+  const int warp_group = static_cast<int>(threadIdx.x) / 128;
+
+  if (warp_group == 0) {
+    // --- producer: one thread streams each k-block's weight box and token box ---
+    cutlass::arch::warpgroup_reg_dealloc<BG::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    int stage = 0;
+    std::uint32_t phase = 0;
+    for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
+      const BlockGemmTile t = block_gemm_swap_locate<kTN>(s.tile_start, p.args.shapes, p.groups, tile);
+      const auto w_row =
+          static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[t.g]) - p.b_base) / p.k) + t.mt * BG::kTileM;
+      const auto t_row =
+          static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[t.g]) - p.a_base) / p.k) + t.nt * kTN;
+      for (int kb = 0; kb < p.k_blocks; ++kb) {
+        Barrier::wait(&s.empty[stage], phase ^ 1);
+        TxBarrier::arrive_and_expect_tx(&s.full[stage], BG::kABytes + BG::kBBytes);
+        cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[stage], kHint, s.a[stage], kb * BG::kTileK, w_row);
+        cute::SM90_TMA_LOAD_2D::copy(&tma_t, &s.full[stage], kHint, s.b[stage], kb * BG::kTileK, t_row);
+        if (++stage == BG::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // --- consumers: 64 weight rows x kTN tokens each ---
+  cutlass::arch::warpgroup_reg_alloc<BG::kConsumerRegs>();
+  const int wg = __shfl_sync(0xFFFFFFFFu, warp_group - 1, 0);
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  constexpr int kCols = kTN / 4;  // distinct token columns a thread holds: 8 i + 2 (lane % 4) + {0, 1}
+  int stage = 0;
+  std::uint32_t phase = 0;
+  float acc[BG::kAcc];
+  float tmp[BG::kAcc];
+  const std::uint32_t a_desc0 = block_gemm_desc_lo(s.a[0] + wg * 64 * BG::kTileK), b_desc0 = block_gemm_desc_lo(s.b[0]);
+  for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
+    const BlockGemmTile t = block_gemm_swap_locate<kTN>(s.tile_start, p.args.shapes, p.groups, tile);
+    const int m = p.args.shapes[3 * t.g + 1];
+    const int n_blocks = (p.n + BG::kTileM - 1) / BG::kTileM;
+    // The weight block's scales (ptr_col: per 128-row block and k-block) and the token columns'
+    // (ptr_row: per token and k-block); columns past the group read its last token's (finite, never
+    // written out).
+    const float* sw = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(t.mt, n_blocks - 1)) * p.k_blocks;
+    const float* st[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int col = t.nt * kTN + 8 * (c / 2) + 2 * (lane % 4) + (c % 2);
+      st[c] = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(col, m - 1)) * p.k_blocks;
+    }
+#pragma unroll
+    for (int i = 0; i < BG::kAcc; ++i) acc[i] = 0.0f;
+    float nw = __ldg(sw), nt_s[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) nt_s[c] = __ldg(st[c]);
+    for (int kb = 0; kb < p.k_blocks; ++kb) {
+      float sc[kCols];
+      const float w = nw;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) sc[c] = nt_s[c];
+      if (kb + 1 < p.k_blocks) {  // the next k-block's scales load under this one's MMAs
+        nw = __ldg(sw + kb + 1);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) nt_s[c] = __ldg(st[c] + kb + 1);
+      }
+      TxBarrier::wait(&s.full[stage], phase);
+      const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
+      const std::uint32_t db = b_desc0 + stage * (BG::kBBytes >> 4);
+#pragma unroll
+      for (int i = 0; i < BG::kAcc; ++i) cute::warpgroup_fence_operand(tmp[i]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int ks = 0; ks < BG::kTileK / 32; ++ks)
+        block_gemm_swap_wgmma<kTN>(block_gemm_desc(da + 2 * ks), block_gemm_desc(db + 2 * ks), tmp, ks > 0,
+                                   std::make_integer_sequence<int, BG::kAcc>{});
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BG::kAcc; ++i) cute::warpgroup_fence_operand(tmp[i]);
+      __syncwarp();
+      if (lane == 0) Barrier::arrive(&s.empty[stage]);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) sc[c] *= w;
+        // Accumulator i = 4 j + q: rows r0 (q < 2) and r0 + 8, column 8 j + 2 (lane % 4) + q % 2.
+#pragma unroll
+      for (int j = 0; j < BG::kAcc / 4; ++j) {
+        acc[4 * j] += tmp[4 * j] * sc[2 * j];
+        acc[4 * j + 1] += tmp[4 * j + 1] * sc[2 * j + 1];
+        acc[4 * j + 2] += tmp[4 * j + 2] * sc[2 * j];
+        acc[4 * j + 3] += tmp[4 * j + 3] * sc[2 * j + 1];
+      }
+      if (++stage == BG::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // --- epilogue: the warpgroup's 64 columns of each token row (128 bytes), staged, whole rows ---
+    std::uint8_t* staged = s.out[wg];
+    const int r0 = warp * 16 + lane / 4;  // the thread's weight rows r0 and r0 + 8 of the warpgroup's 64
+#pragma unroll
+    for (int j = 0; j < BG::kAcc / 4; ++j) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = 8 * j + 2 * (lane % 4) + q;  // the token row of the tile
+        std::uint8_t* row = staged + col * BG::kStageRowBytes;
+        *reinterpret_cast<__nv_bfloat16*>(row + 2 * r0) = __float2bfloat16_rn(acc[4 * j + q]);
+        *reinterpret_cast<__nv_bfloat16*>(row + 2 * (r0 + 8)) = __float2bfloat16_rn(acc[4 * j + 2 + q]);
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(128, 1 + wg);    // the warpgroup's rows are staged
+    const int token0 = t.nt * kTN + warp * (kTN / 4);  // the warp writes kTN / 4 token rows
+    if (token0 < m) {
+      auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[t.g]);
+      const std::int64_t ld_bytes = 2 * p.args.stride_D[t.g];
+      const int col0 = t.mt * BG::kTileM + wg * 64;
+      if (col0 < p.n)
+        block_gemm_flush(staged + warp * (kTN / 4) * BG::kStageRowBytes, lane, D + token0 * ld_bytes + 2 * col0,
+                         ld_bytes, min(m - token0, kTN / 4));
+    }
+    cutlass::arch::NamedBarrier::sync(128, 1 + wg);  // the stage is free for the next tile
+  }
+#endif
+}
+
+// The launch of a swapped config row whose main loop is moekit's.
+template <plan::GemmConfig kConfig>
+void run_block_gemm_swap(const GroupedGemmLaunch& l, cudaStream_t stream) {
+  static constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
+  constexpr int kTN = info.tile_n;
+  using BG = BlockGemmSwap<kTN>;
+  static_assert(info.main_loop == plan::GemmMainLoop::kMoekit && info.swap_ab && !info.fused_w1 &&
+                    info.tile_m == BG::kTileM && info.tile_k == BG::kTileK && info.n_multiple % BG::kTileM == 0,
+                "the config row does not describe moekit's swapped block GEMM (plan/gemm_config.h)");
+  const std::string name = "grouped_fp8_gemm: config " + std::string(info.name);
+  MOEKIT_CUDA_REQUIRE(
+      l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128),
+      name + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= BG::kMaxGroups,
+                      name + ": " + std::to_string(l.groups) + " groups, at most " + std::to_string(BG::kMaxGroups) +
+                          " (its tile table is in shared memory)");
+  MOEKIT_CUDA_REQUIRE(l.tensors.tokens != nullptr && l.tensors.weights != nullptr && l.tensors.token_rows > 0 &&
+                          l.tensors.weight_rows > 0 && l.tensors.token_rows < (std::int64_t{1} << 31) &&
+                          l.tensors.weight_rows < (std::int64_t{1} << 31),
+                      name +
+                          ": moekit's own main loop needs the tensors the groups lie in "
+                          "(GroupedGemmLaunch::tensors, fewer than 2^31 rows each)");
+  int device = 0, major = 0, minor = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, name + ": moekit's block GEMM runs on Hopper (sm_90a); device " +
+                                                    std::to_string(device) + " is sm_" + std::to_string(major) +
+                                                    std::to_string(minor) + ": force a CUTLASS config");
+  BlockGemm::Params p;
+  p.args = GroupedGemmArrays::at(l.args, l.groups);
+  p.groups = l.groups;
+  p.n = static_cast<int>(l.n);
+  p.k = static_cast<int>(l.k);
+  p.k_blocks = static_cast<int>((l.k + BG::kTileK - 1) / BG::kTileK);
+  p.a_base = static_cast<const std::uint8_t*>(l.tensors.tokens);
+  p.b_base = static_cast<const std::uint8_t*>(l.tensors.weights);
+  const CUtensorMap tw =
+      block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileM, "the weights");
+  const CUtensorMap tt = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, kTN, "the tokens");
+  const auto kernel = block_gemm_swap_kernel<kTN>;
+  MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
+  kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(tw, tt, p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+#endif  // __CUDACC__
+
+}  // namespace moekit::cuda::detail
