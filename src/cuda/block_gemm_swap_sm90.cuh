@@ -24,7 +24,7 @@ template <int kTN>
 struct BlockGemmSwap {
   static_assert(kTN == 32 || kTN == 64, "swapped tiles of 32 or 64 tokens");
   static constexpr int kTileM = 128, kTileK = static_cast<int>(kQuantBlock);
-  static constexpr int kStages = kTN == 64 ? 8 : 10;
+  static constexpr int kStages = kTN == 64 ? 8 : 10;  // the ring's bytes in flight (~190 KB)
   static constexpr int kThreads = 384;
   static constexpr int kMaxGroups = 1024;
   static constexpr int kABytes = kTileM * kTileK;  // weights
@@ -32,6 +32,9 @@ struct BlockGemmSwap {
   static constexpr int kConsumerWarps = 8;
   static constexpr int kAcc = kTN / 2;  // fp32 accumulators a thread (64 rows x kTN per warpgroup)
   static constexpr int kStageRowBytes = 128 + 16;
+  // The scales a k-block needs (kTN token scales, the weight block's), copied kScaleAhead k-blocks
+  // ahead into a ring of kScaleSlots per consumer warp.
+  static constexpr int kScaleAhead = 3, kScaleSlots = kScaleAhead + 1, kScaleSlot = kTN + 4;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
   struct alignas(1024) Smem {
@@ -41,6 +44,7 @@ struct BlockGemmSwap {
     std::uint64_t empty[kStages];
     int tile_start[kMaxGroups + 1];
     alignas(16) std::uint8_t out[2][kTN * kStageRowBytes];  // each warpgroup's kTN token rows x 64 columns
+    float scales[kConsumerWarps][kScaleSlots][kScaleSlot];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "BlockGemmSwap's stages exceed Hopper's 227 KB of shared memory a CTA");
@@ -48,6 +52,12 @@ struct BlockGemmSwap {
 };
 
 #if defined(__CUDACC__)
+
+// A 4-byte asynchronous copy global -> shared (cp.async; completes with the thread's wait_group).
+__device__ __forceinline__ void block_gemm_cp_async4(float* dst, const float* src) {
+  const auto d = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
 
 template <int kTN, int... kI>
 __device__ __forceinline__ void block_gemm_swap_wgmma(std::uint64_t da, std::uint64_t db, float (&d)[kTN / 2],
@@ -162,29 +172,38 @@ __global__ void __launch_bounds__(BlockGemmSwap<kTN>::kThreads, 1)
     const int n_blocks = (p.n + BG::kTileM - 1) / BG::kTileM;
     // The weight block's scales (ptr_col: per 128-row block and k-block) and the token columns'
     // (ptr_row: per token and k-block); columns past the group read its last token's (finite, never
-    // written out).
+    // written out). Each warp copies a k-block's kTN token scales and its weight scale (lane L:
+    // columns L and L + 32, lane 0 the weight's) into its ring in shared memory by cp.async,
+    // kScaleAhead k-blocks ahead: no register waits on a load (NOTES: scales loaded into registers
+    // one k-block ahead left the loop waiting on them, 10% of its samples at a register move).
     const float* sw = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(t.mt, n_blocks - 1)) * p.k_blocks;
-    const float* st[kCols];
+    const float* st0 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(t.nt * kTN + lane, m - 1)) * p.k_blocks;
+    const float* st1 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(t.nt * kTN + lane + 32, m - 1)) * p.k_blocks;
+    float* ring = s.scales[wg * 4 + warp][0];
+    auto copy_scales = [&](int kb) {  // one cp.async group a call, empty past the last k-block
+      if (kb < p.k_blocks) {
+        float* slot = ring + (kb % BG::kScaleSlots) * BG::kScaleSlot;
+        block_gemm_cp_async4(slot + lane, st0 + kb);
+        if constexpr (kTN == 64) block_gemm_cp_async4(slot + lane + 32, st1 + kb);
+        if (lane == 0) block_gemm_cp_async4(slot + kTN, sw + kb);
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    __syncwarp();  // the ring's slots are no longer read (the previous tile)
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int col = t.nt * kTN + 8 * (c / 2) + 2 * (lane % 4) + (c % 2);
-      st[c] = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(col, m - 1)) * p.k_blocks;
-    }
+    for (int d = 0; d < BG::kScaleAhead; ++d) copy_scales(d);
 #pragma unroll
     for (int i = 0; i < BG::kAcc; ++i) acc[i] = 0.0f;
-    float nw = __ldg(sw), nt_s[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) nt_s[c] = __ldg(st[c]);
     for (int kb = 0; kb < p.k_blocks; ++kb) {
+      __syncwarp();  // every lane is done with the slot this copy refills
+      copy_scales(kb + BG::kScaleAhead);
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(BG::kScaleAhead) : "memory");
+      __syncwarp();  // every lane's copies of k-block kb landed
       float sc[kCols];
-      const float w = nw;
+      const float* slot = ring + (kb % BG::kScaleSlots) * BG::kScaleSlot;
+      const float w = slot[kTN];
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) sc[c] = nt_s[c];
-      if (kb + 1 < p.k_blocks) {  // the next k-block's scales load under this one's MMAs
-        nw = __ldg(sw + kb + 1);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) nt_s[c] = __ldg(st[c] + kb + 1);
-      }
+      for (int c = 0; c < kCols; ++c) sc[c] = slot[8 * (c / 2) + 2 * (lane % 4) + (c % 2)];
       TxBarrier::wait(&s.full[stage], phase);
       const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
       const std::uint32_t db = b_desc0 + stage * (BG::kBBytes >> 4);
