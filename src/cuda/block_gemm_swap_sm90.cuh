@@ -166,41 +166,60 @@ __global__ void __launch_bounds__(BlockGemmSwap<kTN>::kThreads, 1)
   float acc[BG::kAcc];
   float tmp[BG::kAcc];
   const std::uint32_t a_desc0 = block_gemm_desc_lo(s.a[0] + wg * 64 * BG::kTileK), b_desc0 = block_gemm_desc_lo(s.b[0]);
+  const int n_blocks = (p.n + BG::kTileM - 1) / BG::kTileM;
+  // The scales: the weight block's (ptr_col: per 128-row block and k-block) and the token columns'
+  // (ptr_row: per token and k-block); columns past the group read its last token's (finite, never
+  // written out). Each warp copies a k-block's kTN token scales and its weight scale (lane L:
+  // columns L and L + 32, lane 0 the weight's) into its ring in shared memory by cp.async,
+  // kScaleAhead k-blocks ahead of their use, across tiles (the next tile's first k-blocks load
+  // under this tile's last): no register ever waits on a load. NOTES (H200, m_e = 64): scales loaded
+  // into registers one k-block ahead left the loop waiting on them (10% of its samples at a
+  // register move; W1 0.157 ms against CUTLASS's 0.138); the ring restarted at each tile: W1 0.140,
+  // W2 0.091 against 0.084 (each tile's first scales exposed, 16 k-blocks a W2 tile).
+  float* ring = s.scales[wg * 4 + warp][0];
+  struct ScaleCursor {
+    int tile, kb;
+    const float *sw, *st0, *st1;
+  } load{static_cast<int>(blockIdx.x), 0, nullptr, nullptr, nullptr};
+  auto aim = [&](ScaleCursor& c) {  // the cursor's pointers for its tile
+    if (c.tile >= total) return;
+    const BlockGemmTile t = block_gemm_swap_locate<kTN>(s.tile_start, p.args.shapes, p.groups, c.tile);
+    const int m = p.args.shapes[3 * t.g + 1];
+    c.sw = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(t.mt, n_blocks - 1)) * p.k_blocks;
+    c.st0 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(t.nt * kTN + lane, m - 1)) * p.k_blocks;
+    c.st1 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(t.nt * kTN + lane + 32, m - 1)) * p.k_blocks;
+  };
+  aim(load);
+  std::uint32_t loaded = 0, used = 0;  // k-blocks copied into and read from the ring, over all tiles
+  auto copy_scales = [&] {             // one cp.async group a call, empty past the last tile
+    if (load.tile < total) {
+      float* slot = ring + (loaded % BG::kScaleSlots) * BG::kScaleSlot;
+      block_gemm_cp_async4(slot + lane, load.st0 + load.kb);
+      if constexpr (kTN == 64) block_gemm_cp_async4(slot + lane + 32, load.st1 + load.kb);
+      if (lane == 0) block_gemm_cp_async4(slot + kTN, load.sw + load.kb);
+      if (++load.kb == p.k_blocks) {
+        load.kb = 0;
+        load.tile += static_cast<int>(gridDim.x);
+        aim(load);
+      }
+    }
+    ++loaded;
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+#pragma unroll
+  for (int d = 0; d < BG::kScaleAhead; ++d) copy_scales();
   for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
     const BlockGemmTile t = block_gemm_swap_locate<kTN>(s.tile_start, p.args.shapes, p.groups, tile);
     const int m = p.args.shapes[3 * t.g + 1];
-    const int n_blocks = (p.n + BG::kTileM - 1) / BG::kTileM;
-    // The weight block's scales (ptr_col: per 128-row block and k-block) and the token columns'
-    // (ptr_row: per token and k-block); columns past the group read its last token's (finite, never
-    // written out). Each warp copies a k-block's kTN token scales and its weight scale (lane L:
-    // columns L and L + 32, lane 0 the weight's) into its ring in shared memory by cp.async,
-    // kScaleAhead k-blocks ahead: no register waits on a load (NOTES: scales loaded into registers
-    // one k-block ahead left the loop waiting on them, 10% of its samples at a register move).
-    const float* sw = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(t.mt, n_blocks - 1)) * p.k_blocks;
-    const float* st0 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(t.nt * kTN + lane, m - 1)) * p.k_blocks;
-    const float* st1 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(t.nt * kTN + lane + 32, m - 1)) * p.k_blocks;
-    float* ring = s.scales[wg * 4 + warp][0];
-    auto copy_scales = [&](int kb) {  // one cp.async group a call, empty past the last k-block
-      if (kb < p.k_blocks) {
-        float* slot = ring + (kb % BG::kScaleSlots) * BG::kScaleSlot;
-        block_gemm_cp_async4(slot + lane, st0 + kb);
-        if constexpr (kTN == 64) block_gemm_cp_async4(slot + lane + 32, st1 + kb);
-        if (lane == 0) block_gemm_cp_async4(slot + kTN, sw + kb);
-      }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
-    };
-    __syncwarp();  // the ring's slots are no longer read (the previous tile)
-#pragma unroll
-    for (int d = 0; d < BG::kScaleAhead; ++d) copy_scales(d);
 #pragma unroll
     for (int i = 0; i < BG::kAcc; ++i) acc[i] = 0.0f;
     for (int kb = 0; kb < p.k_blocks; ++kb) {
       __syncwarp();  // every lane is done with the slot this copy refills
-      copy_scales(kb + BG::kScaleAhead);
+      copy_scales();
       asm volatile("cp.async.wait_group %0;\n" ::"n"(BG::kScaleAhead) : "memory");
-      __syncwarp();  // every lane's copies of k-block kb landed
+      __syncwarp();  // every lane's copies of this k-block landed
       float sc[kCols];
-      const float* slot = ring + (kb % BG::kScaleSlots) * BG::kScaleSlot;
+      const float* slot = ring + (used++ % BG::kScaleSlots) * BG::kScaleSlot;
       const float w = slot[kTN];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) sc[c] = slot[8 * (c / 2) + 2 * (lane % 4) + (c % 2)];
