@@ -14,6 +14,9 @@
 // token row) in shared memory and writes whole 128-byte rows; token rows past the group are never
 // written. The tokens of one weight tile adjacent in the tile order (an expert's token tiles share
 // the weight tile through L2).
+// Measured (H200, DeepSeek-V3, E_local = 16, each GEMM replayed alone; docs/PERF.md): 3-14% behind
+// CUTLASS's swapab configs, whose W1 is already near TMA's streaming rate; so opt-in. The consumers'
+// per-k-block scalar work (the scale ring below) is what is left to take out.
 #pragma once
 
 #include "cuda/block_gemm_sm90.cuh"
