@@ -109,10 +109,40 @@ struct BlockGemmTile {
   int g, mt, nt;
 };
 
+// Warp 0 writes the tile table, tile_start[g] = the first tile of group g (an exclusive prefix of
+// tiles_of(g) over the groups, tile_start[groups] = every tile); its lane 0 initializes the ring's
+// barriers. Every moekit block-GEMM kernel starts here, then __syncthreads().
+template <int kStages, int kConsumerWarps, class TilesOf>
+__device__ __forceinline__ void block_gemm_setup(int* tile_start, std::uint64_t* full, std::uint64_t* empty, int groups,
+                                                 const TilesOf& tiles_of) {
+  if (threadIdx.x >= 32) return;
+  const int lane = static_cast<int>(threadIdx.x);
+  int carry = 0;
+  for (int base = 0; base < groups; base += 32) {
+    const int g = base + lane;
+    const int t = g < groups ? tiles_of(g) : 0;
+    int incl = t;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (g < groups) tile_start[g] = carry + incl - t;
+    carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
+  }
+  if (lane == 0) {
+    tile_start[groups] = carry;
+    for (int i = 0; i < kStages; ++i) {
+      cutlass::arch::ClusterTransactionBarrier::init(&full[i], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[i], kConsumerWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+}
+
 // The tile's group: the last group whose first tile is <= tile (empty groups share their
 // successor's start, so the last such group is the one holding the tile).
-__device__ __forceinline__ BlockGemmTile block_gemm_locate(const int* tile_start, const int* shapes, int groups,
-                                                           int n_tiles, int tile) {
+__device__ __forceinline__ int block_gemm_group_of(const int* tile_start, int groups, int tile) {
   int lo = 0, hi = groups - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -121,6 +151,13 @@ __device__ __forceinline__ BlockGemmTile block_gemm_locate(const int* tile_start
     else
       hi = mid - 1;
   }
+  return lo;
+}
+
+// Unswapped: the token tiles of one weight tile adjacent.
+__device__ __forceinline__ BlockGemmTile block_gemm_locate(const int* tile_start, const int* shapes, int groups,
+                                                           int n_tiles, int tile) {
+  const int lo = block_gemm_group_of(tile_start, groups, tile);
   const int local = tile - tile_start[lo];
   const int m_tiles = (shapes[3 * lo] + BlockGemm::kTileM - 1) / BlockGemm::kTileM;
   return {lo, local % m_tiles, local / m_tiles};
@@ -227,30 +264,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   const int n_tiles = (p.n + BG::kTileN - 1) / BG::kTileN;
 
   // --- the tile table (warp 0) and the barriers (thread 0) ---
-  if (threadIdx.x < 32) {
-    const int lane = static_cast<int>(threadIdx.x);
-    int carry = 0;
-    for (int base = 0; base < p.groups; base += 32) {
-      const int g = base + lane;
-      const int t = g < p.groups ? (p.args.shapes[3 * g] + BG::kTileM - 1) / BG::kTileM * n_tiles : 0;
-      int incl = t;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      if (g < p.groups) s.tile_start[g] = carry + incl - t;
-      carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
-    }
-    if (lane == 0) s.tile_start[p.groups] = carry;
-    if (lane == 0) {
-      for (int i = 0; i < BG::kStages; ++i) {
-        TxBarrier::init(&s.full[i], 1);
-        Barrier::init(&s.empty[i], BG::kConsumerWarps);
-      }
-      cutlass::arch::fence_barrier_init();
-    }
-  }
+  block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
+    return (p.args.shapes[3 * g] + BG::kTileM - 1) / BG::kTileM * n_tiles;
+  });
   __syncthreads();
   const int total = s.tile_start[p.groups];
   const int warp_group = static_cast<int>(threadIdx.x) / 128;
@@ -443,6 +459,44 @@ inline CUtensorMap block_gemm_tensor_map(const void* base, std::int64_t rows, st
   return map;
 }
 
+// What every moekit block-GEMM launch needs of the launch: at most max_groups groups (the tile
+// table lives in shared memory) and the tensors the groups lie in (one TMA descriptor each).
+inline void block_gemm_require_tensors(const GroupedGemmLaunch& l, const std::string& name, int max_groups) {
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= max_groups, name + ": " + std::to_string(l.groups) +
+                                                                   " groups, at most " + std::to_string(max_groups) +
+                                                                   " (its tile table is in shared memory)");
+  MOEKIT_CUDA_REQUIRE(l.tensors.tokens != nullptr && l.tensors.weights != nullptr && l.tensors.token_rows > 0 &&
+                          l.tensors.weight_rows > 0 && l.tensors.token_rows < (std::int64_t{1} << 31) &&
+                          l.tensors.weight_rows < (std::int64_t{1} << 31),
+                      name +
+                          ": moekit's own main loop needs the tensors the groups lie in "
+                          "(GroupedGemmLaunch::tensors, fewer than 2^31 rows each)");
+}
+
+// The kernels' bodies exist for sm_90a only (wgmma, TMA, setmaxnreg): elsewhere they would do nothing.
+inline void block_gemm_require_sm90(const std::string& name) {
+  int device = 0, major = 0, minor = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, name + ": moekit's block GEMM runs on Hopper (sm_90a); device " +
+                                                    std::to_string(device) + " is sm_" + std::to_string(major) +
+                                                    std::to_string(minor) + ": force a CUTLASS config");
+}
+
+// The kernels' parameters from the launch (no fused W1).
+inline BlockGemm::Params block_gemm_params(const GroupedGemmLaunch& l) {
+  BlockGemm::Params p;
+  p.args = GroupedGemmArrays::at(l.args, l.groups);
+  p.groups = l.groups;
+  p.n = static_cast<int>(l.n);
+  p.k = static_cast<int>(l.k);
+  p.k_blocks = static_cast<int>((l.k + BlockGemm::kTileK - 1) / BlockGemm::kTileK);
+  p.a_base = static_cast<const std::uint8_t*>(l.tensors.tokens);
+  p.b_base = static_cast<const std::uint8_t*>(l.tensors.weights);
+  return p;
+}
+
 // The launch of a config row whose main loop is moekit's (its tile is this kernel's: checked).
 template <plan::GemmConfig kConfig>
 void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
@@ -456,15 +510,7 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   MOEKIT_CUDA_REQUIRE(
       l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128, kFused),
       name + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
-  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= BG::kMaxGroups,
-                      name + ": " + std::to_string(l.groups) + " groups, at most " + std::to_string(BG::kMaxGroups) +
-                          " (its tile table is in shared memory)");
-  MOEKIT_CUDA_REQUIRE(l.tensors.tokens != nullptr && l.tensors.weights != nullptr && l.tensors.token_rows > 0 &&
-                          l.tensors.weight_rows > 0 && l.tensors.token_rows < (std::int64_t{1} << 31) &&
-                          l.tensors.weight_rows < (std::int64_t{1} << 31),
-                      name +
-                          ": moekit's own main loop needs the tensors the groups lie in "
-                          "(GroupedGemmLaunch::tensors, fewer than 2^31 rows each)");
+  block_gemm_require_tensors(l, name, BG::kMaxGroups);
   if constexpr (kFused)
     MOEKIT_CUDA_REQUIRE(l.fused.act_q != nullptr && l.fused.act_scale != nullptr && l.fused.I > 0 &&
                             l.fused.I % static_cast<int>(kQuantBlock) == 0 &&
@@ -472,22 +518,8 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
                         name + " (fused W1): act_q, act_scale, I = " + std::to_string(l.fused.I) +
                             " (a multiple of 128) and an activation whose W1 rows pair whole groups (not "
                             "swigluoai) are needed");
-  // The kernel body exists for sm_90a only (wgmma, TMA, setmaxnreg): elsewhere it would do nothing.
-  int device = 0, major = 0, minor = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, name + ": moekit's block GEMM runs on Hopper (sm_90a); device " +
-                                                    std::to_string(device) + " is sm_" + std::to_string(major) +
-                                                    std::to_string(minor) + ": force a CUTLASS config");
-  BG::Params p;
-  p.args = GroupedGemmArrays::at(l.args, l.groups);
-  p.groups = l.groups;
-  p.n = static_cast<int>(l.n);
-  p.k = static_cast<int>(l.k);
-  p.k_blocks = static_cast<int>((l.k + BG::kTileK - 1) / BG::kTileK);
-  p.a_base = static_cast<const std::uint8_t*>(l.tensors.tokens);
-  p.b_base = static_cast<const std::uint8_t*>(l.tensors.weights);
+  block_gemm_require_sm90(name);
+  BG::Params p = block_gemm_params(l);
   if constexpr (kFused) p.fused = l.fused;
   const CUtensorMap ta = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kTileM, "the tokens");
   const CUtensorMap tb =

@@ -76,14 +76,7 @@ __device__ __forceinline__ void block_gemm_swap_wgmma(std::uint64_t da, std::uin
 template <int kTN>
 __device__ __forceinline__ BlockGemmTile block_gemm_swap_locate(const int* tile_start, const int* shapes, int groups,
                                                                 int tile) {
-  int lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (tile_start[mid] <= tile)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
+  const int lo = block_gemm_group_of(tile_start, groups, tile);
   const int local = tile - tile_start[lo];
   const int token_tiles = (shapes[3 * lo + 1] + kTN - 1) / kTN;
   return {lo, local / token_tiles, local % token_tiles};
@@ -103,30 +96,9 @@ __global__ void __launch_bounds__(BlockGemmSwap<kTN>::kThreads, 1)
   // Kernel problem (n, m, k) per group: shapes[3g] = n (weight rows), shapes[3g + 1] = m (tokens).
   const int weight_tiles = (p.n + BG::kTileM - 1) / BG::kTileM;
 
-  if (threadIdx.x < 32) {
-    const int lane = static_cast<int>(threadIdx.x);
-    int carry = 0;
-    for (int base = 0; base < p.groups; base += 32) {
-      const int g = base + lane;
-      const int t = g < p.groups ? (p.args.shapes[3 * g + 1] + kTN - 1) / kTN * weight_tiles : 0;
-      int incl = t;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      if (g < p.groups) s.tile_start[g] = carry + incl - t;
-      carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
-    }
-    if (lane == 0) s.tile_start[p.groups] = carry;
-    if (lane == 0) {
-      for (int i = 0; i < BG::kStages; ++i) {
-        TxBarrier::init(&s.full[i], 1);
-        Barrier::init(&s.empty[i], BG::kConsumerWarps);
-      }
-      cutlass::arch::fence_barrier_init();
-    }
-  }
+  block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
+    return (p.args.shapes[3 * g + 1] + kTN - 1) / kTN * weight_tiles;
+  });
   __syncthreads();
   const int total = s.tile_start[p.groups];
   const int warp_group = static_cast<int>(threadIdx.x) / 128;
@@ -299,30 +271,9 @@ void run_block_gemm_swap(const GroupedGemmLaunch& l, cudaStream_t stream) {
   MOEKIT_CUDA_REQUIRE(
       l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128),
       name + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
-  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= BG::kMaxGroups,
-                      name + ": " + std::to_string(l.groups) + " groups, at most " + std::to_string(BG::kMaxGroups) +
-                          " (its tile table is in shared memory)");
-  MOEKIT_CUDA_REQUIRE(l.tensors.tokens != nullptr && l.tensors.weights != nullptr && l.tensors.token_rows > 0 &&
-                          l.tensors.weight_rows > 0 && l.tensors.token_rows < (std::int64_t{1} << 31) &&
-                          l.tensors.weight_rows < (std::int64_t{1} << 31),
-                      name +
-                          ": moekit's own main loop needs the tensors the groups lie in "
-                          "(GroupedGemmLaunch::tensors, fewer than 2^31 rows each)");
-  int device = 0, major = 0, minor = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, name + ": moekit's block GEMM runs on Hopper (sm_90a); device " +
-                                                    std::to_string(device) + " is sm_" + std::to_string(major) +
-                                                    std::to_string(minor) + ": force a CUTLASS config");
-  BlockGemm::Params p;
-  p.args = GroupedGemmArrays::at(l.args, l.groups);
-  p.groups = l.groups;
-  p.n = static_cast<int>(l.n);
-  p.k = static_cast<int>(l.k);
-  p.k_blocks = static_cast<int>((l.k + BG::kTileK - 1) / BG::kTileK);
-  p.a_base = static_cast<const std::uint8_t*>(l.tensors.tokens);
-  p.b_base = static_cast<const std::uint8_t*>(l.tensors.weights);
+  block_gemm_require_tensors(l, name, BG::kMaxGroups);
+  block_gemm_require_sm90(name);
+  const BlockGemm::Params p = block_gemm_params(l);
   const CUtensorMap tw =
       block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileM, "the weights");
   const CUtensorMap tt = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, kTN, "the tokens");
