@@ -7,10 +7,9 @@
 // bandwidth), the ratio to it, and the time to read the local experts' weights once; for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
-// first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's. Writes JSON
-// (argv[1]) for bench/torch_baseline.py. Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant
-// per-token,block128]
-// [--configs a,b]
+// first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's.
+// Writes JSON (argv[1]) for bench/torch_baseline.py.
+// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 // (--case: that case only, and quick (5 iterations, the rules only) unless --configs names configs of
 // the table to run too: for profiling one config under ncu)
@@ -22,6 +21,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -201,19 +201,17 @@ int main(int argc, char** argv) {
               },
               stream);
           cuda::check_status_words(l.status, "bench", M, p.E, stream);
-          // The same step replayed from a CUDA graph: no host launch gaps.
-          double graph_ms = 0;
-          {
-            cuda::Graph graph(
-                [&](void* s) {
-                  cuda::clear_status_words(l.status, s);
-                  cuda::launch_batched_experts(l, s);
-                },
-                stream);
-            graph_ms = median_ms(
+          // What `enqueue` puts on a stream, captured once and replayed: no host launch work in the time.
+          auto replay_ms = [&](const std::function<void(void*)>& enqueue) {
+            cuda::Graph graph(enqueue, stream);
+            return median_ms(
                 quick ? 5 : 20, [&] { graph.replay(stream); }, stream);
-            cuda::check_status_words(l.status, "bench (graph)", M, p.E, stream);
-          }
+          };
+          const double graph_ms = replay_ms([&](void* s) {
+            cuda::clear_status_words(l.status, s);
+            cuda::launch_batched_experts(l, s);
+          });
+          cuda::check_status_words(l.status, "bench (graph)", M, p.E, stream);
           // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
           // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
           cuda::launch_experts_prepare(l, stream);
@@ -222,13 +220,8 @@ int main(int argc, char** argv) {
                 quick ? 5 : 20, [&] { cuda::launch_experts_gemm(l, which, stream); }, stream);
           };
           const double g1_ms = time_gemm(1), g2_ms = time_gemm(2);
-          // Each GEMM alone replayed from a graph (no host launch work in the time).
-          auto replay_gemm = [&](int which) {
-            cuda::Graph graph([&](void* s) { cuda::launch_experts_gemm(l, which, s); }, stream);
-            return median_ms(
-                quick ? 5 : 20, [&] { graph.replay(stream); }, stream);
-          };
-          const double r1_ms = replay_gemm(1), r2_ms = replay_gemm(2);
+          const double r1_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 1, s); });
+          const double r2_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 2, s); });
           std::printf(
               "       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms; "
               "replayed alone: W1 %.4f, W2 %.4f ms\n",
