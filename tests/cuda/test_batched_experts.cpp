@@ -550,21 +550,12 @@ TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
 
     const ExpertsInput input = gpu.load(in);
     const auto experts = cuda::make_batched_experts({});
-    cudaStream_t stream;
-    MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    MOEKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    experts->run(p, input, gpu.weights(), gpu.workspace(), stream);
-    MOEKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    MOEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    experts->check_status(gpu.workspace(), stream);
+    Stream stream = cuda::create_stream();
+    cuda::Graph graph([&](Stream s) { experts->run(p, input, gpu.weights(), gpu.workspace(), s); }, stream);
+    for (int replay = 0; replay < 2; ++replay) graph.replay(stream);
+    experts->check_status(gpu.workspace(), stream);  // synchronizes
     EXPECT_EQ(gpu.download().output, r.output) << ctx << ": graph replay";
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    cuda::destroy_stream(stream);
   }
 }
 
@@ -586,21 +577,12 @@ TEST_P(GraphReplay, MatchesEagerRun) {
 
   const ExpertsInput input = gpu.load(in);  // poisoned again
   const auto experts = cuda::make_batched_experts({}, configs);
-  cudaStream_t stream;
-  MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MOEKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  experts->run(p, input, gpu.weights(), gpu.workspace(), stream);
-  MOEKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MOEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  experts->check_status(gpu.workspace(), stream);
+  Stream stream = cuda::create_stream();
+  cuda::Graph graph([&](Stream s) { experts->run(p, input, gpu.weights(), gpu.workspace(), s); }, stream);
+  for (int replay = 0; replay < 2; ++replay) graph.replay(stream);
+  experts->check_status(gpu.workspace(), stream);  // synchronizes
   EXPECT_EQ(gpu.download().output, eager.output);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  cuda::destroy_stream(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplay,
@@ -634,31 +616,22 @@ TEST_P(GraphReplayFollowsTheCounts, EachReplayEqualsAnEagerRun) {
       {40, 64, 33, 1},    // the first two
   };
   const auto experts = cuda::make_batched_experts({});
-  cudaStream_t stream;
-  MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
+  Stream stream = cuda::create_stream();
   const ExpertsInput input = gpu.load(testing::make_batched_inputs(p, patterns[0], 1));
-  MOEKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  experts->run(p, input, gpu.weights(), gpu.workspace(), stream);
-  MOEKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MOEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cuda::Graph graph([&](Stream s) { experts->run(p, input, gpu.weights(), gpu.workspace(), s); }, stream);
   for (std::size_t i = 0; i < patterns.size(); ++i) {
     const auto& counts = patterns[i];
     const auto in = testing::make_batched_inputs(p, counts, 10 + static_cast<int>(i));
     const GpuRun eager = gpu.run(in, std::nullopt);
     gpu.load(in);  // poisoned again
-    MOEKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    experts->check_status(gpu.workspace(), stream);
+    graph.replay(stream);
+    experts->check_status(gpu.workspace(), stream);  // synchronizes
     const GpuRun replay = gpu.download();
     const std::string ctx = std::string(quant_name(quant)) + (fuse ? " fused" : "") + " pattern " + std::to_string(i);
     EXPECT_EQ(replay.output, eager.output) << ctx << ": graph replay differs from the eager run";
     check_run(p, replay, eager.output, counts, ctx);  // guards intact, padding rows unwritten
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  cuda::destroy_stream(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplayFollowsTheCounts,
