@@ -17,7 +17,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -87,28 +86,6 @@ __global__ void read_kernel(const uint4* __restrict__ p, std::size_t n, unsigned
   if (acc == 0x12345678u) *sink = acc;
 }
 
-template <class F>
-double median_ms(F&& launch) {
-  cudaEvent_t a, b;
-  MOEKIT_CUDA_CHECK(cudaEventCreate(&a));
-  MOEKIT_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<double> ms;
-  for (int r = 0; r < 20; ++r) {
-    MOEKIT_CUDA_CHECK(cudaEventRecord(a));
-    launch();
-    MOEKIT_CUDA_CHECK(cudaEventRecord(b));
-    MOEKIT_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    MOEKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,10 +118,13 @@ int main(int argc, char** argv) {
     void* w = nullptr;
     MOEKIT_CUDA_CHECK(cudaMalloc(&w, static_cast<std::size_t>(bytes)));
     moekit::cuda::fill_random_bytes(w, static_cast<std::size_t>(bytes), 7, true);
-    const double read_ms = median_ms([&] {
-      read_kernel<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const uint4*>(w),
-                                                         static_cast<std::size_t>(bytes / 16), sink);
-    });
+    const double read_ms = moekit::cuda::median_ms(
+        20,
+        [&] {
+          read_kernel<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const uint4*>(w),
+                                                             static_cast<std::size_t>(bytes / 16), sink);
+        },
+        nullptr);
     const double read_gbs = bytes / (read_ms * 1e6);
     std::printf("%s: %.0f MB; plain read %.4f ms, %.0f GB/s (%.2f of copy)\n", s.name, bytes / 1e6, read_ms, read_gbs,
                 read_gbs / copy_gbs);
@@ -163,11 +143,14 @@ int main(int argc, char** argv) {
                                                          s.k, token_rows > 0 ? token_rows : 1, "tokens");
         for (const bool t : {false, true}) {
           if (t && token_rows > 0) continue;
-          const double ms = median_ms([&] {
-            stream_kernel<<<prop.multiProcessorCount, 32, smem>>>(t ? tiled : row_major, tokens, tiles,
-                                                                  static_cast<int>(s.n / kBox), k_blocks, t, stages,
-                                                                  token_rows, sink);
-          });
+          const double ms = moekit::cuda::median_ms(
+              20,
+              [&] {
+                stream_kernel<<<prop.multiProcessorCount, 32, smem>>>(t ? tiled : row_major, tokens, tiles,
+                                                                      static_cast<int>(s.n / kBox), k_blocks, t, stages,
+                                                                      token_rows, sink);
+              },
+              nullptr);
           MOEKIT_CUDA_CHECK(cudaGetLastError());
           const double gbs = bytes / (ms * 1e6);
           std::printf(
