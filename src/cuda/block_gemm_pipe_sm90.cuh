@@ -70,11 +70,10 @@ __device__ __forceinline__ void block_gemm_pipe_issue(std::uint32_t da, std::uin
 
 // kN k-blocks from kb on: k-block j + 1 issued before k-block j is waited for and promoted.
 template <int kN>
-__device__ __forceinline__ void block_gemm_pipe_chunk(BlockGemmPipe::Smem& s, BlockGemmRing& issue,
-                                                      BlockGemmRing& done, std::uint32_t a_desc0,
-                                                      std::uint32_t b_desc0, const float* sa0, const float* sa1,
-                                                      const float* sb, int kb, int lane, float (&acc)[64],
-                                                      float (&t0)[64], float (&t1)[64]) {
+__device__ __forceinline__ void block_gemm_pipe_chunk(BlockGemmPipe::Smem& s, BlockGemmRing& issue, BlockGemmRing& done,
+                                                      std::uint32_t a_desc0, std::uint32_t b_desc0, const float* sa0,
+                                                      const float* sa1, const float* sb, int kb, int lane,
+                                                      float (&acc)[64], float (&t0)[64], float (&t1)[64]) {
   using BG = BlockGemmPipe;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
