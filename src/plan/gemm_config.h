@@ -21,8 +21,7 @@ enum class GemmConfig : std::uint8_t {
   kBlock128x256,
   kFusedW1Block128x256,
   kBlockSwap128x32,
-  kBlockSwap128x64,
-  kBlockPipe128x128
+  kBlockSwap128x64
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 // Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
@@ -80,11 +79,6 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      true, false, "block128, m_e <= 32: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
     {GemmConfig::kBlockSwap128x64, "block-swap-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 128, 64, false,
      true, false, "block128, m_e <= 64: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
-    // moekit's block-scaled main loop whose promotion overlaps its own warpgroup's next MMAs
-    // (block_gemm_pipe_sm90.cuh): 128 x 128 tiles, two sets of 64 temporaries a thread. Opt-in.
-    {GemmConfig::kBlockPipe128x128, "block-pipe-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 128, -1,
-     false, true, false, "block128, m_e > 64: the promotion under the next k-block's MMAs (moekit's main loop)",
-     GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 

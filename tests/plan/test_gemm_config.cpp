@@ -9,7 +9,7 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
-  ASSERT_EQ(kNumGemmConfigs, 9);
+  ASSERT_EQ(kNumGemmConfigs, 8);
   for (const auto& c : kGemmConfigs) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
@@ -25,16 +25,15 @@ TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
       EXPECT_TRUE(c.schedule == GemmSchedule::kCooperative && !c.token_scaled && !c.block_scaled) << c.name;
       EXPECT_TRUE(c.name.starts_with("fused-w1")) << c.name;
     }
-    // moekit's main loops are block-scaled, columns in whole 128-wide weight blocks: 128 tokens x
-    // 256 weight rows unswapped (cuda/block_gemm_sm90.cuh), 128 x 128 with the promotion pipelined
-    // (cuda/block_gemm_pipe_sm90.cuh), or swapped, 128 weight rows (one weight block) x 32 or 64
-    // tokens, never in the rule (cuda/block_gemm_swap_sm90.cuh).
+    // moekit's main loops are two shapes, block-scaled, columns in whole 128-wide weight blocks:
+    // 128 tokens x 256 weight rows unswapped (cuda/block_gemm_sm90.cuh), or swapped, 128 weight rows
+    // (one weight block) x 32 or 64 tokens, never in the rule (cuda/block_gemm_swap_sm90.cuh).
     if (c.main_loop == GemmMainLoop::kMoekit) {
       EXPECT_TRUE(!c.token_scaled && c.n_multiple == 128 && c.tile_m == 128) << c.name;
       if (c.swap_ab)
         EXPECT_TRUE((c.tile_n == 32 || c.tile_n == 64) && c.max_rows == c.tile_n && !c.fused_w1) << c.name;
       else
-        EXPECT_TRUE(c.tile_n == 256 || (c.tile_n == 128 && !c.fused_w1)) << c.name;
+        EXPECT_EQ(c.tile_n, 256) << c.name;
     } else {
       EXPECT_FALSE(c.fused_w1) << c.name;  // the fused W1 is moekit's main loop alone
     }
