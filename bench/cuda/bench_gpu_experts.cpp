@@ -4,7 +4,9 @@
 // {8, 64, 256, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
 // quantization, W2 GEMM) per config of the table (both GEMMs on it) and for the pair the runtime's
 // rule selects, TFLOP/s on valid rows, the floor max(flops / FP8 peak, (weight + activation bytes) /
-// bandwidth), the ratio to it, and the time to read the local experts' weights once; for each
+// bandwidth), the ratio to it, the weights' bytes over the copy ceiling ("weights") and one read of
+// the local experts' weights measured in the same process (TMA streaming W1 and W2 the way the
+// GEMMs read them, cuda::measure_weight_stream_ms: "read", the small-m_e floor); for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
 // first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's.
@@ -94,8 +96,8 @@ int main(int argc, char** argv) {
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
           "},\n  \"E_local\": 16, \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
-  std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s\n", "quant", "M", "m_e", "config", "eager ms",
-              "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights");
+  std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s %7s\n", "quant", "M", "m_e", "config", "eager ms",
+              "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights", "x read");
   bool first = true;
   const auto memory = make_memory(Device::kCuda);
   // The workspace every variant runs in: the default (unfused) plan, w1_out included; the fused W1
@@ -145,6 +147,14 @@ int main(int argc, char** argv) {
       }
       const ExpertWeightsView view = ExpertWeightsView::of(p, Device::kCuda, w1.as<std::uint8_t>(), w1s.as<float>(),
                                                            w2.as<std::uint8_t>(), w2s.as<float>());
+      // One read of the weights, measured: TMA streams W1 and W2 as the GEMMs read them.
+      const double read_ms = cuda::measure_weight_stream_ms(
+                                 {.weights = w1.get(), .experts = E_local, .rows_per_expert = N, .k = K}, stream) +
+                             cuda::measure_weight_stream_ms(
+                                 {.weights = w2.get(), .experts = E_local, .rows_per_expert = K, .k = I}, stream);
+      std::printf("%s M = %lld: one read of the weights, measured (TMA stream of W1 + W2): %.4f ms, %.0f GB/s\n",
+                  std::string(quant_name(quant)).c_str(), static_cast<long long>(M), read_ms,
+                  double(E_local) * double(N * K + K * I) / (read_ms * 1e6));
       const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
                                ws.get<float>("a1q_scale"),
                                ws.get<std::int32_t>("expert_num_tokens"),
@@ -238,15 +248,16 @@ int main(int argc, char** argv) {
               std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", kname, us, act_bytes_moved / (us * 1e3));
             }
           }
-          std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f%s\n",
+          std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f %7.2f%s\n",
                       std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
                       name.c_str(), ms, graph_ms, flops / (graph_ms * 1e-3) / 1e12, floor_ms, graph_ms / floor_ms,
-                      weights_ms, graph_ms / weights_ms, chosen ? "  <- selected" : "");
+                      weights_ms, graph_ms / weights_ms, graph_ms / read_ms, chosen ? "  <- selected" : "");
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
                   ", \"graph_ms\": " + std::to_string(graph_ms) + ", \"floor_ms\": " + std::to_string(floor_ms) +
                   ", \"weights_read_ms\": " + std::to_string(weights_ms) +
+                  ", \"weights_stream_ms\": " + std::to_string(read_ms) +
                   ", \"tflops\": " + std::to_string(flops / (graph_ms * 1e-3) / 1e12) +
                   ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
           first = false;

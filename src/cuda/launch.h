@@ -111,6 +111,22 @@ double median_ms(int reps, const std::function<void()>& fn, void* stream);
 // GEMM rate at 8192^3 (TFLOP/s): the ceilings every benchmark reports its results against.
 double measure_copy_gbs(void* stream);
 double measure_fp8_tflops(void* stream);
+// One read of an FP8 weight tensor, measured (weight_stream.cu): the median time TMA alone takes to
+// stream experts x rows_per_expert x k bytes (row-major, as the grouped GEMMs read them; tiled: the
+// same bytes as contiguous 128x128 blocks) into a ring of `stages` 16 KB stages, one CTA per SM
+// taking 128-row tiles in turn, no math; token_rows > 0 also loads that many rows of the expert's
+// tokens (experts x token_rows x k) each k-block, as the swapped GEMMs do. The small-m_e floor the
+// experts benchmark reports against. sm_90a only (TMA).
+inline constexpr int kMaxWeightStreamStages = 6;
+struct WeightStream {
+  const void* weights = nullptr;
+  std::int64_t experts = 0, rows_per_expert = 0, k = 0;  // rows_per_expert and k: multiples of 128
+  int stages = kMaxWeightStreamStages;
+  bool tiled = false;
+  const void* tokens = nullptr;
+  int token_rows = 0;
+};
+double measure_weight_stream_ms(const WeightStream& w, void* stream);
 // Random FP8 codes (no NaN) or bytes, for timing runs that need no particular values.
 void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool fp8);
 

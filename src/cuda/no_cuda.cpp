@@ -100,6 +100,9 @@ double measure_copy_gbs(void*) {
 double measure_fp8_tflops(void*) {
   no_cuda("the GPU's FP8 rate");
 }
+double measure_weight_stream_ms(const WeightStream&, void*) {
+  no_cuda("the GPU's weight stream");
+}
 void fill_random_bytes(void*, std::size_t, std::uint64_t, bool) {
   no_cuda("fill_random_bytes");
 }
