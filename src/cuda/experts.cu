@@ -193,10 +193,11 @@ __global__ void __launch_bounds__(kActThreads)
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
         const float scale = numerics::fp8_scale(m);
         if (lane == 0) act_scale[row_idx * groups + grp] = scale;
+        const numerics::DivideBy div(scale);  // x / scale bit for bit, no slow-path branch
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
-          if (c < I) act_q[row_idx * I + c] = __nv_fp8_e4m3(v[j] / scale);
+          if (c < I) act_q[row_idx * I + c] = __nv_fp8_e4m3(div(v[j]));
         }
       }
       continue;
@@ -215,8 +216,9 @@ __global__ void __launch_bounds__(kActThreads)
     const float scale = numerics::fp8_scale(amax);
     if (!per_tensor && threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;
+    const numerics::DivideBy div(scale);
     for (int c = threadIdx.x; c < I; c += kActThreads)
-      out[c] = __nv_fp8_e4m3(activation_at(act, w1, row, I, c) / scale);  // RNE, saturating to 448
+      out[c] = __nv_fp8_e4m3(div(activation_at(act, w1, row, I, c)));  // RNE, saturating to 448
   }
 }
 
@@ -224,10 +226,11 @@ __global__ void __launch_bounds__(kActThreads)
 // the row's values kept in registers (cuda/quantize.cuh's QuantRowOf, the quantize-and-scatter's
 // arithmetic) between the amax and the quantization, 8-byte stores. NOTES: for
 // I <= 256 * 8 * kChunks and halves-layout activations; swigluoai (interleaved) and per-tensor take
-// activation_quant_kernel.
-template <int kChunks>
+// activation_quant_kernel. The activation is a compile-time constant (its switch folds away; ncu
+// found the kernel instruction-bound, not memory-bound: docs/PERF.md).
+template <int kChunks, Activation kAct>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(Activation act, numerics::W1Rows w1, QuantScheme quant, bool contiguous,
+    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, bool contiguous,
                                    const __nv_bfloat16* __restrict__ w1_out,
                                    const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
                                    __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(kActThreads)
       const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        out[j] = numerics::activation_value<float, DeviceMath>(act, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
+        out[j] = numerics::activation_value<float, DeviceMath>(kAct, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
     });
     const float scale = q.token_scale(quant);
     q.store(quant, scale, I, reinterpret_cast<std::uint8_t*>(act_q + row_idx * I), act_scale + row_idx * spr);
@@ -376,14 +379,24 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     auto launch = [&](auto k) {
       k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, w1, p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
+          w1, p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
     };
-    if (chunks == 1)
-      launch(activation_quant_row_per_block<1>);
-    else if (chunks == 2)
-      launch(activation_quant_row_per_block<2>);
-    else
-      launch(activation_quant_row_per_block<4>);
+    auto launch_act = [&]<Activation kAct>() {
+      if (chunks == 1)
+        launch(activation_quant_row_per_block<1, kAct>);
+      else if (chunks == 2)
+        launch(activation_quant_row_per_block<2, kAct>);
+      else
+        launch(activation_quant_row_per_block<4, kAct>);
+    };
+    switch (p.activation) {  // swigluoai's interleaved rows take the generic kernel (vec_ok)
+      case Activation::kSilu: launch_act.template operator()<Activation::kSilu>(); break;
+      case Activation::kGelu: launch_act.template operator()<Activation::kGelu>(); break;
+      case Activation::kGeluTanh: launch_act.template operator()<Activation::kGeluTanh>(); break;
+      case Activation::kRelu2: launch_act.template operator()<Activation::kRelu2>(); break;
+      case Activation::kSiluNoMul: launch_act.template operator()<Activation::kSiluNoMul>(); break;
+      case Activation::kSwigluOai: MOEKIT_CUDA_REQUIRE(false, "row-per-block activation kernel: swigluoai"); break;
+    }
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
                               stream>>>(p.activation, w1, 1, false, p.quant == QuantScheme::kBlock128, l.contiguous,

@@ -4,6 +4,8 @@
 
 #include <cuda_fp8.h>
 
+#include "numerics/fp8.h"
+
 namespace moekit::cuda {
 
 // The max of v over a block of kThreads threads, on every thread (exact: max does not round).
@@ -21,12 +23,16 @@ __device__ float block_max(float v) {
 }
 
 // 8 values / scale -> 8 e4m3 codes in one 8-byte word, as cpu::quantize_activation encodes them.
+// The quotients through numerics::DivideBy: IEEE division's bit for bit, without its per-call
+// range check and slow-path branch (the activation kernel was instruction-bound on them: ncu,
+// docs/PERF.md).
 __device__ __forceinline__ uint2 fp8x8(const float (&v)[8], float scale) {
   uint2 packed;
   auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
+  const numerics::DivideBy div(scale);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * j] / scale, v[2 * j + 1] / scale), __NV_SATFINITE, __NV_E4M3);
+    p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(div(v[2 * j]), div(v[2 * j + 1])), __NV_SATFINITE, __NV_E4M3);
   return packed;
 }
 
