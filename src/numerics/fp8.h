@@ -118,7 +118,10 @@ struct DivideBy {
 #endif
   }
   __device__ __forceinline__ float operator()(float x) const {
-    if (!fast) return __fdiv_rn(x, scale);
+    return fast ? fast_quotient(x) : __fdiv_rn(x, scale);
+  }
+  // The quotient when `fast` holds, no branch: callers with many x test `fast` once for all of them.
+  __device__ __forceinline__ float fast_quotient(float x) const {
     const float q = __fmul_rn(x, r);
     return copysignf(__fmaf_rn(__fmaf_rn(-q, scale, x), r, q), x);
   }
