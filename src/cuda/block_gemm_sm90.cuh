@@ -381,24 +381,10 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       const GroupedGemmLaunch::FusedW1& f = p.fused;
       const std::int64_t act_row0 =
           f.row_offsets != nullptr ? f.row_offsets[t.g] : static_cast<std::int64_t>(t.g) * f.M;
-      switch (f.activation) {  // swigluoai's interleaved rows are refused at launch
-        case Activation::kSilu:
-          block_gemm_fused_epilogue<Activation::kSilu>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
-          break;
-        case Activation::kGelu:
-          block_gemm_fused_epilogue<Activation::kGelu>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
-          break;
-        case Activation::kGeluTanh:
-          block_gemm_fused_epilogue<Activation::kGeluTanh>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
-          break;
-        case Activation::kRelu2:
-          block_gemm_fused_epilogue<Activation::kRelu2>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
-          break;
-        case Activation::kSiluNoMul:
-          block_gemm_fused_epilogue<Activation::kSiluNoMul>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
-          break;
-        case Activation::kSwigluOai: break;
-      }
+      numerics::with_activation(f.activation, [&]<Activation kAct>() {
+        if constexpr (kAct != Activation::kSwigluOai)  // its interleaved rows are refused at launch
+          block_gemm_fused_epilogue<kAct>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
+      });
     } else {
       // bf16 D a quarter tile (64 columns = 128 bytes a row) at a time; n % 128 == 0 (n_multiple).
       auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[t.g]);

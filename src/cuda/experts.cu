@@ -381,22 +381,17 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
           w1, p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
     };
-    auto launch_act = [&]<Activation kAct>() {
-      if (chunks == 1)
+    numerics::with_activation(p.activation, [&]<Activation kAct>() {
+      if constexpr (kAct == Activation::kSwigluOai) {  // interleaved rows: the generic kernel (vec_ok)
+        MOEKIT_CUDA_REQUIRE(false, "row-per-block activation kernel: swigluoai");
+      } else if (chunks == 1) {
         launch(activation_quant_row_per_block<1, kAct>);
-      else if (chunks == 2)
+      } else if (chunks == 2) {
         launch(activation_quant_row_per_block<2, kAct>);
-      else
+      } else {
         launch(activation_quant_row_per_block<4, kAct>);
-    };
-    switch (p.activation) {  // swigluoai's interleaved rows take the generic kernel (vec_ok)
-      case Activation::kSilu: launch_act.template operator()<Activation::kSilu>(); break;
-      case Activation::kGelu: launch_act.template operator()<Activation::kGelu>(); break;
-      case Activation::kGeluTanh: launch_act.template operator()<Activation::kGeluTanh>(); break;
-      case Activation::kRelu2: launch_act.template operator()<Activation::kRelu2>(); break;
-      case Activation::kSiluNoMul: launch_act.template operator()<Activation::kSiluNoMul>(); break;
-      case Activation::kSwigluOai: MOEKIT_CUDA_REQUIRE(false, "row-per-block activation kernel: swigluoai"); break;
-    }
+      }
+    });
   } else {
     activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
                               stream>>>(p.activation, w1, 1, false, p.quant == QuantScheme::kBlock128, l.contiguous,

@@ -129,6 +129,21 @@ MOEKIT_HD inline T activation_value(Activation act, T g, T u) {
   return T(0);
 }
 
+// f.template operator()<kAct>() with the runtime activation as a compile-time constant: kernels
+// whose per-value loops take the activation as a template parameter (its switch folded away) are
+// chosen through this one switch.
+template <class F>
+MOEKIT_HD inline void with_activation(Activation act, F&& f) {
+  switch (act) {
+    case Activation::kSilu: return f.template operator()<Activation::kSilu>();
+    case Activation::kGelu: return f.template operator()<Activation::kGelu>();
+    case Activation::kGeluTanh: return f.template operator()<Activation::kGeluTanh>();
+    case Activation::kSwigluOai: return f.template operator()<Activation::kSwigluOai>();
+    case Activation::kRelu2: return f.template operator()<Activation::kRelu2>();
+    case Activation::kSiluNoMul: return f.template operator()<Activation::kSiluNoMul>();
+  }
+}
+
 // The W1 weight's row layout (= the columns of a W1 output row), one rule for every device:
 //   kHalves       gate rows [0, I), up rows [I, 2I): silu, gelu, gelu_tanh (HF's gate_proj, up_proj);
 //   kBlockPairs   the same activations under block128: per 256 rows, gate rows [128b, 128b + 128)
