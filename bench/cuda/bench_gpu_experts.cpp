@@ -269,7 +269,6 @@ int main(int argc, char** argv) {
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
                   ", \"graph_ms\": " + std::to_string(graph_ms) + ", \"floor_ms\": " + std::to_string(floor_ms) +
                   ", \"weights_read_ms\": " + std::to_string(weights_ms) +
-                  ", \"weights_stream_ms\": " + std::to_string(read_ms) +
                   ", \"tflops\": " + std::to_string(flops / (graph_ms * 1e-3) / 1e12) +
                   ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
           first = false;
