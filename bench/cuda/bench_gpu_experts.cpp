@@ -24,6 +24,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -150,12 +151,16 @@ int main(int argc, char** argv) {
       cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
       cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
       Workspace ws(plan_layer(p, entry, 1), *memory);
+      // The fused recipe's variants run on their own plan (no w1_out, w1_small), reading the tokens,
+      // scales and counts of `ws`.
+      std::optional<Workspace> fused_ws;
       if (quant == QuantScheme::kBlock128) {
         MoeProblem fused = p;
         fused.fuse_w1 = true;
+        fused_ws.emplace(plan_layer(fused, entry, 1), *memory);
         std::printf("block128 M = %lld: experts' workspace %.3f GiB, %.3f GiB with fuse_w1 (no w1_out)\n",
                     static_cast<long long>(M), double(ws.plan().section_bytes("experts")) / double(1 << 30),
-                    double(plan_layer(fused, entry, 1).section_bytes("experts")) / double(1 << 30));
+                    double(fused_ws->plan().section_bytes("experts")) / double(1 << 30));
       }
       cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
                               true);
@@ -214,7 +219,8 @@ int main(int argc, char** argv) {
         for (const auto& v : sweep) {
           const auto& name = v.name;
           const bool chosen = v.selected;
-          const cuda::BatchedExpertsLaunch l = cuda::make_launch(v.problem, input, view, ws, dev.num_sms, v.gemms);
+          const cuda::BatchedExpertsLaunch l =
+              cuda::make_launch(v.problem, input, view, v.problem.fuse_w1 ? *fused_ws : ws, dev.num_sms, v.gemms);
           const double ms = median_ms(
               quick ? 5 : 20,
               [&] {

@@ -35,7 +35,7 @@ bool available();                              // built with CUDA and a device p
 struct BatchedExpertsLaunch;
 // The regions both CUDA experts add to the recipe (GEMM arguments, CUTLASS scratch, status words),
 // and the launch fields they bind.
-void declare_gemm_regions(const MoeProblem& problem, WorkspaceBuilder& builder);
+void declare_gemm_regions(const MoeProblem& problem, const plan::ExpertsGemmPlan& gemms, WorkspaceBuilder& builder);
 void fill_gemm_regions(BatchedExpertsLaunch& launch, Workspace& workspace);
 // The launch of one step over a workspace declared by the batched experts (tests and benchmarks
 // time its stages apart).

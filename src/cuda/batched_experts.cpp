@@ -55,8 +55,9 @@ class CudaBatchedExperts final : public Experts {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
-    plan::declare_batched_recipe(p, b, !gemms(p, p.max_tokens_per_rank).fused_w1);
-    declare_gemm_regions(p, b);
+    const plan::ExpertsGemmPlan g = gemms(p, p.max_tokens_per_rank);
+    plan::declare_batched_recipe(p, b, !g.fused_w1);
+    declare_gemm_regions(p, g, b);
     b.add({"row_offsets",
            DType::kInt32,
            {p.E_local + 1},
@@ -98,7 +99,15 @@ class CudaBatchedExperts final : public Experts {
 
 }  // namespace
 
-void declare_gemm_regions(const MoeProblem& p, WorkspaceBuilder& b) {
+void declare_gemm_regions(const MoeProblem& p, const plan::ExpertsGemmPlan& g, WorkspaceBuilder& b) {
+  if (g.w1_small)
+    b.add({"w1_small",
+           DType::kFp32,
+           {p.E_local, plan::fused_w1_small_rows(), p.N},
+           Stage::kGemm1,
+           Stage::kActivation,
+           "the fused recipe's W1 output (fp32) of the experts of <= " + std::to_string(plan::fused_w1_small_rows()) +
+               " rows, for the activation kernel (the fused W1 runs the others)"});
   b.add({"gemm_args_w1",
          DType::kUint8,
          {plan::kMaxGemmLaunches, p.E_local, kGemmArgsBytesPerGroup},
@@ -127,6 +136,7 @@ void declare_gemm_regions(const MoeProblem& p, WorkspaceBuilder& b) {
 
 void fill_gemm_regions(BatchedExpertsLaunch& l, Workspace& ws) {
   l.w1_out = ws.plan().find_region("w1_out") ? ws.get<std::uint16_t>("w1_out") : nullptr;  // none when W1 is fused
+  l.w1_small = ws.plan().find_region("w1_small") ? ws.get<float>("w1_small") : nullptr;
   l.act_q = ws.get<std::uint8_t>("act_q");
   l.act_scale = ws.get<float>("act_scale");
   l.gemm_args_w1 = ws.get<std::byte>("gemm_args_w1");

@@ -45,11 +45,14 @@ struct GemmOperands {
   const float* sb;        // per column (g * n + col) or per group (g)
   std::uint16_t* D;       // group g at D + row_start * n
   int n, k;
+  float* D_small = nullptr;  // the w1_fp32 launches' D (w1_small): group g at D_small + g * small_rows * n
+  int small_rows = 0;
   int sa_per_row;             // scales per row of A: 1 (per token) or ceil(k / 128) (1x128 groups)
   std::int64_t sb_per_group;  // scales per expert's weight: n (per channel) or 128x128 blocks
   bool block;                 // kBlock128: the kernel reads block-scale layouts too
   int launches;
   bool swap_ab[plan::kMaxGemmLaunches];
+  bool small[plan::kMaxGemmLaunches];  // writes D_small (a w1_fp32 config in the fused recipe)
   std::int64_t lo[plan::kMaxGemmLaunches], hi[plan::kMaxGemmLaunches];
 };
 
@@ -68,7 +71,10 @@ __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int
     write_block_scale_layout(a.layout_sfa + 5 * g, op.swap_ab[j] ? weight_blocks : m, k_blocks);
     write_block_scale_layout(a.layout_sfb + 5 * g, op.swap_ab[j] ? m : weight_blocks, k_blocks);
   }
-  a.ptr_D[g] = op.D != nullptr ? op.D + row_start * op.n : nullptr;  // none for the fused W1
+  if (op.small[j])
+    a.ptr_D[g] = op.D_small + static_cast<std::int64_t>(g) * op.small_rows * op.n;
+  else
+    a.ptr_D[g] = op.D != nullptr ? op.D + row_start * op.n : nullptr;  // none for the fused W1
   a.stride_A[g] = op.k;
   a.stride_B[g] = op.k;
   a.stride_D[g] = op.n;
@@ -157,27 +163,77 @@ __device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_
   r = i - __ldg(row_offsets + lo);
 }
 
-__device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows w1, const __nv_bfloat16* row, int I,
-                                               int c) {
-  return numerics::activation_value<float, DeviceMath>(act, __bfloat162float(row[numerics::gate_column(w1, I, c)]),
-                                                       __bfloat162float(row[numerics::up_column(w1, I, c)]));
+// The rows an activation launch walks. small_rows == 0: the valid rows of w1_out (bf16), each
+// written to the same row of act_q. small_rows > 0: the slots of w1_small (fp32, small_rows an
+// expert) of the experts of <= small_rows rows, the fused recipe's small experts (the fused W1 wrote
+// the other experts' act_q itself); slot i of expert e = i / small_rows goes to its row of act_q.
+struct ActivationRows {
+  const std::int32_t* __restrict__ row_offsets;
+  int E, M, small_rows;
+  bool contiguous;
+
+  __device__ int count() const { return small_rows > 0 ? E * small_rows : __ldg(row_offsets + E); }
+  // Walk index i -> its input row, output row and expert (0 for a contiguous w1_out); false when
+  // slot i holds no row.
+  __device__ bool at(int i, std::int64_t& in_row, std::int64_t& out_row, int& e) const {
+    if (small_rows > 0) {
+      e = i / small_rows;
+      const int r = i - e * small_rows;
+      const int first = __ldg(row_offsets + e), m = __ldg(row_offsets + e + 1) - first;
+      if (m > small_rows || r >= m) return false;
+      in_row = i;
+      out_row = contiguous ? first + r : static_cast<std::int64_t>(e) * M + r;
+      return true;
+    }
+    int r = 0;
+    e = 0;
+    if (!contiguous) locate_row(row_offsets, E, i, e, r);  // contiguous: one tensor (e = 0) of rows i
+    in_row = out_row = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
+    return true;
+  }
+};
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+
+// 8 consecutive W1 outputs from a 16-byte-aligned address (bf16: one 16-byte load, fp32: two).
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&out)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* b = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(b[j]);
+}
+__device__ __forceinline__ void load8(const float* p, float (&out)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+template <class In>
+__device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows w1, const In* row, int I, int c) {
+  return numerics::activation_value<float, DeviceMath>(act, to_float(row[numerics::gate_column(w1, I, c)]),
+                                                       to_float(row[numerics::up_column(w1, I, c)]));
 }
 
 // A persistent grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
+template <class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_kernel(Activation act, numerics::W1Rows w1, int pass, bool per_tensor, bool block, bool contiguous,
-                            const __nv_bfloat16* __restrict__ w1_out, const std::int32_t* __restrict__ row_offsets,
-                            int E, int M, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
-                            float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
-  const int total = __ldg(row_offsets + E);
+    activation_quant_kernel(Activation act, numerics::W1Rows w1, int pass, bool per_tensor, bool block,
+                            ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
+                            __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
+                            unsigned int* __restrict__ expert_amax) {
+  const int total = rows.count();
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
-    int e = 0, r = 0;
-    if (!contiguous) locate_row(row_offsets, E, i, e, r);  // contiguous: one tensor (e = 0) of rows i
-    const std::int64_t row_idx = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
-    const __nv_bfloat16* row = w1_out + row_idx * N;
+    int e = 0;
+    std::int64_t in_row = 0, row_idx = 0;
+    if (!rows.at(i, in_row, row_idx, e)) continue;
+    const In* row = w1_rows + in_row * N;
     if (block) {
       const int groups = static_cast<int>(numerics::ceil_div(I, kQuantBlock));
       const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -228,30 +284,27 @@ __global__ void __launch_bounds__(kActThreads)
 // I <= 256 * 8 * kChunks and halves-layout activations; swigluoai (interleaved) and per-tensor take
 // activation_quant_kernel. The activation is a compile-time constant (its switch folds away; ncu
 // found the kernel instruction-bound, not memory-bound: docs/PERF.md).
-template <int kChunks, Activation kAct>
+template <int kChunks, Activation kAct, class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, bool contiguous,
-                                   const __nv_bfloat16* __restrict__ w1_out,
-                                   const std::int32_t* __restrict__ row_offsets, int E, int M, int N, int I,
-                                   __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale) {
-  const int total = __ldg(row_offsets + E);
+    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
+                                   const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
+                                   float* __restrict__ act_scale) {
+  const int total = rows.count();
   const int spr = static_cast<int>(numerics::activation_scales_per_row(quant, I));
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
-    int e = 0, r = 0;
-    if (!contiguous) locate_row(row_offsets, E, i, e, r);
-    const std::int64_t row_idx = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
-    const __nv_bfloat16* row = w1_out + row_idx * N;
+    int e = 0;
+    std::int64_t in_row = 0, row_idx = 0;
+    if (!rows.at(i, in_row, row_idx, e)) continue;
+    const In* row = w1_rows + in_row * N;
     QuantRowOf<kChunks> q;
     q.load_with(I, [&](int c0, float(&out)[8]) {
       // c0 is a multiple of 8: its 8 gate (and up) inputs are contiguous in every layout but the
       // interleaved one (which takes activation_quant_kernel).
-      const uint4 graw = *reinterpret_cast<const uint4*>(row + numerics::gate_column(w1, I, c0));
-      const uint4 uraw = *reinterpret_cast<const uint4*>(row + numerics::up_column(w1, I, c0));
-      const auto* g8 = reinterpret_cast<const __nv_bfloat16*>(&graw);
-      const auto* u8 = reinterpret_cast<const __nv_bfloat16*>(&uraw);
+      float g8[8], u8[8];
+      load8(row + numerics::gate_column(w1, I, c0), g8);
+      load8(row + numerics::up_column(w1, I, c0), u8);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        out[j] = numerics::activation_value<float, DeviceMath>(kAct, __bfloat162float(g8[j]), __bfloat162float(u8[j]));
+      for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j]);
     });
     const float scale = q.token_scale(quant);
     q.store(quant, scale, I, reinterpret_cast<std::uint8_t*>(act_q + row_idx * I), act_scale + row_idx * spr);
@@ -279,8 +332,14 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   op.sb_per_group = numerics::weight_scale_count(p.quant, op.n, op.k);
   op.block = p.quant == QuantScheme::kBlock128;
   op.launches = launches.count;
+  if (which == 1 && l.gemms.w1_small) {
+    op.D_small = l.w1_small;
+    op.small_rows = static_cast<int>(plan::fused_w1_small_rows());
+  }
   for (int j = 0; j < launches.count; ++j) {
-    op.swap_ab[j] = plan::gemm_config_info(launches.config[j]).swap_ab;
+    const plan::GemmConfigInfo& info = plan::gemm_config_info(launches.config[j]);
+    op.swap_ab[j] = info.swap_ab;
+    op.small[j] = which == 1 && l.gemms.fused_w1 && info.w1_fp32;
     op.lo[j] = launches.lo[j];
     op.hi[j] = launches.hi[j];
   }
@@ -324,7 +383,10 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.tensors.token_rows = expert_capacity(l) * (l.contiguous ? 1 : p.E_local);
     g.tensors.weights = which == 1 ? l.weights.w1 : l.weights.w2;
     g.tensors.weight_rows = p.E_local * g.n;
-    if (which == 1 && l.gemms.fused_w1) {
+    if (which == 1 && l.gemms.fused_w1 && plan::gemm_config_info(launches.config[j]).w1_fp32) {
+      MOEKIT_CUDA_REQUIRE(l.w1_small != nullptr, "the fused recipe's small-expert W1 needs the w1_small region");
+      g.d_fp32 = true;  // into w1_small, then the activation kernel
+    } else if (which == 1 && l.gemms.fused_w1) {
       g.fused.act_q = l.act_q;
       g.fused.act_scale = l.act_scale;
       g.fused.row_offsets = l.contiguous ? l.row_offsets : nullptr;
@@ -338,8 +400,13 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  MOEKIT_CUDA_REQUIRE(l.w1_out != nullptr && !l.gemms.fused_w1,
-                      "launch_activation_quant: the W1 GEMM is fused (no w1_out): the activation ran in its epilogue");
+  // The fused recipe runs it on w1_small's experts only (fp32 rows); the others' activation ran in
+  // the fused W1's epilogue.
+  const bool small = l.gemms.fused_w1;
+  MOEKIT_CUDA_REQUIRE(small ? l.gemms.w1_small && l.w1_small != nullptr : l.w1_out != nullptr,
+                      small ? "launch_activation_quant: the W1 GEMM is fused and no expert ran into w1_small: the "
+                              "activation ran in its epilogue"
+                            : "launch_activation_quant: no w1_out");
   const MoeProblem& p = l.problem;
   const bool per_tensor = p.quant == QuantScheme::kPerTensor;
   const int E = static_cast<int>(p.E_local), M = static_cast<int>(p.M), N = static_cast<int>(p.N),
@@ -356,6 +423,15 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   };
   auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(l.w1_out);
   auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(l.act_q);
+  const ActivationRows rows{l.row_offsets, E, M, small ? static_cast<int>(plan::fused_w1_small_rows()) : 0,
+                            l.contiguous};
+  // The W1 rows the kernels read: bf16 w1_out, or fp32 w1_small (block128 only: the fused recipe).
+  auto with_rows = [&](auto&& launch) {
+    if (small)
+      launch(l.w1_small);
+    else
+      launch(w1_out);
+  };
   const numerics::W1Rows w1 = numerics::w1_rows(p.activation, p.quant);
   const bool vec_ok = !per_tensor && w1 != numerics::W1Rows::kInterleaved;
   if (kernel == ActivationKernel::kAuto)
@@ -364,11 +440,12 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
                       "the vectorized activation kernel takes per-token scales and halves-layout activations");
   if (per_tensor) {
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
-    const int grid = one_wave(reinterpret_cast<const void*>(activation_quant_kernel));
+    MOEKIT_CUDA_REQUIRE(!small, "per-tensor scales have no fused recipe");
+    auto* k = activation_quant_kernel<__nv_bfloat16>;
+    const int grid = one_wave(reinterpret_cast<const void*>(k));
     for (int pass = 0; pass < 2; ++pass) {
-      activation_quant_kernel<<<grid, kActThreads, 0, stream>>>(p.activation, w1, pass, true, false, l.contiguous,
-                                                                w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale,
-                                                                amax);
+      k<<<grid, kActThreads, 0, stream>>>(p.activation, w1, pass, true, false, rows, w1_out, N, I, act_q, l.act_scale,
+                                          amax);
       MOEKIT_CUDA_CHECK_LAUNCH();
     }
     const int tensors = l.contiguous ? 1 : E;
@@ -377,33 +454,37 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     MOEKIT_CUDA_REQUIRE(I <= kActThreads * 8 * 4,
                         "row-per-block activation kernel: I = " + std::to_string(I) + " exceeds 8192");
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
-    auto launch = [&](auto k) {
-      k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          w1, p.quant, l.contiguous, w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale);
-    };
-    numerics::with_activation(p.activation, [&]<Activation kAct>() {
-      if constexpr (kAct == Activation::kSwigluOai) {  // interleaved rows: the generic kernel (vec_ok)
-        MOEKIT_CUDA_REQUIRE(false, "row-per-block activation kernel: swigluoai");
-      } else if (chunks == 1) {
-        launch(activation_quant_row_per_block<1, kAct>);
-      } else if (chunks == 2) {
-        launch(activation_quant_row_per_block<2, kAct>);
-      } else {
-        launch(activation_quant_row_per_block<4, kAct>);
-      }
+    with_rows([&]<class In>(const In* in) {
+      auto launch = [&](auto k) {
+        k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(w1, p.quant, rows, in, N, I, act_q,
+                                                                                  l.act_scale);
+      };
+      numerics::with_activation(p.activation, [&]<Activation kAct>() {
+        if constexpr (kAct == Activation::kSwigluOai) {  // interleaved rows: the generic kernel (vec_ok)
+          MOEKIT_CUDA_REQUIRE(false, "row-per-block activation kernel: swigluoai");
+        } else if (chunks == 1) {
+          launch(activation_quant_row_per_block<1, kAct, In>);
+        } else if (chunks == 2) {
+          launch(activation_quant_row_per_block<2, kAct, In>);
+        } else {
+          launch(activation_quant_row_per_block<4, kAct, In>);
+        }
+      });
     });
   } else {
-    activation_quant_kernel<<<one_wave(reinterpret_cast<const void*>(activation_quant_kernel)), kActThreads, 0,
-                              stream>>>(p.activation, w1, 1, false, p.quant == QuantScheme::kBlock128, l.contiguous,
-                                        w1_out, l.row_offsets, E, M, N, I, act_q, l.act_scale, nullptr);
+    with_rows([&]<class In>(const In* in) {
+      auto* k = activation_quant_kernel<In>;
+      k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
+          p.activation, w1, 1, false, p.quant == QuantScheme::kBlock128, rows, in, N, I, act_q, l.act_scale, nullptr);
+    });
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
   launch_experts_prepare(l, stream);
-  launch_experts_gemm(l, 1, stream);  // fused: writes act_q / act_scale itself
-  if (!l.gemms.fused_w1) launch_activation_quant(l, ActivationKernel::kAuto, stream);
+  launch_experts_gemm(l, 1, stream);  // fused: writes act_q / act_scale itself (but for w1_small's experts)
+  if (!l.gemms.fused_w1 || l.gemms.w1_small) launch_activation_quant(l, ActivationKernel::kAuto, stream);
   launch_experts_gemm(l, 2, stream);
 }
 

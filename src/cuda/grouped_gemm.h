@@ -112,6 +112,9 @@ struct GroupedGemmLaunch {
   std::byte* scratch = nullptr;
   std::int64_t scratch_bytes = 0;
   int num_sms = 0;
+  // D is fp32, not bf16 (block-scaled, plan::GemmConfigInfo::w1_fp32): the fused recipe's W1 of
+  // its small experts, into w1_small, where the activation kernel reads it.
+  bool d_fp32 = false;
   FusedW1 fused{};
   Tensors tensors{};
 };
@@ -122,6 +125,8 @@ template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_instance(const GroupedGemmLaunch& launch, void* stream);
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_block_instance(const GroupedGemmLaunch& launch, void* stream);
+template <plan::GemmConfig kConfig>
+void grouped_fp8_gemm_block_f32_instance(const GroupedGemmLaunch& launch, void* stream);
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_fused_w1_instance(const GroupedGemmLaunch& launch, void* stream);
 

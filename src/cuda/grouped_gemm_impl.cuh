@@ -112,22 +112,23 @@ struct GroupedFp8Gemm {
   }
 };
 
-// The block-scaled epilogue: bf16 D (CUTLASS's TMA epilogue). The fused W1 runs on moekit's own main
-// loop (block_gemm_sm90.cuh), not here.
-template <class TileShape, class LayoutD, class EpilogueSchedule>
+// The block-scaled epilogue: bf16 D, or fp32 D for the fused recipe's small experts (CUTLASS's TMA
+// epilogue, 16-byte aligned). The fused W1 runs on moekit's own main loop (block_gemm_sm90.cuh).
+template <class TileShape, class LayoutD, class EpilogueSchedule, class ElementD>
 struct BlockEpilogue {
+  static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));
   using CollectiveOp = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Shape<_1, _1, _1>,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, 8, cutlass::bfloat16_t, LayoutD*,
-      8, EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, float, void, float>>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD, LayoutD*,
+      kAlignD, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(typename CollectiveOp::SharedStorage));
 };
 
 // The block-scaled twin. The scale granularity follows the swap: unswapped, the kernel's A is the
 // tokens (one scale per row and k-block: granularity 1 x 128) and its B the weights (128 x 128);
-// swapped, the other way round.
-template <plan::GemmConfig kConfig>
+// swapped, the other way round. kFp32D: D in fp32 (plan::GemmConfigInfo::w1_fp32), else bf16.
+template <plan::GemmConfig kConfig, bool kFp32D = false>
 struct GroupedFp8BlockGemm {
   static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
   static constexpr bool kSwapAB = kInfo.swap_ab;
@@ -142,12 +143,11 @@ struct GroupedFp8BlockGemm {
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementD = cute::conditional_t<kFp32D, float, cutlass::bfloat16_t>;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
   using LayoutD = cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kAlignAB = 16;
-  static constexpr int kAlignD = 8;
   static constexpr int kGranularityM = kSwapAB ? static_cast<int>(kQuantBlock) : 1;
   static constexpr int kGranularityN = kSwapAB ? 1 : static_cast<int>(kQuantBlock);
   using ScaleConfig =
@@ -157,7 +157,8 @@ struct GroupedFp8BlockGemm {
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   static_assert(!kInfo.fused_w1 && kInfo.main_loop == plan::GemmMainLoop::kCutlass,
                 "CUTLASS runs no fused W1 here: the fused W1 is moekit's main loop (block_gemm_sm90.cuh)");
-  using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule>;
+  static_assert(!kFp32D || kInfo.w1_fp32, "an fp32-D instance of a config the table has none for (w1_fp32)");
+  using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, ElementD>;
   using CollectiveEpilogue = typename Epilogue::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -317,4 +318,12 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   void grouped_fp8_gemm_block_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                 \
     detail::run_grouped_fp8_block_gemm<detail::GroupedFp8BlockGemm<CONFIG>>(launch,                             \
                                                                             static_cast<cudaStream_t>(stream)); \
+  }
+
+// The one line each grouped_gemm_block_f32_<config>.cu holds.
+#define MOEKIT_GROUPED_GEMM_BLOCK_F32_INSTANCE(CONFIG)                                                                \
+  template <>                                                                                                         \
+  void grouped_fp8_gemm_block_f32_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                   \
+    detail::run_grouped_fp8_block_gemm<detail::GroupedFp8BlockGemm<CONFIG, true>>(launch,                             \
+                                                                                  static_cast<cudaStream_t>(stream)); \
   }

@@ -53,7 +53,8 @@ struct BatchedExpertsLaunch {
   const float* a1q_scale = nullptr;
   const std::int32_t* expert_num_tokens = nullptr;  // counts per local expert
   std::uint16_t* output = nullptr;                  // batched expert_output, or the standard experts' w2_out
-  std::uint16_t* w1_out = nullptr;
+  std::uint16_t* w1_out = nullptr;                  // null in the fused recipe
+  float* w1_small = nullptr;                        // the fused recipe's small experts' fp32 W1 rows (gemms.w1_small)
   std::uint8_t* act_q = nullptr;
   float* act_scale = nullptr;
   std::byte* gemm_args_w1 = nullptr;
@@ -67,7 +68,8 @@ struct BatchedExpertsLaunch {
 
 // The stages: prepare (reads expert_num_tokens once, validates it, writes row_offsets and both
 // GEMMs' arguments), W1 GEMM, activation + FP8, W2 GEMM. launch_batched_experts runs all four, or
-// three when gemms.fused_w1 (the W1 GEMM's epilogue writes act_q / act_scale; w1_out is null).
+// three when gemms.fused_w1 and no expert runs into w1_small (the W1 GEMM's epilogue writes act_q /
+// act_scale; w1_out is null). With gemms.w1_small the activation runs on w1_small's experts only.
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream);
 void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream);
 void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream);  // which: 1 (W1) or 2 (W2)

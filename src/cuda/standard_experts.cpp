@@ -39,7 +39,8 @@ class CudaStandardExperts final : public Experts {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     MOEKIT_CHECK(unsupported(p).empty(), "{}", unsupported(p));
-    plan::declare_standard_recipe(p, b, !plan::plan_experts_gemms(p, p.max_tokens_per_rank).fused_w1);
+    const plan::ExpertsGemmPlan g = plan::plan_experts_gemms(p, p.max_tokens_per_rank);
+    plan::declare_standard_recipe(p, b, !g.fused_w1);
     b.add({"expert_counts",
            DType::kInt32,
            {p.E_local},
@@ -52,7 +53,7 @@ class CudaStandardExperts final : public Experts {
            Stage::kPrepare,
            Stage::kPrepare,
            "the row map's per-tile counts and first ranks per expert"});
-    declare_gemm_regions(p, b);
+    declare_gemm_regions(p, g, b);
   }
 
   ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,

@@ -86,7 +86,10 @@ bool fuses_w1(const MoeProblem& p) {
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
   const bool fused = fuses_w1(p);
-  return {plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant), fused};
+  ExpertsGemmPlan g{plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant),
+                    fused};
+  for (int j = 0; j < g.w1.count; ++j) g.w1_small |= fused && gemm_config_info(g.w1.config[j]).w1_fp32;
+  return g;
 }
 
 ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& p) {
@@ -98,6 +101,7 @@ ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& p) {
                  p.fuse_w1 ? "" : ", not fused");
     ExpertsGemmPlan g = plan_experts_gemms(p, p.max_tokens_per_rank);
     g.w1 = single_launch(config);
+    g.w1_small = false;
     return g;
   }
   MOEKIT_CHECK(!fuses_w1(p),

@@ -42,6 +42,11 @@ struct GemmConfigInfo {
                                // grouped_gemm_<name>.cu; it runs no other GEMM
   std::string_view why;
   GemmMainLoop main_loop = GemmMainLoop::kCutlass;
+  // Has a block-scaled instance with an fp32 D, grouped_gemm_block_f32_<name>.cu: the fused
+  // recipe's W1 for the experts of <= max_rows rows, into w1_small (fused_w1_small_rows() fp32 rows
+  // an expert), the activation kernel then reading the fp32 rows (no bf16 rounding: the fused
+  // recipe's numerics). The fused rule runs these rows on small experts, the fused W1 on the rest.
+  bool w1_fp32 = false;
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows covers the expected
@@ -50,9 +55,11 @@ struct GemmConfigInfo {
 // 1.49 vs 1.63 ms at 1024).
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true, true,
-     false, "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side"},
+     false, "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side",
+     GemmMainLoop::kCutlass, true},
     {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64, true, true,
-     false, "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)"},
+     false, "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)",
+     GemmMainLoop::kCutlass, true},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
     // must have same shape"); block128 takes cooperative-128x128 for m_e > 64 (a block-scaled
@@ -89,12 +96,23 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
 }
 
 // Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
-// instance for the scaling; the fused W1 configs run only the fused W1 (block128).
+// instance for the scaling; the fused recipe's W1 (block128) runs on the fused W1 configs and, for
+// small experts, the fp32-D ones (w1_fp32); the fused W1 configs run nothing else.
 constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
                         QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
   return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
-         (fused_w1 ? config.fused_w1 && quant == QuantScheme::kBlock128
-                   : (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
+         (fused_w1 ? (config.fused_w1 || config.w1_fp32) && quant == QuantScheme::kBlock128
+                   : !config.fused_w1 && (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
+}
+
+// Rows an expert of w1_small (the fused recipe's fp32 W1 output of its small experts): the most
+// rows any w1_fp32 config of the table is chosen for. The plan's region, the prepare kernel's slot
+// stride and the activation kernel's choice of rows all read it.
+constexpr std::int64_t fused_w1_small_rows() {
+  std::int64_t rows = 0;
+  for (const auto& c : kGemmConfigs)
+    if (c.w1_fp32 && c.max_rows > rows) rows = c.max_rows;
+  return rows;
 }
 
 // Whether the experts fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out;
@@ -137,15 +155,21 @@ std::string describe(const GemmLaunches& launches);
 struct ExpertsGemmPlan {
   GemmLaunches w1;        // (m_e x K) . (N x K)^T
   GemmLaunches w2;        // (m_e x I) . (K x I)^T
-  bool fused_w1 = false;  // w1's launches write act_q / act_scale: no w1_out, no activation kernel
+  bool fused_w1 = false;  // the fused recipe: no w1_out; the fused W1 configs write act_q / act_scale
+  // Of the fused recipe: some W1 launches are w1_fp32 configs, which write their experts' fp32 rows
+  // into w1_small; the activation kernel then runs on those experts' rows only.
+  bool w1_small = false;
 };
 // The most rows one local expert can receive in a step of tokens_per_rank tokens on every
 // dispatcher (each token picks an expert at most once), at most its capacity.
 std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_per_rank);
-// The fused W1 when fuses_w1(problem), W1 GEMM + the activation kernel otherwise.
+// The fused recipe when fuses_w1(problem): the experts of <= fused_w1_small_rows() rows on the
+// w1_fp32 configs + the activation kernel, the others on the fused W1; W1 GEMM + the activation
+// kernel otherwise.
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& problem, std::int64_t tokens_per_rank);
-// One config on every expert of both GEMMs; a fused W1 config runs W1 only, W2 takes the rule's.
-// The config must follow the problem's recipe (a fused W1 config iff fuses_w1): else an Error.
+// One config on every expert of both GEMMs; a fused W1 config runs W1 only (every expert, no
+// w1_small), W2 takes the rule's. The config must follow the problem's recipe (a fused W1 config
+// iff fuses_w1): else an Error.
 ExpertsGemmPlan single_config(GemmConfig config, const MoeProblem& problem);
 
 }  // namespace moekit::plan

@@ -64,10 +64,10 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
     fused.fuse_w1 = true;
     const nlohmann::json f = plan_json(fused, make_plan_report(fused));
     EXPECT_EQ(f["plans"][0]["config"],
-              "GEMMs by each expert's rows (<= 8192 in a step): W1 fused-w1-128x256; W2 swapab-128x32 (m_e <= 32), "
-              "swapab-128x64 (m_e <= 64), "
+              "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= "
+              "64), fused-w1-128x256 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
               "cooperative-128x128 (m_e > 64)");
-    EXPECT_EQ(f["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256);
+    EXPECT_EQ(f["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216);
     fused.quant = "per-token";
     EXPECT_THROW(make_plan_report(fused), Error);
   }

@@ -396,6 +396,17 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
         EXPECT_EQ(r.output, again.output) << ctx << ": two runs differ";
       }
     }
+    if (plan::fuses_w1(p)) {
+      // The fused rule: experts of <= 64 rows on the swapped fp32-D tiles + the activation kernel
+      // (w1_small), the others on the fused W1; the patterns mix both.
+      const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
+                              std::string(activation_name(p.activation)) + " " + pattern + " fused rule";
+      const GpuRun r = gpu.run(in, std::nullopt);
+      const double rel = check_run(p, r, ref.output, counts, ctx);
+      EXPECT_LT(rel, kRelTolerance) << ctx;
+      std::printf("  %-62s end to end vs CPU %.3e\n", ctx.c_str(), rel);
+      check_fused_stages(p, w, r, ref, counts, pool, ctx);
+    }
   }
 }
 
@@ -536,7 +547,10 @@ TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
     MoeProblem unfused_p = p;
     unfused_p.fuse_w1 = false;
     const WorkspacePlan unfused = plan_layer(unfused_p, entry, 1);
-    EXPECT_EQ(unfused.total_bytes - plan_layer(p, entry, 1).total_bytes, unfused.region("w1_out").bytes);
+    // w1_out gone; w1_small (the fp32 W1 rows of the experts of <= 64 rows) in.
+    const WorkspacePlan fused = plan_layer(p, entry, 1);
+    EXPECT_EQ(fused.region("w1_small").bytes, p.E_local * 64 * p.N * 4);
+    EXPECT_EQ(unfused.total_bytes - fused.total_bytes, unfused.region("w1_out").bytes - fused.region("w1_small").bytes);
     EXPECT_EQ(unfused.region("w1_out").bytes, p.E_local * p.M * p.N * 2);
     const auto counts = pattern_counts("ragged", p.E_local, p.M, 5);
     const auto in = testing::make_batched_inputs(p, counts, 3);

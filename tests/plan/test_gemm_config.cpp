@@ -37,6 +37,12 @@ TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
     } else {
       EXPECT_FALSE(c.fused_w1) << c.name;  // the fused W1 is moekit's main loop alone
     }
+    // The fused recipe's small experts: CUTLASS's swapped block-scaled tiles of at most 64 tokens.
+    if (c.w1_fp32) {
+      EXPECT_TRUE(c.swap_ab && c.block_scaled && c.main_loop == GemmMainLoop::kCutlass && c.max_rows > 0 &&
+                  c.max_rows <= fused_w1_small_rows())
+          << c.name;
+    }
     EXPECT_EQ(c.schedule == GemmSchedule::kPingpong, c.name.starts_with("pingpong")) << c.name;
   }
   for (int i = 0; i < kNumGemmConfigs; ++i) EXPECT_EQ(&gemm_config_info(static_cast<GemmConfig>(i)), &kGemmConfigs[i]);
@@ -125,18 +131,26 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_TRUE(fuses_w1(p));
   const ExpertsGemmPlan g = plan_experts_gemms(p, 256);
   EXPECT_TRUE(g.fused_w1);
-  EXPECT_EQ(describe(g.w1), "fused-w1-128x256");
+  // The experts of <= 64 rows run CUTLASS's swapped tiles into w1_small (fp32), the rest the fused W1.
+  EXPECT_EQ(fused_w1_small_rows(), 64);
+  EXPECT_TRUE(g.w1_small);
+  EXPECT_FALSE(unfused.w1_small);
+  EXPECT_EQ(describe(g.w1), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), fused-w1-128x256 (m_e > 64)");
+  // Steps of at most 64 rows an expert launch no fused W1 at all.
+  EXPECT_EQ(describe(plan_experts_gemms(p, 2).w1), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64)");
   EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(describe(unfused.w1), describe(g.w2));
   // A forced fused config runs W1 only; W2 keeps the rule.
   const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1Block128x256, p);
   EXPECT_TRUE(forced.fused_w1);
+  EXPECT_FALSE(forced.w1_small);  // every expert on the fused W1
   EXPECT_EQ(forced.w1.count, 1);
   EXPECT_EQ(describe(forced.w2), describe(g.w2));
   EXPECT_THROW(single_config(GemmConfig::kCooperative128x128, p), Error);  // the recipe fuses
   // Fused configs never run a plain GEMM, plain configs never the fused W1.
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kFusedW1Block128x256), 4096, 7168, QuantScheme::kBlock128));
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kCooperative128x128), 4096, 7168, QuantScheme::kBlock128, true));
+  EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kSwapAB128x64), 4096, 7168, QuantScheme::kBlock128, true));
   EXPECT_FALSE(
       supports(gemm_config_info(GemmConfig::kFusedW1Block128x256), 4096, 7168, QuantScheme::kPerTokenPerChannel, true));
   // Non-gated and other schemes; swigluoai's interleaved rows stay unfused.

@@ -147,6 +147,11 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
       // A fused W1 (fuse_w1, never make_problem's default) has no w1_out on any device.
       const bool fused = plan::fuses_w1(p);
       EXPECT_EQ(plan.find_region("w1_out") == nullptr, fused) << c;
+      // On the GPU the fused recipe's small experts write fp32 rows into w1_small (64 an expert).
+      EXPECT_EQ(plan.find_region("w1_small") != nullptr, fused && entry.device == Device::kCuda) << c;
+      if (plan.find_region("w1_small")) {
+        EXPECT_EQ(plan.region("w1_small").shape, (std::vector<std::int64_t>{E_local, 64, p.N})) << c;
+      }
       if (format == ActivationFormat::kBatchedExperts) {
         if (!fused) {
           EXPECT_EQ(plan.region("w1_out").shape, (std::vector<std::int64_t>{E_local, p.M, p.N})) << c;
@@ -170,8 +175,8 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
         EXPECT_EQ(plan.section_bytes("experts"), sum) << c;
         // The CPU allocates no GPU-only region.
         if (entry.device == Device::kCpu) {
-          for (const char* gpu_only :
-               {"gemm_args_w1", "gemm_args_w2", "gemm_scratch", "experts_status", "row_offsets", "router_status"})
+          for (const char* gpu_only : {"gemm_args_w1", "gemm_args_w2", "gemm_scratch", "experts_status", "row_offsets",
+                                       "router_status", "w1_small"})
             EXPECT_EQ(plan.find_region(gpu_only), nullptr) << c << ": " << gpu_only;
         }
       } else {
@@ -296,8 +301,9 @@ TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
 
 // DeepSeek-V3's own scheme, block128, with fuse_w1: the fused W1 writes act_q and its 1x128 scales from
 // the GEMM's epilogue, so w1_out (1 GiB) is gone: act_q 268435456 + act_scale 16*8192*16*4 = 8388608 + the GEMM
-// arguments, scratch, row offsets and status as above = 0.259 GiB (issue target 0.30; upstream after
-// its fix 3.5). The CPU follows the same recipe with 64 fp32 W1 rows at a time (1 MiB).
+// arguments, scratch, row offsets and status as above + w1_small, the fp32 W1 rows of the experts of
+// <= 64 rows, 16*64*4096*4 = 16777216 = 0.274 GiB (issue target 0.30; upstream after its fix 3.5).
+// The CPU follows the same recipe with 64 fp32 W1 rows at a time (1 MiB).
 TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   MoeProblem p = make_problem(load_model("deepseek-v3"), ParallelConfig{32, 32, 256, 16},
                               ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
@@ -307,7 +313,9 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   p.fuse_w1 = true;
   const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
   EXPECT_EQ(gpu.find_region("w1_out"), nullptr);
-  EXPECT_EQ(gpu.section_bytes("experts"), std::int64_t{268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256});
+  EXPECT_EQ(gpu.section_bytes("experts"),
+            std::int64_t{268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216});
+  EXPECT_EQ(gpu.region("w1_small").bytes, 16 * 64 * 4096 * 4);
   EXPECT_LE(gpu.section_bytes("experts"), 3 * kGiB / 10);
   const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
   EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{268435456 + 8388608 + 64 * 4096 * 4});
