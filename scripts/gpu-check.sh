@@ -122,7 +122,7 @@ if [[ $part == graphs ]]; then
   run timeout 300 $BIN/bench_gpu_experts /tmp/experts.json --quant per-token,block128 > "$OUT/bench_graphs.log" 2>&1
   grep -vE "^\s+(stages|activation)" "$OUT/bench_graphs.log"
   cp /tmp/experts.json "$OUT/bench_graphs.json" 2>/dev/null
-  for fuse in "" --fuse-w1; do
+  for fuse in --no-fuse-w1 --fuse-w1; do
     run timeout 120 $BIN/moekit bench layer --quant block128 --iters 20 --tokens 128,512 $fuse 2>&1 \
       | tee -a "$OUT/bench_layer_graphs.txt" | tail -8
   done

@@ -29,7 +29,9 @@ struct LayerOptions {
   std::string prepare_finalize;
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::optional<Activation> activation;  // default: the model's
-  bool fuse_w1 = false;                  // the fused W1 (block128): no w1_out (MoeProblem::fuse_w1)
+  // The fused W1 (no w1_out, MoeProblem::fuse_w1): nullopt, where it runs (fuse_w1_runs); true
+  // where it cannot is an Error; false, the unfused recipe.
+  std::optional<bool> fuse_w1;
   // Checked mode: guard bands around every region, workspace and outputs poisoned with NaN before
   // each step, guards and outputs verified after it.
   bool checked = false;

@@ -24,16 +24,22 @@ struct MoeProblem {
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::int64_t max_tokens_per_rank = 0;
   std::int64_t num_dispatchers = 1;  // D
-  // The recipe's W1 output: false (default) W1 into bf16 w1_out, then the activation kernel; true
-  // the fused W1 (block128 only, not swigluoai): W1's fp32 output goes straight into the activation
-  // and its 1x128 quantization, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.26 GiB), slower today
-  // (docs/PERF.md). Every device and the float64 reference follow it (plan::fuses_w1).
+  // The recipe's W1 output: false, W1 into bf16 w1_out, then the activation kernel; true, the fused
+  // W1 (where fuse_w1_runs): W1's fp32 output goes straight into the activation and its 1x128
+  // quantization, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB). make_problem's default wherever
+  // it runs. Every device and the float64 reference follow it (plan::fuses_w1).
   bool fuse_w1 = false;
 
   std::int64_t I() const { return activation_out_dim(activation, N); }
   bool operator==(const MoeProblem&) const = default;
   std::string describe() const;
 };
+
+// Whether the fused W1 runs the scheme: block128 with an activation whose W1 rows pair whole 1x128
+// output groups (all but swigluoai's interleaved rows). There it is make_problem's default: on the
+// H200 the GPU's fused rule measured within 1.5-3% of the unfused step's time at 1/4.6 of its
+// workspace (docs/PERF.md); a request may still ask for the unfused recipe (--no-fuse-w1).
+bool fuse_w1_runs(QuantScheme quant, Activation activation);
 
 // Builds and validates the problem; raises moekit::Error naming the bad value and the fix.
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,

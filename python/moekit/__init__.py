@@ -108,10 +108,11 @@ class Plan:
 def plan(model: str = "deepseek-v3", dp: int = 32, ep: int = 32, max_tokens_per_rank: int = 256,
          local_experts: int = 0, device: str = "cuda", quant: str = "auto",
          activation: Optional[str] = None, experts: Sequence[str] = (),
-         dispatch: Optional[str] = None, fuse_w1: bool = False) -> list[Plan]:
+         dispatch: Optional[str] = None, fuse_w1: Optional[bool] = None) -> list[Plan]:
     """The plans of every experts implementation on `device` (and the upstream references), the
     same figures as `moekit plan --format json` with the same arguments (quant="auto": the model's
-    checkpoint scheme; fuse_w1: block128's memory-lean recipe, no w1_out, as --fuse-w1)."""
+    checkpoint scheme; fuse_w1: None fuses W1 where it runs, False / True as --no-fuse-w1 /
+    --fuse-w1)."""
     text = _moekit.plan_json(model, dp, ep, max_tokens_per_rank, local_experts, device, quant, activation or "",
                              list(experts), dispatch or "", fuse_w1)
     out = []
@@ -225,7 +226,7 @@ class MoeLayer:
 
     MoeLayer(model, weights, max_tokens_per_rank, quant="auto", experts="batched-fp8",
              activation=None, num_threads=1, device=None, group=None, dispatch=None, num_experts=0,
-             fuse_w1=False)
+             fuse_w1=None)
       model: a preset name (deepseek-v3, qwen3-30b-a3b, ...) or a config.json path
       weights: a mapping with w1, w1_scale, w2, w2_scale (and e_score_correction_bias when the
                model routes with it): this rank's experts, arrays in the layouts of the module
@@ -239,9 +240,11 @@ class MoeLayer:
              weights hold this rank's E / size experts, tokens move over NCCL between GPUs
       dispatch: the prepare/finalize (moekit plan lists them; default: nccl between GPUs)
       num_experts: > 0 overrides the model's routed experts (as the CLI's --num-experts)
-      fuse_w1: block128 only: the activation and its 1x128 quantization run in the W1 GEMM's
-               epilogue, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.26 GiB of workspace), slower today
-               (docs/PERF.md); W1 is then read in fp32 by the activation, on every device
+      fuse_w1: None (default): the fused W1 where it runs (block128 with any activation but
+               swigluoai): the activation and its 1x128 quantization in the W1 GEMM, no w1_out
+               (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB of workspace, within 1-3% of the unfused time on
+               an H200: docs/PERF.md), W1 read in fp32 by the activation on every device; False: the
+               unfused recipe (W1 into bf16 w1_out); True: fused, an error where it cannot run
     The workspace is allocated once, at construction (workspace_bytes, equal to moekit.plan's
     total for the layout); forward() chunks steps over max_tokens_per_rank. On a GPU, forward()
     runs on torch's current stream (or `stream`) and synchronizes it to check each chunk;
@@ -251,7 +254,7 @@ class MoeLayer:
     def __init__(self, model: str, weights: Mapping[str, Any], max_tokens_per_rank: int,
                  quant: str = "auto", experts: str = "batched-fp8", activation: Optional[str] = None,
                  num_threads: int = 1, device: Optional[str] = None, group: Any = None,
-                 dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: bool = False):
+                 dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None):
         self._weights = {k: weights[k] for k in ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias")
                          if k in weights}
         w = {k: ops._plain(v) for k, v in self._weights.items()}

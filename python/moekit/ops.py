@@ -1,7 +1,7 @@
 """Low-level ops in the conventions an inference engine's fused-MoE path already uses.
 
 batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                quant=None, stream=None, fuse_w1=False)
+                quant=None, stream=None, fuse_w1=None)
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
       a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
@@ -14,7 +14,7 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
     W1 -> activation -> FP8 -> W2, fp32 accumulation.
 
 standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                 quant=None, stream=None, fuse_w1=False)
+                 quant=None, stream=None, fuse_w1=None)
     The same experts in the standard (token-order) convention, with the top-k weighted sum:
       a1q (T, K) FP8, a1q_scale (1,) per-tensor, (T,) per-token or (T, ceil(K/128)) 1x128
       topk_ids (T, topk) int32 local expert ids in [0, E_local), -1: the slot is skipped
@@ -24,9 +24,11 @@ standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_sc
 
 Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
 zero copy. `quant` is inferred from the scales' shapes (pass "per-token", "per-tensor" or
-"block128" where two schemes fit). `fuse_w1` (block128 only, w1 in block pairs): the activation and
-its 1x128 quantization run in the W1 GEMM's epilogue, no bf16 W1 output in the workspace (the
-memory-lean recipe of `moekit run --fuse-w1`; the workspace is another one). On a GPU the work is enqueued on `stream` (a cudaStream_t as an
+"block128" where two schemes fit). `fuse_w1`: None (default) fuses where it runs
+(block128 with any activation but swigluoai): the activation and its 1x128 quantization run in the
+W1 GEMM (its epilogue, or for experts of <= 64 rows a kernel over their fp32 rows), no bf16 W1
+output in the workspace, as `moekit run`; False asks for the unfused recipe (W1 into bf16, then the
+activation), True for the fused one (an error where it cannot run). On a GPU the work is enqueued on `stream` (a cudaStream_t as an
 int; default: torch's current stream of that device) with no host synchronization, so the ops can be
 captured in CUDA graphs. Each problem shape builds its workspace once, on its first call, and keeps
 it (workspace_bytes()); make that first call before a graph capture. The CPU raises bad counts or ids
@@ -88,7 +90,7 @@ def _stream(x, stream) -> int:
 
 
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
-                    quant: Optional[str] = None, stream: Any = None, fuse_w1: bool = False):
+                    quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
                             _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "", fuse_w1, _THREADS,
@@ -98,7 +100,7 @@ def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scal
 
 def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                      activation: str = "silu", quant: Optional[str] = None, stream: Any = None,
-                     fuse_w1: bool = False):
+                     fuse_w1: Optional[bool] = None):
     """The experts in the standard convention with the top-k weighted sum (module docstring);
     returns `out`."""
     _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(topk_ids), _plain(topk_weights), _plain(w1),
@@ -125,10 +127,10 @@ torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
 # (CPU and CUDA tensors alike), fake kernels for torch.compile. Lighter per call than
 # torch.library.custom_op's Python wrapper.
 _BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
-            "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool fuse_w1=False) -> ()")
+            "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None) -> ()")
 _STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
              "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
-             "str? quant=None, bool fuse_w1=False) -> ()")
+             "str? quant=None, bool? fuse_w1=None) -> ()")
 if _torch is None:
     torch_op_error = "torch is not installed"
 else:
@@ -138,12 +140,12 @@ else:
         _lib.define(_STANDARD)
 
         def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                            quant=None, fuse_w1=False):
+                            quant=None, fuse_w1=None):
             batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant,
                             fuse_w1=fuse_w1)
 
         def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
-                             activation="silu", quant=None, fuse_w1=False):
+                             activation="silu", quant=None, fuse_w1=None):
             standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
                              quant, fuse_w1=fuse_w1)
 
@@ -152,12 +154,12 @@ else:
 
         @_torch.library.register_fake("moekit::batched_experts")
         def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None,
-              fuse_w1=False):
+              fuse_w1=None):
             return None
 
         @_torch.library.register_fake("moekit::standard_experts")
         def _(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
-              quant=None, fuse_w1=False):
+              quant=None, fuse_w1=None):
             return None
     except Exception as e:  # an older torch: the NumPy / tensor path still works
         torch_op_error = f"{type(e).__name__}: {e}"

@@ -184,7 +184,7 @@ ModelConfig model_with(const std::string& name, std::int64_t num_experts) {
 std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64_t ep, std::int64_t max_tokens,
                            std::int64_t local_experts, const std::string& device, const std::string& quant,
                            const std::string& activation, const std::vector<std::string>& experts,
-                           const std::string& dispatch, bool fuse_w1) {
+                           const std::string& dispatch, std::optional<bool> fuse_w1) {
   cli::PlanRequest req;
   req.fuse_w1 = fuse_w1;
   req.model = model;
@@ -343,7 +343,7 @@ class Layer {
   Layer(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
         const std::string& experts, std::optional<std::string> activation, const std::string& device,
         const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
-        int num_threads, bool fuse_w1, std::optional<nb::object> group)
+        int num_threads, std::optional<bool> fuse_w1, std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -363,7 +363,7 @@ class Layer {
     const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
     const ExpertsEntry& entry = find_experts(experts, opt.device);
     problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation));
-    problem_.fuse_w1 = opt.fuse_w1;
+    if (opt.fuse_w1) problem_.fuse_w1 = *opt.fuse_w1;
     validate_problem(problem_);
     const MoeProblem& p = problem_;
     weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
@@ -511,8 +511,8 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
 class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
-               const std::string& activation_name, const std::string& quant, bool fuse_w1, int num_threads,
-               std::uintptr_t stream) {
+               const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
+               int num_threads, std::uintptr_t stream) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -527,7 +527,7 @@ class ExpertsOp {
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {p.E_local, p.M}, p.N, p.K, true);
-    p.fuse_w1 = fuse_w1;
+    p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
     validate_problem(p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes", where);
@@ -555,8 +555,8 @@ class ExpertsOp {
   }
 
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
-                Array w2_scale, Array out, const std::string& activation_name, const std::string& quant, bool fuse_w1,
-                int num_threads, std::uintptr_t stream) {
+                Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
+                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
                  "{}, {} and {}",
@@ -574,7 +574,7 @@ class ExpertsOp {
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
-    p.fuse_w1 = fuse_w1;
+    p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
     validate_problem(p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {T, p.K}, "uint8 FP8 e4m3 codes", where);
@@ -770,32 +770,32 @@ NB_MODULE(_moekit, m) {
   nb::exception<moekit::Error>(m, "Error");
   m.def("plan_json", &plan_json_text, nb::arg("model"), nb::arg("dp"), nb::arg("ep"), nb::arg("max_tokens_per_rank"),
         nb::arg("local_experts"), nb::arg("device"), nb::arg("quant"), nb::arg("activation"), nb::arg("experts"),
-        nb::arg("dispatch"), nb::arg("fuse_w1"));
+        nb::arg("dispatch"), nb::arg("fuse_w1").none());
   m.def("synthetic", &synthetic, nb::arg("model"), nb::arg("num_experts"), nb::arg("tokens"),
         nb::arg("max_tokens_per_rank"), nb::arg("quant"), nb::arg("seed"), nb::arg("rank"), nb::arg("ranks"),
         nb::arg("num_threads"));
   m.def(
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
-         const std::string& activation, const std::string& quant, bool fuse_w1, int num_threads,
+         const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
          std::uintptr_t stream) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
                              num_threads, stream);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
-      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"), nb::arg("fuse_w1"),
-      nb::arg("num_threads"), nb::arg("stream"));
+      nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
+      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"));
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
-         Array w2_scale, Array out, const std::string& activation, const std::string& quant, bool fuse_w1,
-         int num_threads, std::uintptr_t stream) {
+         Array w2_scale, Array out, const std::string& activation, const std::string& quant,
+         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
                               quant, fuse_w1, num_threads, stream);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("fuse_w1"), nb::arg("num_threads"), nb::arg("stream"));
+      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"));
   m.def(
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
@@ -825,11 +825,11 @@ NB_MODULE(_moekit, m) {
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
-                    std::optional<Array>, int, bool, std::optional<nb::object>>(),
+                    std::optional<Array>, int, std::optional<bool>, std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
-           nb::arg("num_threads"), nb::arg("fuse_w1"), nb::arg("group").none())
+           nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("check_status", &Layer::check_status, nb::arg("stream"))

@@ -44,8 +44,8 @@ struct BenchRequest {
   std::string device = "auto";
   std::vector<std::string> experts{"batched-fp8", "standard-fp8"};
   std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 2048, 8192};
-  std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
-  bool fuse_w1 = false;        // block128: the activation in W1's epilogue (no w1_out)
+  std::string quant = "auto";   // auto: the checkpoint's scheme (choose_quant)
+  std::optional<bool> fuse_w1;  // the fused W1 (no w1_out): nullopt where it runs (fuse_w1_runs)
   int iters = 50;
   std::uint64_t seed = 1;
   std::string format = "table";
@@ -130,11 +130,14 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   }
   const RoutingConfig routing = routing_config(model);
   const QuantScheme quant = choose_quant(model, req.quant).quant;
+  const bool fused = req.fuse_w1.value_or(fuse_w1_runs(quant, model.activation));
   const std::size_t total_cases = req.experts.size() * req.tokens.size();
   std::size_t done = 0;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
-    const MoeProblem p = make_problem(model, par, entry.format, quant);
+    MoeProblem p = make_problem(model, par, entry.format, quant);
+    p.fuse_w1 = fused;
+    validate_problem(p);  // --fuse-w1 where it cannot run: the error names the fix
     std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
                              p.E_local);
     const BenchWeights w = make_weights(p, device, *memory, req.seed, pool);
@@ -142,7 +145,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
     opt.device = device;
     opt.experts = name;
     opt.quant = p.quant;
-    opt.fuse_w1 = req.fuse_w1;
+    opt.fuse_w1 = p.fuse_w1;
     opt.num_threads = threads;
     std::vector<Row> mine;
     run_in_process(1, [&](Communicator& comm) {
@@ -239,6 +242,7 @@ int bench_command(const BenchRequest& req) {
   ModelConfig model = load_model(req.model);
   if (req.num_experts > 0) model.num_experts = req.num_experts;
   const QuantChoice quant = choose_quant(model, req.quant);
+  const bool fused = req.fuse_w1.value_or(fuse_w1_runs(quant.quant, model.activation));  // as the cases run
   const Device device =
       req.device == "auto" ? (cuda::available() ? Device::kCuda : Device::kCpu) : parse_device(req.device);
   double copy_gbs = 0, peak = 0;
@@ -266,7 +270,7 @@ int bench_command(const BenchRequest& req) {
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
     j["quant"] = quant_name(quant.quant);
-    j["fuse_w1"] = req.fuse_w1;
+    j["fuse_w1"] = fused;
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -287,7 +291,7 @@ int bench_command(const BenchRequest& req) {
   }
   std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}{}; {}\n",
                            model.name, device_text, model.num_experts, model.topk, model.hidden_size,
-                           model.moe_intermediate_size, quant.note, req.fuse_w1 ? " (fused W1: no w1_out)" : "",
+                           model.moe_intermediate_size, quant.note, fused ? " (fused W1: no w1_out)" : "",
                            device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
                                                    : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
@@ -338,8 +342,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
                   "per-tensor, per-token or block128")
       ->capture_default_str();
-  cmd->add_flag("--fuse-w1", req->fuse_w1,
-                "layer, block128: fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out)");
+  add_fuse_w1_flags(*cmd, req->fuse_w1);
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
   cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@ struct PlanRequest {
   std::string device = "cuda";       // whose declarations: what one GPU (or one CPU rank) allocates
   std::string activation;            // empty: the model's
   std::string quant = "auto";        // auto: the checkpoint's scheme (choose_quant)
-  bool fuse_w1 = false;              // the fused W1 (block128): no w1_out (MoeProblem::fuse_w1)
+  std::optional<bool> fuse_w1;       // the fused W1 (no w1_out): nullopt where it runs (fuse_w1_runs)
   std::vector<std::string> experts;  // empty: every implementation on the device and the references
   std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
   std::string gpu_memory;            // empty: not shown
@@ -74,6 +75,10 @@ struct DispatchBenchRequest {
 int bench_dispatch_command(const DispatchBenchRequest& request);
 
 // Registration: each returns a callback run when its subcommand was chosen.
+// --fuse-w1 / --no-fuse-w1 of plan, run and bench: the fused W1 asked for (an Error where it
+// cannot run) or refused; neither: fused wherever it runs (make_problem's default).
+void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1);
+
 std::function<int()> add_plan_command(CLI::App& app);
 std::function<int()> add_run_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);

@@ -51,6 +51,17 @@ std::int64_t parse_bytes(const std::string& text) {
   return static_cast<std::int64_t>(std::llround(bytes));
 }
 
+void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1) {
+  auto* on = cmd.add_flag_callback(
+      "--fuse-w1", [&fuse_w1] { fuse_w1 = true; },
+      "The fused W1: the activation and its 1x128 quantization in the W1 GEMM, no w1_out (the default where it runs: "
+      "block128 with any activation but swigluoai; asked for elsewhere, an error)");
+  auto* off = cmd.add_flag_callback(
+      "--no-fuse-w1", [&fuse_w1] { fuse_w1 = false; },
+      "The unfused recipe: W1 into bf16 w1_out, then the activation kernel");
+  on->excludes(off);
+}
+
 std::string human_bytes(std::int64_t bytes) {
   const double b = static_cast<double>(bytes);
   const bool neg = b < 0;
@@ -92,7 +103,7 @@ PlanReport make_plan_report(const PlanRequest& req) {
   for (const auto& entry : experts_registry()) {
     if (entry.device != device || !wanted(entry.name)) continue;
     MoeProblem problem = make_problem(report.model, req.parallel, entry.format, quant, act);
-    problem.fuse_w1 = req.fuse_w1;
+    if (req.fuse_w1) problem.fuse_w1 = *req.fuse_w1;
     validate_problem(problem);
     const auto experts = entry.make({});
     const std::string why = experts->unsupported(problem);
@@ -279,9 +290,7 @@ std::function<int()> add_plan_command(CLI::App& app) {
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
                   "per-tensor, per-token or block128")
       ->capture_default_str();
-  cmd->add_flag("--fuse-w1", req->fuse_w1,
-                "block128: fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out: the "
-                "memory-lean recipe, slower today)");
+  add_fuse_w1_flags(*cmd, req->fuse_w1);
   cmd->add_option("--experts", req->experts,
                   "Only these experts implementations or references (repeatable; default: all)");
   cmd->add_option("--dispatch", req->dispatch,

@@ -38,7 +38,7 @@ struct RunRequest {
   std::string dispatch;        // empty: the default prepare/finalize
   std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
   std::string activation;
-  bool fuse_w1 = false;
+  std::optional<bool> fuse_w1;  // nullopt: fused where it runs (fuse_w1_runs)
   std::int64_t steps = 2;
   bool check = false;
   std::uint64_t seed = 1;
@@ -86,7 +86,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.prepare_finalize = req.dispatch;
   if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
   MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
-  p.fuse_w1 = opt.fuse_w1;
+  if (opt.fuse_w1) p.fuse_w1 = *opt.fuse_w1;
   validate_problem(p);
   if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
 
@@ -198,7 +198,7 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
   MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
                               req.activation.empty() ? model.activation : parse_activation(req.activation));
-  p.fuse_w1 = req.fuse_w1;  // the float64 reference follows the recipe (no bf16 W1 output when fused)
+  if (req.fuse_w1) p.fuse_w1 = *req.fuse_w1;  // the float64 reference follows the recipe (no bf16 W1 output fused)
   cpu::ThreadPool pool(threads);
   synthetic::ExpertBank bank(p, req.seed, pool);
   for (const auto& w : results.weights) bank.adopt(w);
@@ -291,8 +291,7 @@ std::function<int()> add_run_command(CLI::App& app) {
                   "per-tensor, per-token or block128")
       ->capture_default_str();
   cmd->add_option("--activation", req->activation, "Override the model's activation");
-  cmd->add_flag("--fuse-w1", req->fuse_w1,
-                "block128: fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out)");
+  add_fuse_w1_flags(*cmd, req->fuse_w1);
   cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
   cmd->add_flag("--check", req->check,
                 "Checked mode (guard bands, NaN poisoning) and the float64 reference of the outputs");

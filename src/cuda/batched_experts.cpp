@@ -103,7 +103,7 @@ void declare_gemm_regions(const MoeProblem& p, const plan::ExpertsGemmPlan& g, W
   if (g.w1_small)
     b.add({"w1_small",
            DType::kFp32,
-           {p.E_local, plan::fused_w1_small_rows(), p.N},
+           {p.E_local, plan::w1_small_rows(p), p.N},
            Stage::kGemm1,
            Stage::kActivation,
            "the fused recipe's W1 output (fp32) of the experts of <= " + std::to_string(plan::fused_w1_small_rows()) +

@@ -334,7 +334,7 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   op.launches = launches.count;
   if (which == 1 && l.gemms.w1_small) {
     op.D_small = l.w1_small;
-    op.small_rows = static_cast<int>(plan::fused_w1_small_rows());
+    op.small_rows = static_cast<int>(plan::w1_small_rows(p));
   }
   for (int j = 0; j < launches.count; ++j) {
     const plan::GemmConfigInfo& info = plan::gemm_config_info(launches.config[j]);
@@ -423,8 +423,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   };
   auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(l.w1_out);
   auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(l.act_q);
-  const ActivationRows rows{l.row_offsets, E, M, small ? static_cast<int>(plan::fused_w1_small_rows()) : 0,
-                            l.contiguous};
+  const ActivationRows rows{l.row_offsets, E, M, small ? static_cast<int>(plan::w1_small_rows(p)) : 0, l.contiguous};
   // The W1 rows the kernels read: bf16 w1_out, or fp32 w1_small (block128 only: the fused recipe).
   auto with_rows = [&](auto&& launch) {
     if (small)

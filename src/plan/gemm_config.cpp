@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "moekit/check.h"
-#include "numerics/activation.h"
 
 namespace moekit::plan {
 
@@ -77,10 +76,12 @@ std::int64_t max_rows_per_expert(const MoeProblem& p, std::int64_t tokens_per_ra
   return std::min(p.M, tokens_per_rank * dispatchers);
 }
 
+std::int64_t w1_small_rows(const MoeProblem& p) {
+  return std::min(fused_w1_small_rows(), p.format == ActivationFormat::kStandard ? p.M * p.topk : p.M);
+}
+
 bool fuses_w1(const MoeProblem& p) {
-  const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
-  return p.fuse_w1 && p.quant == QuantScheme::kBlock128 &&
-         (rows == numerics::W1Rows::kBlockPairs || rows == numerics::W1Rows::kSingle);
+  return p.fuse_w1 && fuse_w1_runs(p.quant, p.activation);
 }
 
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {

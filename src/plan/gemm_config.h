@@ -105,9 +105,8 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
                    : !config.fused_w1 && (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
 }
 
-// Rows an expert of w1_small (the fused recipe's fp32 W1 output of its small experts): the most
-// rows any w1_fp32 config of the table is chosen for. The plan's region, the prepare kernel's slot
-// stride and the activation kernel's choice of rows all read it.
+// The most rows an expert runs on the w1_fp32 configs in the fused recipe: the most any w1_fp32
+// row of the table is chosen for.
 constexpr std::int64_t fused_w1_small_rows() {
   std::int64_t rows = 0;
   for (const auto& c : kGemmConfigs)
@@ -116,13 +115,13 @@ constexpr std::int64_t fused_w1_small_rows() {
 }
 
 // Whether the experts fuse the activation and its 1x128 quantization into the W1 GEMM (no w1_out;
-// W1's fp32 output feeds the activation without a bf16 rounding, on every device: the CUDA epilogue,
-// the CPU's fp32 rows, the float64 reference): the problem's fuse_w1, which validate_problem allows
-// for block128 with an activation whose W1 rows pair whole output groups in a 256-row tile
-// (numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved rows cannot). Not the default:
-// on the H200 (cacead2, DeepSeek-V3, M = 8192) the fused step measured 1.14x / 1.04x / 0.94x /
-// 1.05x the unfused default's time at m_e = 8 / 64 / 256 / 1024 (docs/PERF.md), so it is the
-// memory-lean choice, asked for.
+// W1's fp32 output feeds the activation without a bf16 rounding, on every device: the CUDA epilogue
+// or the activation kernel over w1_small's fp32 rows, the CPU's fp32 rows, the float64 reference):
+// the problem's fuse_w1 where fuse_w1_runs (block128 with an activation whose W1 rows pair whole
+// output groups in a 256-row tile, numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved
+// rows cannot). make_problem's default there: on the H200 (21656d6, DeepSeek-V3, M = 8192) the
+// fused rule measured 1.01x / 1.02x / 1.03x / 0.99x the unfused rule's time at m_e = 8 / 64 / 256 /
+// 1024 at 0.274 GiB of workspace instead of 1.259 (docs/PERF.md).
 bool fuses_w1(const MoeProblem& problem);
 
 GemmConfig parse_gemm_config(std::string_view name);
@@ -160,6 +159,10 @@ struct ExpertsGemmPlan {
   // into w1_small; the activation kernel then runs on those experts' rows only.
   bool w1_small = false;
 };
+// Rows an expert of w1_small (the fused recipe's fp32 W1 output of its small experts): at most
+// fused_w1_small_rows(), at most the rows an expert's slab holds (batched M, standard M * topk).
+// The plan's region, the prepare kernel's slot stride and the activation kernel's rows read it.
+std::int64_t w1_small_rows(const MoeProblem& problem);
 // The most rows one local expert can receive in a step of tokens_per_rank tokens on every
 // dispatcher (each token picks an expert at most once), at most its capacity.
 std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_per_rank);

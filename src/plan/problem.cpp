@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "moekit/check.h"
+#include "numerics/activation.h"
 
 namespace moekit {
 namespace {
@@ -23,6 +24,12 @@ std::string MoeProblem::describe() const {
       "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}{}",
       format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
       max_tokens_per_rank, activation_name(activation), quant_name(quant), fuse_w1 ? " fused-w1" : "");
+}
+
+bool fuse_w1_runs(QuantScheme quant, Activation activation) {
+  const numerics::W1Rows rows = numerics::w1_rows(activation, quant);
+  return quant == QuantScheme::kBlock128 &&
+         (rows == numerics::W1Rows::kBlockPairs || rows == numerics::W1Rows::kSingle);
 }
 
 void validate_problem(const MoeProblem& p) {
@@ -52,7 +59,7 @@ void validate_problem(const MoeProblem& p) {
     MOEKIT_CHECK(p.K % kQuantBlock == 0 && I % kQuantBlock == 0,
                  "block128 quantization needs K = {} and I = {} to be multiples of 128; use --quant per-token", p.K, I);
   }
-  MOEKIT_CHECK(!p.fuse_w1 || (p.quant == QuantScheme::kBlock128 && p.activation != Activation::kSwigluOai),
+  MOEKIT_CHECK(!p.fuse_w1 || fuse_w1_runs(p.quant, p.activation),
                "the fused W1 (fuse_w1, --fuse-w1) runs block128 with silu, gelu, gelu_tanh, relu2 or silu_no_mul; "
                "the problem is {} with {}: drop --fuse-w1 or use --quant block128",
                quant_name(p.quant), activation_name(p.activation));
@@ -95,6 +102,7 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
   p.num_dispatchers = par.dp;
   p.M = format == ActivationFormat::kBatchedExperts ? checked_mul(par.max_tokens_per_rank, par.dp, "M")
                                                     : par.max_tokens_per_rank;
+  p.fuse_w1 = fuse_w1_runs(quant, activation);
   validate_problem(p);
   return p;
 }

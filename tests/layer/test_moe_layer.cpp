@@ -115,15 +115,18 @@ TEST(Layer, StandardEqualsBatchedOnOneRank) {
   }
 }
 
-// The fused W1 (fuse_w1, block128): W1's fp32 output into the activation, no w1_out. Against
-// float64 (which follows the same recipe), the unfused recipe (one bf16 rounding apart) and itself
-// across formats and rank layouts; the experts' workspace is w1_out smaller.
+// The fused W1 (fuse_w1, block128's default): W1's fp32 output into the activation, no w1_out.
+// Against float64 (which follows the same recipe), the unfused recipe (asked for: one bf16 rounding
+// apart) and itself across formats and rank layouts; the experts' workspace is w1_out smaller.
 TEST(Layer, FusedW1) {
   const ModelConfig m = tiny_model(true);
   const synthetic::Tokens g = tokens(m, 24, 13);
   LayerOptions fused = options(QuantScheme::kBlock128, true), unfused = options(QuantScheme::kBlock128, true);
   fused.fuse_w1 = true;
+  unfused.fuse_w1 = false;
   const auto f1 = run_layout(m, g, {24}, 1, 24, fused, kSeed, 1, true);
+  // Not asked either way: fused, block128's default.
+  EXPECT_EQ(run_layout(m, g, {24}, 1, 24, options(QuantScheme::kBlock128, true), kSeed, 1, true).output, f1.output);
   const auto u1 = run_layout(m, g, {24}, 1, 24, unfused, kSeed, 1, true);
   EXPECT_LT(f1.error.relative(), kRelTolerance);
   EXPECT_EQ(f1.error.nan_outputs, 0);

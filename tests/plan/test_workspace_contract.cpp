@@ -147,10 +147,14 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
       // A fused W1 (fuse_w1, never make_problem's default) has no w1_out on any device.
       const bool fused = plan::fuses_w1(p);
       EXPECT_EQ(plan.find_region("w1_out") == nullptr, fused) << c;
-      // On the GPU the fused recipe's small experts write fp32 rows into w1_small (64 an expert).
+      // On the GPU the fused recipe's small experts write fp32 rows into w1_small (64 an expert, or
+      // fewer where an expert's slab holds fewer).
       EXPECT_EQ(plan.find_region("w1_small") != nullptr, fused && entry.device == Device::kCuda) << c;
       if (plan.find_region("w1_small")) {
-        EXPECT_EQ(plan.region("w1_small").shape, (std::vector<std::int64_t>{E_local, 64, p.N})) << c;
+        const std::int64_t slab = format == ActivationFormat::kStandard ? p.M * p.topk : p.M;
+        EXPECT_EQ(plan.region("w1_small").shape,
+                  (std::vector<std::int64_t>{E_local, std::min<std::int64_t>(64, slab), p.N}))
+            << c;
       }
       if (format == ActivationFormat::kBatchedExperts) {
         if (!fused) {
@@ -299,7 +303,7 @@ TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
       << "the NCCL transport's own buffers stay under 130 MiB at DeepSeek-V3 DP 32";
 }
 
-// DeepSeek-V3's own scheme, block128, with fuse_w1: the fused W1 writes act_q and its 1x128 scales from
+// DeepSeek-V3's own scheme, block128, fused (its default): the fused W1 writes act_q and its 1x128 scales from
 // the GEMM's epilogue, so w1_out (1 GiB) is gone: act_q 268435456 + act_scale 16*8192*16*4 = 8388608 + the GEMM
 // arguments, scratch, row offsets and status as above + w1_small, the fp32 W1 rows of the experts of
 // <= 64 rows, 16*64*4096*4 = 16777216 = 0.274 GiB (issue target 0.30; upstream after its fix 3.5).
@@ -307,7 +311,9 @@ TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
 TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   MoeProblem p = make_problem(load_model("deepseek-v3"), ParallelConfig{32, 32, 256, 16},
                               ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
-  // Unfused (the default): w1_out 1 GiB + act_q + 1x128 scales + the rest = 1.26 GiB.
+  EXPECT_TRUE(p.fuse_w1);  // make_problem's default for block128
+  // Unfused (asked for: --no-fuse-w1): w1_out 1 GiB + act_q + 1x128 scales + the rest = 1.26 GiB.
+  p.fuse_w1 = false;
   EXPECT_EQ(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32).section_bytes("experts"),
             std::int64_t{1073741824 + 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256});
   p.fuse_w1 = true;
