@@ -66,6 +66,7 @@ struct Row {
   double stage_ms[4] = {0, 0, 0, 0};
   std::int64_t active_experts = 0;
   double flops = 0, bytes = 0;
+  bool fused = false;  // the problem's recipe (MoeProblem::fuse_w1)
 };
 
 // The layer's weights on its device: seeded synthetic ones on the CPU; random FP8 codes with
@@ -130,13 +131,12 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   }
   const RoutingConfig routing = routing_config(model);
   const QuantScheme quant = choose_quant(model, req.quant).quant;
-  const bool fused = req.fuse_w1.value_or(fuse_w1_runs(quant, model.activation));
   const std::size_t total_cases = req.experts.size() * req.tokens.size();
   std::size_t done = 0;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
     MoeProblem p = make_problem(model, par, entry.format, quant);
-    p.fuse_w1 = fused;
+    if (req.fuse_w1) p.fuse_w1 = *req.fuse_w1;
     validate_problem(p);  // --fuse-w1 where it cannot run: the error names the fix
     std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
                              p.E_local);
@@ -202,6 +202,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         cpu::route(routing, tok.logits.data(), T, model.has_score_correction_bias ? bias.data() : nullptr, ids.data(),
                    wts.data());
         r.active_experts = static_cast<std::int64_t>(std::set<std::int32_t>(ids.begin(), ids.end()).size());
+        r.fused = p.fuse_w1;
         MoeProblem one = p;
         one.E_local = 1;
         r.flops = 2.0 * static_cast<double>(T * p.topk) * static_cast<double>(p.N * p.K + p.K * p.I());
@@ -242,7 +243,6 @@ int bench_command(const BenchRequest& req) {
   ModelConfig model = load_model(req.model);
   if (req.num_experts > 0) model.num_experts = req.num_experts;
   const QuantChoice quant = choose_quant(model, req.quant);
-  const bool fused = req.fuse_w1.value_or(fuse_w1_runs(quant.quant, model.activation));  // as the cases run
   const Device device =
       req.device == "auto" ? (cuda::available() ? Device::kCuda : Device::kCpu) : parse_device(req.device);
   double copy_gbs = 0, peak = 0;
@@ -270,19 +270,15 @@ int bench_command(const BenchRequest& req) {
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
     j["quant"] = quant_name(quant.quant);
-    j["fuse_w1"] = fused;
+    j["fuse_w1"] = req.fuse_w1 ? nlohmann::json(*req.fuse_w1) : nlohmann::json();  // null: each format's default
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json x = {{"experts", r.experts},
-                          {"T", r.T},
-                          {"median_ms", r.median_ms},
-                          {"p99_ms", r.p99_ms},
-                          {"floor_ms", r.floor_ms},
-                          {"active_experts", r.active_experts},
-                          {"flops", r.flops},
-                          {"bytes", r.bytes},
-                          {"stages_ms", nlohmann::json::object()}};
+      nlohmann::json x = {{"experts", r.experts},     {"T", r.T},
+                          {"median_ms", r.median_ms}, {"p99_ms", r.p99_ms},
+                          {"floor_ms", r.floor_ms},   {"active_experts", r.active_experts},
+                          {"fuse_w1", r.fused},       {"flops", r.flops},
+                          {"bytes", r.bytes},         {"stages_ms", nlohmann::json::object()}};
       for (int k = 0; k < 4; ++k) x["stages_ms"][kStages[k]] = r.stage_ms[k];
       j["rows"].push_back(x);
     }
@@ -291,22 +287,23 @@ int bench_command(const BenchRequest& req) {
   }
   std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}{}; {}\n",
                            model.name, device_text, model.num_experts, model.topk, model.hidden_size,
-                           model.moe_intermediate_size, quant.note, fused ? " (fused W1: no w1_out)" : "",
+                           model.moe_intermediate_size, quant.note,
+                           req.fuse_w1 ? (*req.fuse_w1 ? " (--fuse-w1)" : " (--no-fuse-w1)") : "",
                            device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
                                                    : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
     std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
                              copy_gbs, peak);
-  std::cout << fmt::format("{:<13} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8}\n", "experts", "T",
+  std::cout << fmt::format("{:<19} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8}\n", "experts", "T",
                            "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts", "finalize", "rest %",
                            "TFLOP/s");
   for (const Row& r : rows) {
     const double rest = r.stage_ms[0] + r.stage_ms[1] + r.stage_ms[3];
     std::cout << fmt::format(
-        "{:<13} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f}\n",
-        r.experts, r.T, r.median_ms, r.p99_ms, r.floor_ms, r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0,
-        r.stage_ms[0], r.stage_ms[1], r.stage_ms[2], r.stage_ms[3], r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0,
-        r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0);
+        "{:<19} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f}\n",
+        r.experts + (r.fused ? " fused" : ""), r.T, r.median_ms, r.p99_ms, r.floor_ms,
+        r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0, r.stage_ms[0], r.stage_ms[1], r.stage_ms[2], r.stage_ms[3],
+        r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0, r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0);
   }
   std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth)\n";
   return 0;

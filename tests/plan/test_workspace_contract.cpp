@@ -328,7 +328,15 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   // The standard format: act_q is born in W1, so the tokens share bytes with w2_out instead.
   MoeProblem s = make_problem(load_model("deepseek-v3"), ParallelConfig{32, 32, 256, 16}, ActivationFormat::kStandard,
                               QuantScheme::kBlock128);
+  // Fused by default there too (one recipe for both formats), though the standard format's w1_out
+  // shares its bytes with w2_out (K >= N): fusing saves nothing there, w1_small adds 16 MiB.
+  EXPECT_TRUE(s.fuse_w1);
+  s.fuse_w1 = false;
+  const std::int64_t standard_unfused =
+      plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32).section_bytes("experts");
   s.fuse_w1 = true;
+  EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32).section_bytes("experts") - standard_unfused,
+            51532800 - 45569024);
   for (Device d : {Device::kCpu, Device::kCuda}) {
     const WorkspacePlan sp = plan_layer(s, find_experts("standard-fp8", d), 32);
     EXPECT_EQ(sp.find_region("w1_out"), nullptr);
