@@ -164,31 +164,43 @@ __device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_
 }
 
 // The rows an activation launch walks. small_rows == 0: the valid rows of w1_out (bf16), each
-// written to the same row of act_q. small_rows > 0: the slots of w1_small (fp32, small_rows an
+// written to the same row of act_q. small_rows > 0: the rows in w1_small (fp32, small_rows an
 // expert) of the experts of <= small_rows rows, the fused recipe's small experts (the fused W1 wrote
-// the other experts' act_q itself); slot i of expert e = i / small_rows goes to its row of act_q.
+// the other experts' act_q itself), each to its row of act_q. Those are found by walking the valid
+// rows or w1_small's slots, whichever are fewer: a walk step is a few dependent loads, and a step
+// with few rows (decode) or one whose experts are all past small_rows should not pay for either
+// (measured: walking 256 x 128 slots for 8 rows cost ~17 us at T = 1; docs/PERF.md).
 struct ActivationRows {
   const std::int32_t* __restrict__ row_offsets;
   int E, M, small_rows;
   bool contiguous;
+  bool by_slot = false;
 
-  __device__ int count() const { return small_rows > 0 ? E * small_rows : __ldg(row_offsets + E); }
+  // The walk's length; chooses the walk (call once, before at()).
+  __device__ int begin() {
+    const int valid = __ldg(row_offsets + E);
+    by_slot = small_rows > 0 && E * small_rows < valid;
+    return by_slot ? E * small_rows : valid;
+  }
   // Walk index i -> its input row, output row and expert (0 for a contiguous w1_out); false when
-  // slot i holds no row.
+  // step i holds no row to run.
   __device__ bool at(int i, std::int64_t& in_row, std::int64_t& out_row, int& e) const {
-    if (small_rows > 0) {
+    int r = i;
+    e = 0;
+    if (by_slot) {
       e = i / small_rows;
-      const int r = i - e * small_rows;
-      const int first = __ldg(row_offsets + e), m = __ldg(row_offsets + e + 1) - first;
-      if (m > small_rows || r >= m) return false;
-      in_row = i;
-      out_row = contiguous ? first + r : static_cast<std::int64_t>(e) * M + r;
+      r = i - e * small_rows;
+    } else if (!contiguous || small_rows > 0) {
+      locate_row(row_offsets, E, i, e, r);  // contiguous w1_out: one tensor (e = 0) of rows i
+    }
+    if (small_rows == 0) {
+      in_row = out_row = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
       return true;
     }
-    int r = 0;
-    e = 0;
-    if (!contiguous) locate_row(row_offsets, E, i, e, r);  // contiguous: one tensor (e = 0) of rows i
-    in_row = out_row = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
+    const int first = __ldg(row_offsets + e), m = __ldg(row_offsets + e + 1) - first;
+    if (m > small_rows || r >= m) return false;
+    in_row = static_cast<std::int64_t>(e) * small_rows + r;
+    out_row = contiguous ? first + r : static_cast<std::int64_t>(e) * M + r;
     return true;
   }
 };
@@ -228,7 +240,7 @@ __global__ void __launch_bounds__(kActThreads)
                             ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
                             __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                             unsigned int* __restrict__ expert_amax) {
-  const int total = rows.count();
+  const int total = rows.begin();
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0;
     std::int64_t in_row = 0, row_idx = 0;
@@ -289,7 +301,7 @@ __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                                    float* __restrict__ act_scale) {
-  const int total = rows.count();
+  const int total = rows.begin();
   const int spr = static_cast<int>(numerics::activation_scales_per_row(quant, I));
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0;
