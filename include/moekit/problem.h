@@ -26,7 +26,7 @@ struct MoeProblem {
   std::int64_t num_dispatchers = 1;  // D
   // The recipe's W1 output: false, W1 into bf16 w1_out, then the activation kernel; true, the fused
   // W1 (where fuse_w1_runs): W1's fp32 output goes straight into the activation and its 1x128
-  // quantization, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.29 GiB). make_problem's default where
+  // quantization, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB). make_problem's default where
   // fuse_w1_runs. Every device and the float64 reference follow it (plan::fuses_w1).
   bool fuse_w1 = false;
 
@@ -38,9 +38,9 @@ struct MoeProblem {
 // Whether the fused W1 runs the scheme: block128 with an activation whose W1 rows pair whole 1x128
 // output groups (all but swigluoai's interleaved rows).
 // There it is make_problem's recipe, in both formats (one recipe, the same numbers in both):
-// DeepSeek-V3 DP 32's batched experts 1.26 -> 0.29 GiB, for 1.01-1.03x the unfused step's time on
+// DeepSeek-V3 DP 32's batched experts 1.26 -> 0.27 GiB, for 1.01-1.03x the unfused step's time on
 // the H200 (docs/PERF.md). The standard format's w1_out shares its bytes with w2_out, so there it
-// saves nothing (and w1_small adds 32 MiB at DeepSeek-V3). A request may ask for either recipe (--fuse-w1 /
+// saves nothing (and w1_small adds 16 MiB). A request may ask for either recipe (--fuse-w1 /
 // --no-fuse-w1).
 bool fuse_w1_runs(QuantScheme quant, Activation activation);
 

@@ -351,7 +351,7 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   for (int j = 0; j < launches.count; ++j) {
     const plan::GemmConfigInfo& info = plan::gemm_config_info(launches.config[j]);
     op.swap_ab[j] = info.swap_ab;
-    op.small[j] = which == 1 && l.gemms.fused_w1 && info.w1_fp32_rows > 0;
+    op.small[j] = which == 1 && l.gemms.fused_w1 && info.w1_fp32;
     op.lo[j] = launches.lo[j];
     op.hi[j] = launches.hi[j];
   }
@@ -395,7 +395,7 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.tensors.token_rows = expert_capacity(l) * (l.contiguous ? 1 : p.E_local);
     g.tensors.weights = which == 1 ? l.weights.w1 : l.weights.w2;
     g.tensors.weight_rows = p.E_local * g.n;
-    if (which == 1 && l.gemms.fused_w1 && plan::gemm_config_info(launches.config[j]).w1_fp32_rows > 0) {
+    if (which == 1 && l.gemms.fused_w1 && plan::gemm_config_info(launches.config[j]).w1_fp32) {
       MOEKIT_CUDA_REQUIRE(l.w1_small != nullptr, "the fused recipe's small-expert W1 needs the w1_small region");
       g.d_fp32 = true;  // into w1_small, then the activation kernel
     } else if (which == 1 && l.gemms.fused_w1) {

@@ -19,11 +19,10 @@ void instance(const GroupedGemmLaunch& l, void* stream) {
     MOEKIT_CUDA_REQUIRE(l.fused.act_q == nullptr, "grouped_fp8_gemm: config " + std::string(info.name) +
                                                       " is not a fused W1 (plan/gemm_config.h)");
     if (l.d_fp32) {
-      MOEKIT_CUDA_REQUIRE(l.block_scaled && info.w1_fp32_rows > 0,
-                          "grouped_fp8_gemm: config " + std::string(info.name) +
-                              " has no block-scaled fp32-D instance (w1_fp32_rows, "
-                              "plan/gemm_config.h)");
-      if constexpr (info.w1_fp32_rows > 0) return grouped_fp8_gemm_block_f32_instance<kConfig>(l, stream);
+      MOEKIT_CUDA_REQUIRE(l.block_scaled && info.w1_fp32, "grouped_fp8_gemm: config " + std::string(info.name) +
+                                                              " has no block-scaled fp32-D instance (w1_fp32, "
+                                                              "plan/gemm_config.h)");
+      if constexpr (info.w1_fp32) return grouped_fp8_gemm_block_f32_instance<kConfig>(l, stream);
     }
     MOEKIT_CUDA_REQUIRE(l.block_scaled ? info.block_scaled : info.token_scaled,
                         "grouped_fp8_gemm: config " + std::string(info.name) + " has no " +

@@ -112,7 +112,7 @@ struct GroupedGemmLaunch {
   std::byte* scratch = nullptr;
   std::int64_t scratch_bytes = 0;
   int num_sms = 0;
-  // D is fp32, not bf16 (block-scaled, plan::GemmConfigInfo::w1_fp32_rows): the fused recipe's W1 of
+  // D is fp32, not bf16 (block-scaled, plan::GemmConfigInfo::w1_fp32): the fused recipe's W1 of
   // its small experts, into w1_small, where the activation kernel reads it.
   bool d_fp32 = false;
   FusedW1 fused{};

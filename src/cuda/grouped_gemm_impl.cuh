@@ -127,7 +127,7 @@ struct BlockEpilogue {
 
 // The block-scaled twin. The scale granularity follows the swap: unswapped, the kernel's A is the
 // tokens (one scale per row and k-block: granularity 1 x 128) and its B the weights (128 x 128);
-// swapped, the other way round. kFp32D: D in fp32 (plan::GemmConfigInfo::w1_fp32_rows), else bf16.
+// swapped, the other way round. kFp32D: D in fp32 (plan::GemmConfigInfo::w1_fp32), else bf16.
 template <plan::GemmConfig kConfig, bool kFp32D = false>
 struct GroupedFp8BlockGemm {
   static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
@@ -157,8 +157,7 @@ struct GroupedFp8BlockGemm {
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   static_assert(!kInfo.fused_w1 && kInfo.main_loop == plan::GemmMainLoop::kCutlass,
                 "CUTLASS runs no fused W1 here: the fused W1 is moekit's main loop (block_gemm_sm90.cuh)");
-  static_assert(!kFp32D || kInfo.w1_fp32_rows > 0,
-                "an fp32-D instance of a config the table has none for (w1_fp32_rows)");
+  static_assert(!kFp32D || kInfo.w1_fp32, "an fp32-D instance of a config the table has none for (w1_fp32)");
   using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, ElementD>;
   using CollectiveEpilogue = typename Epilogue::CollectiveOp;
 

@@ -31,8 +31,7 @@ GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max
   std::int64_t lo = 0;
   for (const auto& c : kGemmConfigs) {
     if (!supports(c, n, k, quant, fused_w1)) continue;
-    const std::int64_t rows = rule_max_rows(c, fused_w1);
-    const std::int64_t hi = rows < 0 ? std::numeric_limits<std::int64_t>::max() : rows;
+    const std::int64_t hi = c.max_rows < 0 ? std::numeric_limits<std::int64_t>::max() : c.max_rows;
     if (hi < lo) continue;
     if (lo <= std::max<std::int64_t>(max_rows, 1)) {
       MOEKIT_CHECK(l.count < kMaxGemmLaunches, "the GEMM config table has more row ranges than kMaxGemmLaunches = {}",
@@ -42,7 +41,7 @@ GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max
       l.hi[l.count] = hi;
       ++l.count;
     }
-    if (rows < 0) break;
+    if (c.max_rows < 0) break;
     lo = hi + 1;
   }
   MOEKIT_CHECK(l.count > 0,
@@ -90,7 +89,7 @@ ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_
   const bool fused = fuses_w1(p);
   ExpertsGemmPlan g{plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant),
                     fused};
-  for (int j = 0; j < g.w1.count; ++j) g.w1_small |= fused && gemm_config_info(g.w1.config[j]).w1_fp32_rows > 0;
+  for (int j = 0; j < g.w1.count; ++j) g.w1_small |= fused && gemm_config_info(g.w1.config[j]).w1_fp32;
   return g;
 }
 

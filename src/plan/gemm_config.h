@@ -42,12 +42,11 @@ struct GemmConfigInfo {
                                // grouped_gemm_<name>.cu; it runs no other GEMM
   std::string_view why;
   GemmMainLoop main_loop = GemmMainLoop::kCutlass;
-  // > 0: has a block-scaled instance with an fp32 D, grouped_gemm_block_f32_<name>.cu, which the
-  // fused recipe's rule chooses for the experts of <= w1_fp32_rows rows (in table order, as
-  // max_rows for the other recipes), into w1_small (fused_w1_small_rows() fp32 rows an expert), the
-  // activation kernel then reading the fp32 rows (no bf16 rounding: the fused recipe's numerics).
-  // The fused W1 runs the experts past them.
-  std::int64_t w1_fp32_rows = 0;
+  // Has a block-scaled instance with an fp32 D, grouped_gemm_block_f32_<name>.cu: the fused
+  // recipe's W1 for the experts of <= max_rows rows, into w1_small (fused_w1_small_rows() fp32 rows
+  // an expert), the activation kernel then reading the fp32 rows (no bf16 rounding: the fused
+  // recipe's numerics). The fused rule runs these rows on small experts, the fused W1 on the rest.
+  bool w1_fp32 = false;
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows covers the expected
@@ -57,21 +56,18 @@ struct GemmConfigInfo {
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true, true,
      false, "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side",
-     GemmMainLoop::kCutlass, 32},
+     GemmMainLoop::kCutlass, true},
     {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64, true, true,
      false, "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)",
-     GemmMainLoop::kCutlass, 64},
+     GemmMainLoop::kCutlass, true},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
     // must have same shape"); block128 takes cooperative-128x128 for m_e > 64 (a block-scaled
     // pingpong-64x128 measured 1.3-1.4x slower than it: docs/PERF.md).
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
      false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
-    // In the fused recipe up to 128 rows an expert: there CUTLASS's W1 + the activation kernel over
-    // fp32 rows measured faster than the fused W1's 128x256 tiles (docs/PERF.md).
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
-     true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile",
-     GemmMainLoop::kCutlass, 128},
+     true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
     // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
     // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
@@ -105,21 +101,16 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
 constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
                         QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
   return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
-         (fused_w1 ? (config.fused_w1 || config.w1_fp32_rows > 0) && quant == QuantScheme::kBlock128
+         (fused_w1 ? (config.fused_w1 || config.w1_fp32) && quant == QuantScheme::kBlock128
                    : !config.fused_w1 && (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
 }
 
-// The rows up to which the rule chooses a config: max_rows (-1: any), in the fused recipe a
-// w1_fp32 config's w1_fp32_rows.
-constexpr std::int64_t rule_max_rows(const GemmConfigInfo& config, bool fused_w1) {
-  return fused_w1 && config.w1_fp32_rows > 0 ? config.w1_fp32_rows : config.max_rows;
-}
-
-// The most rows an expert runs on the w1_fp32 configs in the fused recipe.
+// The most rows an expert runs on the w1_fp32 configs in the fused recipe: the most any w1_fp32
+// row of the table is chosen for.
 constexpr std::int64_t fused_w1_small_rows() {
   std::int64_t rows = 0;
   for (const auto& c : kGemmConfigs)
-    if (c.w1_fp32_rows > rows) rows = c.w1_fp32_rows;
+    if (c.w1_fp32 && c.max_rows > rows) rows = c.max_rows;
   return rows;
 }
 
@@ -146,9 +137,8 @@ GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k,
 // chooses for its own row count (0 rows in the others): launch j runs the experts with lo[j] <=
 // m_e <= hi[j]. Skewed routing (a few experts with thousands of rows, most with a handful) gets
 // each expert's best tile; uniform routing gets one launch.
-// At most one launch per range of the rule: up to 32, up to 64, more (pingpong or cooperative);
-// the fused recipe's W1 also up to 128 (cooperative-128x128 into w1_small) before the fused W1.
-inline constexpr int kMaxGemmLaunches = 4;
+// At most one launch per range of the rule: up to 32, up to 64, more (pingpong or cooperative).
+inline constexpr int kMaxGemmLaunches = 3;
 struct GemmLaunches {
   int count = 0;
   GemmConfig config[kMaxGemmLaunches] = {};

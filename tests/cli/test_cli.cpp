@@ -54,14 +54,13 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   EXPECT_EQ(j["plans"][0]["quant"], "block128");
   EXPECT_NE(j["quant_note"].get<std::string>().find("weight_block_size [128, 128]"), std::string::npos);
   // block128 fuses W1 by default: the activation and its 1x128 quantization in W1's epilogue (the
-  // experts of <= 128 rows: a kernel over their fp32 rows in w1_small), no w1_out.
+  // experts of <= 64 rows: a kernel over their fp32 rows in w1_small), no w1_out.
   EXPECT_EQ(j["plans"][0]["config"],
             "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
-            "cooperative-128x128 (m_e <= 128), fused-w1-128x256 (m_e > 128); W2 swapab-128x32 (m_e <= 32), "
-            "swapab-128x64 (m_e <= 64), "
+            "fused-w1-128x256 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
             "cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(j["plans"][0]["fuse_w1"], true);
-  EXPECT_EQ(j["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 8192 + 8192 + 1048576 + 256 + 256 + 33554432);
+  EXPECT_EQ(j["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216);
   {
     // --no-fuse-w1: W1 into bf16 w1_out (1 GiB), then the activation kernel.
     PlanRequest unfused = req;
@@ -88,7 +87,7 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   EXPECT_NE(table.find("3.50 GiB"), std::string::npos) << table;
   EXPECT_EQ(table.find("w1_out"), std::string::npos) << table;
   EXPECT_NE(table.find("w1_small"), std::string::npos) << table;
-  EXPECT_NE(table.find("fused-w1-128x256 (m_e > 128)"), std::string::npos) << table;
+  EXPECT_NE(table.find("fused-w1-128x256 (m_e > 64)"), std::string::npos) << table;
   EXPECT_NE(table.find("quantization: block128 (the checkpoint's quantization_config is fp8"), std::string::npos)
       << table;
   // Asked for per-token: planned, and the note says the checkpoint's weights would be requantized.

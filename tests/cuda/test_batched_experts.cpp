@@ -397,7 +397,7 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
       }
     }
     if (plan::fuses_w1(p)) {
-      // The fused rule: experts of <= 128 rows on CUTLASS's fp32-D tiles + the activation kernel
+      // The fused rule: experts of <= 64 rows on the swapped fp32-D tiles + the activation kernel
       // (w1_small), the others on the fused W1; the patterns mix both.
       const std::string ctx = c.model + " E_local=" + std::to_string(p.E_local) + " M=" + std::to_string(p.M) + " " +
                               std::string(activation_name(p.activation)) + " " + pattern + " fused rule";
@@ -547,9 +547,9 @@ TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
     MoeProblem unfused_p = p;
     unfused_p.fuse_w1 = false;
     const WorkspacePlan unfused = plan_layer(unfused_p, entry, 1);
-    // w1_out gone; w1_small (the fp32 W1 rows of the experts of <= 128 rows) in.
+    // w1_out gone; w1_small (the fp32 W1 rows of the experts of <= 64 rows) in.
     const WorkspacePlan fused = plan_layer(p, entry, 1);
-    EXPECT_EQ(fused.region("w1_small").bytes, p.E_local * 128 * p.N * 4);
+    EXPECT_EQ(fused.region("w1_small").bytes, p.E_local * 64 * p.N * 4);
     EXPECT_EQ(unfused.total_bytes - fused.total_bytes, unfused.region("w1_out").bytes - fused.region("w1_small").bytes);
     EXPECT_EQ(unfused.region("w1_out").bytes, p.E_local * p.M * p.N * 2);
     const auto counts = pattern_counts("ragged", p.E_local, p.M, 5);

@@ -37,11 +37,10 @@ TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
     } else {
       EXPECT_FALSE(c.fused_w1) << c.name;  // the fused W1 is moekit's main loop alone
     }
-    // The fused recipe's small experts: CUTLASS's block-scaled tiles, chosen up to their own max_rows
-    // (or up to w1_fp32_rows where the config is open-ended), at most fused_w1_small_rows().
-    if (c.w1_fp32_rows > 0) {
-      EXPECT_TRUE(c.block_scaled && c.main_loop == GemmMainLoop::kCutlass && !c.fused_w1 &&
-                  c.w1_fp32_rows <= fused_w1_small_rows() && (c.max_rows < 0 || c.w1_fp32_rows == c.max_rows))
+    // The fused recipe's small experts: CUTLASS's swapped block-scaled tiles of at most 64 tokens.
+    if (c.w1_fp32) {
+      EXPECT_TRUE(c.swap_ab && c.block_scaled && c.main_loop == GemmMainLoop::kCutlass && c.max_rows > 0 &&
+                  c.max_rows <= fused_w1_small_rows())
           << c.name;
     }
     EXPECT_EQ(c.schedule == GemmSchedule::kPingpong, c.name.starts_with("pingpong")) << c.name;
@@ -132,17 +131,13 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_TRUE(fuses_w1(p));
   const ExpertsGemmPlan g = plan_experts_gemms(p, 256);
   EXPECT_TRUE(g.fused_w1);
-  // The experts of <= 128 rows run CUTLASS's tiles into w1_small (fp32), the rest the fused W1.
-  EXPECT_EQ(fused_w1_small_rows(), 128);
+  // The experts of <= 64 rows run CUTLASS's swapped tiles into w1_small (fp32), the rest the fused W1.
+  EXPECT_EQ(fused_w1_small_rows(), 64);
   EXPECT_TRUE(g.w1_small);
   EXPECT_FALSE(unfused.w1_small);
-  EXPECT_EQ(describe(g.w1),
-            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e <= 128), fused-w1-128x256 "
-            "(m_e > 128)");
-  // Steps of at most 128 rows an expert launch no fused W1 at all.
+  EXPECT_EQ(describe(g.w1), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), fused-w1-128x256 (m_e > 64)");
+  // Steps of at most 64 rows an expert launch no fused W1 at all.
   EXPECT_EQ(describe(plan_experts_gemms(p, 2).w1), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64)");
-  EXPECT_EQ(describe(plan_experts_gemms(p, 4).w1),
-            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e <= 128)");
   EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(describe(unfused.w1), describe(g.w2));
   // A forced fused config runs W1 only; W2 keeps the rule.
@@ -154,9 +149,8 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_THROW(single_config(GemmConfig::kCooperative128x128, p), Error);  // the recipe fuses
   // Fused configs never run a plain GEMM, plain configs never the fused W1.
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kFusedW1Block128x256), 4096, 7168, QuantScheme::kBlock128));
-  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168, QuantScheme::kBlock128, true));
+  EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kCooperative128x128), 4096, 7168, QuantScheme::kBlock128, true));
   EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kSwapAB128x64), 4096, 7168, QuantScheme::kBlock128, true));
-  EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kCooperative128x128), 4096, 7168, QuantScheme::kBlock128, true));
   EXPECT_FALSE(
       supports(gemm_config_info(GemmConfig::kFusedW1Block128x256), 4096, 7168, QuantScheme::kPerTokenPerChannel, true));
   // Non-gated and other schemes; swigluoai's interleaved rows stay unfused.

@@ -147,13 +147,13 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
       // A fused W1 (fuse_w1, never make_problem's default) has no w1_out on any device.
       const bool fused = plan::fuses_w1(p);
       EXPECT_EQ(plan.find_region("w1_out") == nullptr, fused) << c;
-      // On the GPU the fused recipe's small experts write fp32 rows into w1_small (128 an expert, or
+      // On the GPU the fused recipe's small experts write fp32 rows into w1_small (64 an expert, or
       // fewer where an expert's slab holds fewer).
       EXPECT_EQ(plan.find_region("w1_small") != nullptr, fused && entry.device == Device::kCuda) << c;
       if (plan.find_region("w1_small")) {
         const std::int64_t slab = format == ActivationFormat::kStandard ? p.M * p.topk : p.M;
         EXPECT_EQ(plan.region("w1_small").shape,
-                  (std::vector<std::int64_t>{E_local, std::min<std::int64_t>(128, slab), p.N}))
+                  (std::vector<std::int64_t>{E_local, std::min<std::int64_t>(64, slab), p.N}))
             << c;
       }
       if (format == ActivationFormat::kBatchedExperts) {
@@ -277,11 +277,11 @@ TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
   EXPECT_EQ(before, 32 * after);
 
   // moekit on the GPU: w1_out 16*8192*4096*2 = 1073741824, act_q 16*8192*2048 = 268435456,
-  // act_scale 16*8192*4 = 524288, gemm_args 2 GEMMs x 4 launches x 16 experts x 128 = 2 x 8192,
+  // act_scale 16*8192*4 = 524288, gemm_args 2 GEMMs x 3 launches x 16 experts x 128 = 2 x 6144,
   // gemm_scratch 1 MiB, row_offsets 17*4 -> 256, status 32 -> 256.
   const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
   const std::int64_t ours = gpu.section_bytes("experts");
-  EXPECT_EQ(ours, std::int64_t{1073741824 + 268435456 + 524288 + 8192 + 8192 + 1048576 + 256 + 256});
+  EXPECT_EQ(ours, std::int64_t{1073741824 + 268435456 + 524288 + 6144 + 6144 + 1048576 + 256 + 256});
   EXPECT_LE(ours, 2 * kGiB + gpu.region("act_scale").bytes + (2 << 20)) << "batched-fp8 exceeds 2.0 GiB + scales";
   EXPECT_LT(ours * 2, after) << "moekit should need under half of the fixed upstream figure";
   // The CPU twin holds the same three regions and nothing GPU-only.
@@ -306,7 +306,7 @@ TEST(GoldenFigures, DeepSeekV3Dp32SixteenLocalExperts) {
 // DeepSeek-V3's own scheme, block128, fused (its default): the fused W1 writes act_q and its 1x128 scales from
 // the GEMM's epilogue, so w1_out (1 GiB) is gone: act_q 268435456 + act_scale 16*8192*16*4 = 8388608 + the GEMM
 // arguments, scratch, row offsets and status as above + w1_small, the fp32 W1 rows of the experts of
-// <= 128 rows, 16*128*4096*4 = 33554432 = 0.290 GiB (issue target 0.30; upstream after its fix 3.5).
+// <= 64 rows, 16*64*4096*4 = 16777216 = 0.274 GiB (issue target 0.30; upstream after its fix 3.5).
 // The CPU follows the same recipe with 64 fp32 W1 rows at a time (1 MiB).
 TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   MoeProblem p = make_problem(load_model("deepseek-v3"), ParallelConfig{32, 32, 256, 16},
@@ -315,13 +315,13 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   // Unfused (asked for: --no-fuse-w1): w1_out 1 GiB + act_q + 1x128 scales + the rest = 1.26 GiB.
   p.fuse_w1 = false;
   EXPECT_EQ(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32).section_bytes("experts"),
-            std::int64_t{1073741824 + 268435456 + 8388608 + 8192 + 8192 + 1048576 + 256 + 256});
+            std::int64_t{1073741824 + 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256});
   p.fuse_w1 = true;
   const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
   EXPECT_EQ(gpu.find_region("w1_out"), nullptr);
   EXPECT_EQ(gpu.section_bytes("experts"),
-            std::int64_t{268435456 + 8388608 + 8192 + 8192 + 1048576 + 256 + 256 + 33554432});
-  EXPECT_EQ(gpu.region("w1_small").bytes, 16 * 128 * 4096 * 4);
+            std::int64_t{268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216});
+  EXPECT_EQ(gpu.region("w1_small").bytes, 16 * 64 * 4096 * 4);
   EXPECT_LE(gpu.section_bytes("experts"), 3 * kGiB / 10);
   const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
   EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{268435456 + 8388608 + 64 * 4096 * 4});
@@ -329,14 +329,14 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
   MoeProblem s = make_problem(load_model("deepseek-v3"), ParallelConfig{32, 32, 256, 16}, ActivationFormat::kStandard,
                               QuantScheme::kBlock128);
   // Fused by default there too (one recipe for both formats), though the standard format's w1_out
-  // shares its bytes with w2_out (K >= N): fusing saves nothing there, w1_small adds 32 MiB.
+  // shares its bytes with w2_out (K >= N): fusing saves nothing there, w1_small adds 16 MiB.
   EXPECT_TRUE(s.fuse_w1);
   s.fuse_w1 = false;
   const std::int64_t standard_unfused =
       plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32).section_bytes("experts");
   s.fuse_w1 = true;
   EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32).section_bytes("experts") - standard_unfused,
-            68314112 - 45573120);
+            51532800 - 45569024);
   for (Device d : {Device::kCpu, Device::kCuda}) {
     const WorkspacePlan sp = plan_layer(s, find_experts("standard-fp8", d), 32);
     EXPECT_EQ(sp.find_region("w1_out"), nullptr);
