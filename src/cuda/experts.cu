@@ -450,8 +450,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   MOEKIT_CUDA_REQUIRE(kernel == ActivationKernel::kGeneric || vec_ok,
                       "the vectorized activation kernel takes per-token scales and halves-layout activations");
   if (per_tensor) {
-    MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
     MOEKIT_CUDA_REQUIRE(!small, "per-tensor scales have no fused recipe");
+    MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
     auto* k = activation_quant_kernel<__nv_bfloat16>;
     const int grid = one_wave(reinterpret_cast<const void*>(k));
     for (int pass = 0; pass < 2; ++pass) {
