@@ -38,7 +38,7 @@ struct MoeProblem {
 // Whether the fused W1 runs the scheme: block128 with an activation whose W1 rows pair whole 1x128
 // output groups (all but swigluoai's interleaved rows).
 // There it is make_problem's recipe, in both formats (one recipe, the same numbers in both):
-// DeepSeek-V3 DP 32's batched experts 1.26 -> 0.27 GiB, for 1.01-1.03x the unfused step's time on
+// DeepSeek-V3 DP 32's batched experts 1.26 -> 0.27 GiB, for 1.01-1.07x the unfused step's time on
 // the H200 (docs/PERF.md). The standard format's w1_out shares its bytes with w2_out, so there it
 // saves nothing (and w1_small adds 16 MiB). A request may ask for either recipe (--fuse-w1 /
 // --no-fuse-w1).

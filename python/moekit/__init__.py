@@ -242,7 +242,7 @@ class MoeLayer:
       num_experts: > 0 overrides the model's routed experts (as the CLI's --num-experts)
       fuse_w1: None (default): the fused W1 where it runs (block128 with any activation but
                swigluoai): the activation and its 1x128 quantization in the W1 GEMM, no w1_out
-               (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB of workspace, within 1-3% of the unfused time on
+               (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB of workspace, 1-7% slower than unfused on
                an H200: docs/PERF.md), W1 read in fp32 by the activation on every device; False: the
                unfused recipe (W1 into bf16 w1_out); True: fused, an error where it cannot run
     The workspace is allocated once, at construction (workspace_bytes, equal to moekit.plan's
