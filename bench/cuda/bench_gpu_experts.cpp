@@ -13,8 +13,8 @@
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
-// (--case: that case only, and quick (5 iterations, the rules only) unless --configs names configs of
-// the table to run too: for profiling one config under ncu)
+// (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
+// --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
     if (std::string(argv[a]) == "--case" && a + 2 < argc) {
       only_M = std::stoll(argv[a + 1]);
       only_m_e = std::stoll(argv[a + 2]);
+      if (only_M < 1 || only_m_e < 1 || only_m_e > only_M) {
+        std::fprintf(stderr, "bench_gpu_experts: --case M m_e needs 1 <= m_e <= M, got M = %lld, m_e = %lld\n",
+                     static_cast<long long>(only_M), static_cast<long long>(only_m_e));
+        return 2;
+      }
       quick = true;
     }
   }
@@ -125,8 +130,7 @@ int main(int argc, char** argv) {
   // (fuse_w1) ignores w1_out, its own plan is printed beside.
   const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
   for (const QuantScheme quant : quants)
-    for (std::int64_t M : {std::int64_t{2048}, std::int64_t{8192}}) {
-      if (only_M != 0 && M != only_M) continue;
+    for (std::int64_t M : only_M != 0 ? std::vector<std::int64_t>{only_M} : std::vector<std::int64_t>{2048, 8192}) {
       MoeProblem p;
       p.format = ActivationFormat::kBatchedExperts;
       p.M = M;
@@ -179,8 +183,9 @@ int main(int argc, char** argv) {
                                M,
                                ws.get<std::uint16_t>("expert_output")};
       const double weight_bytes = double(E_local) * double(N * K + K * I);
-      for (std::int64_t m_e : {std::int64_t{8}, std::int64_t{64}, std::int64_t{256}, std::int64_t{1024}}) {
-        if (m_e > M || (only_m_e != 0 && m_e != only_m_e)) continue;
+      for (std::int64_t m_e :
+           only_m_e != 0 ? std::vector<std::int64_t>{only_m_e} : std::vector<std::int64_t>{8, 64, 256, 1024}) {
+        if (m_e > M) continue;
         std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
         memory->from_host(ws.get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
         const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
