@@ -270,7 +270,7 @@ int bench_command(const BenchRequest& req) {
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
     j["quant"] = quant_name(quant.quant);
-    j["fuse_w1"] = req.fuse_w1 ? nlohmann::json(*req.fuse_w1) : nlohmann::json();  // null: each format's default
+    j["fuse_w1"] = req.fuse_w1 ? nlohmann::json(*req.fuse_w1) : nlohmann::json();  // null: not asked
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
