@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "moekit/model.h"
@@ -44,11 +45,13 @@ struct MoeProblem {
 // --no-fuse-w1).
 bool fuse_w1_runs(QuantScheme quant, Activation activation);
 
-// Builds and validates the problem; raises moekit::Error naming the bad value and the fix.
+// Builds and validates the problem; raises moekit::Error naming the bad value and the fix. fuse_w1:
+// the request's choice of recipe (--fuse-w1 / --no-fuse-w1), else fuse_w1_runs; asking for the
+// fused recipe where it cannot run is an error.
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
                         QuantScheme quant);
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
-                        QuantScheme quant, Activation activation);
+                        QuantScheme quant, Activation activation, std::optional<bool> fuse_w1 = std::nullopt);
 // Checks a problem built by hand (tests, bindings): the same rules as make_problem.
 void validate_problem(const MoeProblem& problem);
 

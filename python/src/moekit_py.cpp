@@ -362,9 +362,8 @@ class Layer {
     Communicator& comm = comm_ ? *comm_ : group_->comm();
     const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
     const ExpertsEntry& entry = find_experts(experts, opt.device);
-    problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation));
-    if (opt.fuse_w1) problem_.fuse_w1 = *opt.fuse_w1;
-    validate_problem(problem_);
+    problem_ =
+        make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation), opt.fuse_w1);
     const MoeProblem& p = problem_;
     weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
     const float* bias_ptr = nullptr;

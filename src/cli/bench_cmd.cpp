@@ -135,9 +135,8 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   std::size_t done = 0;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
-    MoeProblem p = make_problem(model, par, entry.format, quant);
-    if (req.fuse_w1) p.fuse_w1 = *req.fuse_w1;
-    validate_problem(p);  // --fuse-w1 where it cannot run: the error names the fix
+    // --fuse-w1 where it cannot run: the error names the fix.
+    const MoeProblem p = make_problem(model, par, entry.format, quant, model.activation, req.fuse_w1);
     std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
                              p.E_local);
     const BenchWeights w = make_weights(p, device, *memory, req.seed, pool);

@@ -102,9 +102,7 @@ PlanReport make_plan_report(const PlanRequest& req) {
   };
   for (const auto& entry : experts_registry()) {
     if (entry.device != device || !wanted(entry.name)) continue;
-    MoeProblem problem = make_problem(report.model, req.parallel, entry.format, quant, act);
-    if (req.fuse_w1) problem.fuse_w1 = *req.fuse_w1;
-    validate_problem(problem);
+    const MoeProblem problem = make_problem(report.model, req.parallel, entry.format, quant, act, req.fuse_w1);
     const auto experts = entry.make({});
     const std::string why = experts->unsupported(problem);
     if (!why.empty()) {

@@ -85,9 +85,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.device = choose_device(req.device, entry.format, par.ep, comm.size());
   opt.prepare_finalize = req.dispatch;
   if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
-  MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation));
-  if (opt.fuse_w1) p.fuse_w1 = *opt.fuse_w1;
-  validate_problem(p);
+  const MoeProblem p =
+      make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation), opt.fuse_w1);
   if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
 
   // Seeded synthetic weights and tokens: global expert and token indices, so any layout draws the
@@ -196,9 +195,10 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
       req.dp, req.ep == 0 ? req.dp : req.ep,
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
-  MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
-                              req.activation.empty() ? model.activation : parse_activation(req.activation));
-  if (req.fuse_w1) p.fuse_w1 = *req.fuse_w1;  // the float64 reference follows the recipe (no bf16 W1 output fused)
+  // The float64 reference follows the recipe (no bf16 W1 output where W1 is fused).
+  const MoeProblem p =
+      make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
+                   req.activation.empty() ? model.activation : parse_activation(req.activation), req.fuse_w1);
   cpu::ThreadPool pool(threads);
   synthetic::ExpertBank bank(p, req.seed, pool);
   for (const auto& w : results.weights) bank.adopt(w);

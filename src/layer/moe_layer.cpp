@@ -56,9 +56,8 @@ struct MoeLayer::Impl {
                  "rank holds every expert)",
                  parallel.ep, parallel.dp);
     const ExpertsEntry& entry = find_experts(options.experts, options.device);
-    problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation));
-    if (options.fuse_w1) problem.fuse_w1 = *options.fuse_w1;
-    validate_problem(problem);
+    problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation),
+                           options.fuse_w1);
     MOEKIT_CHECK(problem.E_local * parallel.ep == problem.E,
                  "the layer needs E_local * ep == E, got {} * {} != {} (redundant experts are a planning option only)",
                  problem.E_local, parallel.ep, problem.E);

@@ -84,12 +84,16 @@ bool fuses_w1(const MoeProblem& p) {
   return p.fuse_w1 && fuse_w1_runs(p.quant, p.activation);
 }
 
+bool writes_w1_small(const ExpertsGemmPlan& g, int j) {
+  return g.fused_w1 && j >= 0 && j < g.w1.count && gemm_config_info(g.w1.config[j]).w1_fp32;
+}
+
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
   const bool fused = fuses_w1(p);
   ExpertsGemmPlan g{plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant),
                     fused};
-  for (int j = 0; j < g.w1.count; ++j) g.w1_small |= fused && gemm_config_info(g.w1.config[j]).w1_fp32;
+  for (int j = 0; j < g.w1.count; ++j) g.w1_small |= writes_w1_small(g, j);
   return g;
 }
 

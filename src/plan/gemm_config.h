@@ -160,6 +160,9 @@ struct ExpertsGemmPlan {
   // into w1_small; the activation kernel then runs on those experts' rows only.
   bool w1_small = false;
 };
+// Whether W1 launch j writes w1_small (a w1_fp32 config in the fused recipe), not w1_out or act_q:
+// what the plan's region, the prepare kernel's D pointers and the launch's D type all follow.
+bool writes_w1_small(const ExpertsGemmPlan& gemms, int j);
 // Rows an expert of w1_small (the fused recipe's fp32 W1 output of its small experts): at most
 // fused_w1_small_rows(), at most the rows an expert's slab holds (batched M, standard M * topk).
 // The plan's region, the prepare kernel's slot stride and the activation kernel's rows read it.

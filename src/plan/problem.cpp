@@ -71,7 +71,7 @@ void validate_problem(const MoeProblem& p) {
 }
 
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, ActivationFormat format, QuantScheme quant,
-                        Activation activation) {
+                        Activation activation, std::optional<bool> fuse_w1) {
   MOEKIT_CHECK(par.dp >= 1, "dp = {} must be >= 1 (data-parallel ranks)", par.dp);
   MOEKIT_CHECK(par.ep >= 1, "ep = {} must be >= 1 (expert-parallel ranks)", par.ep);
   MOEKIT_CHECK(par.max_tokens_per_rank >= 1, "max_tokens_per_rank = {} must be >= 1", par.max_tokens_per_rank);
@@ -102,7 +102,7 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
   p.num_dispatchers = par.dp;
   p.M = format == ActivationFormat::kBatchedExperts ? checked_mul(par.max_tokens_per_rank, par.dp, "M")
                                                     : par.max_tokens_per_rank;
-  p.fuse_w1 = fuse_w1_runs(quant, activation);
+  p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(quant, activation));
   validate_problem(p);
   return p;
 }
