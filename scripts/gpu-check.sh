@@ -19,15 +19,11 @@
 #   graphs: the captured step (test_batched_experts' graph tests, memcheck on them), the experts
 #          benchmark (eager and graph replay), `moekit bench layer` with and without --fuse-w1, the
 #          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
-#   fork:  a GEMM's launches at once (GemmFork) against one after another: the GPU tests, memcheck
-#          on the replayed graphs, the experts benchmark's rules forked and serial at M = 8192 (m_e
-#          in $FORK_ME, default 8 64 128 256 1024), `moekit bench layer` with MOEKIT_GEMM_FORK=0 and
-#          without, alternated twice.
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|fork|profile` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -131,34 +127,6 @@ if [[ $part == graphs ]]; then
       | tee -a "$OUT/bench_layer_graphs.txt" | tail -8
   done
   echo "graph tests rc=$graph_rc sanitizer rc=$graph_san_rc" | tee -a "$OUT/machine.txt"
-fi
-
-if [[ $part == fork ]]; then
-  echo "== GPU tests with the forked launches"
-  run timeout 300 $BIN/test_batched_experts > "$OUT/fork_tests.log" 2>&1
-  fork_rc=$?
-  run timeout 60 $BIN/test_fp8_device >> "$OUT/fork_tests.log" 2>&1 || fork_rc=$((fork_rc | $?))
-  run timeout 300 $BIN/test_layer_devices >> "$OUT/fork_tests.log" 2>&1 || fork_rc=$((fork_rc | $?))
-  run timeout 150 $BIN/test_backend_ops --gtest_brief=1 >> "$OUT/fork_tests.log" 2>&1 || fork_rc=$((fork_rc | $?))
-  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/fork_tests.log" | tail -20
-  run timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
-    --gtest_filter='*GraphReplay*:BatchedExpertsGpuContract.FusedW1PlanHasNoW1Out' > "$OUT/fork_sanitizer.log" 2>&1
-  fork_san_rc=$?
-  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/fork_sanitizer.log"
-  echo "fork tests rc=$fork_rc sanitizer rc=$fork_san_rc" | tee -a "$OUT/machine.txt"
-  echo "== experts: the rules forked and serial (M = 8192, graph replay)"
-  for m_e in ${FORK_ME:-8 64 128 256 1024}; do
-    run timeout 120 $BIN/bench_gpu_experts /tmp/fork.json --case 8192 "$m_e" --quant per-token,block128 2>&1 \
-      | grep -vE "^\s+(stages|activation)" | tee -a "$OUT/fork_experts.txt" | grep -E "rule"
-  done
-  echo "== layer: MOEKIT_GEMM_FORK=0 (serial) and forked, alternated twice"
-  for round in 1 2; do
-    for fork in 0 1; do
-      echo "-- round $round MOEKIT_GEMM_FORK=$fork" | tee -a "$OUT/fork_layer.txt"
-      MOEKIT_GEMM_FORK=$fork run timeout 150 $BIN/moekit bench layer --quant block128 --iters 20 \
-        --tokens 1,32,128,512 2>/dev/null | tee -a "$OUT/fork_layer.txt" | tail -9
-    done
-  done
 fi
 
 if [[ $part == layer ]]; then

@@ -129,7 +129,6 @@ int main(int argc, char** argv) {
   // The workspace every variant runs in: the default (unfused) plan, w1_out included; the fused W1
   // (fuse_w1) ignores w1_out, its own plan is printed beside.
   const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
-  cuda::GemmForkCache fork;
   for (const QuantScheme quant : quants)
     for (std::int64_t M : only_M != 0 ? std::vector<std::int64_t>{only_M} : std::vector<std::int64_t>{2048, 8192}) {
       MoeProblem p;
@@ -201,7 +200,6 @@ int main(int argc, char** argv) {
           plan::ExpertsGemmPlan gemms;
           bool selected;
           MoeProblem problem;
-          bool serial = false;  // a GEMM's launches one after another (no GemmFork), as before 2026-12-01
         };
         MoeProblem fused_p = p;
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
@@ -218,20 +216,16 @@ int main(int argc, char** argv) {
             sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,
                              cfg.fused_w1 ? fused_p : p});
         }
-        // The rules with their launches one after another and forked (what the seams run), adjacent.
         if (fused_p.fuse_w1) {
           const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
-          sweep.push_back({"fuse_w1 rule, serial", fused, false, fused_p, true});
           sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
         }
-        sweep.push_back({"rule, serial", rule, false, p, true});
         sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
         for (const auto& v : sweep) {
           const auto& name = v.name;
           const bool chosen = v.selected;
-          cuda::BatchedExpertsLaunch l =
+          const cuda::BatchedExpertsLaunch l =
               cuda::make_launch(v.problem, input, view, v.problem.fuse_w1 ? *fused_ws : ws, dev.num_sms, v.gemms);
-          if (!v.serial) l.fork = fork.get();
           const double ms = median_ms(
               quick ? 5 : 20,
               [&] {

@@ -2,7 +2,7 @@
 // cuda), what it cannot run, and the launch over the workspace; the kernels are in
 // batched_experts.cu and grouped_gemm_*.cu. Mirrors src/cpu/batched_experts.cpp. Workspace
 // (DeepSeek-V3 DP 32, 16 local experts, M = 8192): w1_out 1 GiB, act_q 256 MiB, act_scale 512 KiB,
-// GEMM arguments 2 x 6 KiB, CUTLASS scratch 3 x 256 KiB (one per launch), status words and row offsets.
+// GEMM arguments 2 x 2 KiB, CUTLASS scratch 1 MiB, status words and row offsets.
 #include <fmt/format.h>
 
 #include <limits>
@@ -73,8 +73,7 @@ class CudaBatchedExperts final : public Experts {
                  device_name(ws.device()));
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
-    BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
-    l.fork = fork_.get();
+    const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
     clear_status_words(l.status, stream);
     launch_batched_experts(l, stream);
     return {in.output, nullptr};
@@ -96,7 +95,6 @@ class CudaBatchedExperts final : public Experts {
  private:
   std::optional<plan::GemmConfig> forced_;
   int num_sms_ = 0;
-  GemmForkCache fork_;
 };
 
 }  // namespace
@@ -124,11 +122,10 @@ void declare_gemm_regions(const MoeProblem& p, const plan::ExpertsGemmPlan& g, W
          "W2 grouped-GEMM shapes, pointers and strides per launch, built on the device from the counts"});
   b.add({"gemm_scratch",
          DType::kUint8,
-         {plan::kMaxGemmLaunches, kGemmScratchBytes},
+         {kGemmScratchBytes},
          Stage::kGemm1,
          Stage::kGemm2,
-         "CUTLASS workspace, one slice per launch of a GEMM (they may run at once; a bound, checked at every "
-         "launch)"});
+         "CUTLASS workspace (a bound, checked at every launch)"});
   b.add({"experts_status",
          DType::kInt32,
          {kStatusWords},

@@ -13,12 +13,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <cstdlib>
 #include <cub/block/block_scan.cuh>
 #include <string>
 
 #include "cuda/check.h"
-#include "cuda/device_info.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
 #include "cuda/quantize.cuh"
@@ -378,58 +376,10 @@ void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
-GemmFork::GemmFork() {
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device_));
-  MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&fork_), cudaEventDisableTiming));
-  for (int i = 0; i < plan::kMaxGemmLaunches - 1; ++i) {
-    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&side_[i]), cudaStreamNonBlocking));
-    MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&join_[i]), cudaEventDisableTiming));
-  }
-}
-
-GemmFork::~GemmFork() {
-  for (int i = 0; i < plan::kMaxGemmLaunches - 1; ++i) {
-    if (join_[i] != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(join_[i]));
-    if (side_[i] != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(side_[i]));
-  }
-  if (fork_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(fork_));
-}
-
-const GemmFork* GemmForkCache::get() {
-  static const bool off = [] {
-    const char* v = std::getenv("MOEKIT_GEMM_FORK");
-    return v != nullptr && std::string(v) == "0";
-  }();
-  if (off) return nullptr;
-  if (fork_ == nullptr || fork_->device() != current_device()) fork_ = std::make_unique<GemmFork>();
-  return fork_.get();
-}
-
-void GemmFork::begin(void* caller, int launches) const {
-  if (launches < 2) return;
-  MOEKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_), static_cast<cudaStream_t>(caller)));
-  for (int j = 1; j < launches; ++j)
-    MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(side_[j - 1]), static_cast<cudaEvent_t>(fork_), 0));
-}
-
-void GemmFork::end(void* caller, int launches) const {
-  for (int j = 1; j < launches; ++j) {
-    MOEKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(join_[j - 1]), static_cast<cudaStream_t>(side_[j - 1])));
-    MOEKIT_CUDA_CHECK(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(caller), static_cast<cudaEvent_t>(join_[j - 1]), 0));
-  }
-}
-
 void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream) {
   const MoeProblem& p = l.problem;
   const plan::GemmLaunches& launches = which == 1 ? l.gemms.w1 : l.gemms.w2;
-  if (l.fork != nullptr) {
-    MOEKIT_CUDA_REQUIRE(l.fork->device() == current_device(),
-                        "the experts' GEMM streams were made on device " + std::to_string(l.fork->device()) +
-                            ", the step runs on device " + std::to_string(current_device()));
-    l.fork->begin(stream, launches.count);
-  }
-  auto launch = [&](int j) {
+  for (int j = 0; j < launches.count; ++j) {
     GroupedGemmLaunch g;
     g.args = (which == 1 ? l.gemm_args_w1 : l.gemm_args_w2) + j * p.E_local * kGemmArgsBytesPerGroup;
     g.groups = static_cast<int>(p.E_local);
@@ -437,7 +387,7 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.k = which == 1 ? p.K : p.I();
     g.scales_per_row = p.quant != QuantScheme::kPerTensor;
     g.block_scaled = p.quant == QuantScheme::kBlock128;
-    g.scratch = l.gemm_scratch + j * kGemmScratchBytes;
+    g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
     // The token tensor: one slab of rows (contiguous) or E_local of them (batched).
@@ -456,19 +406,8 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
       g.fused.I = static_cast<int>(p.I());
       g.fused.activation = p.activation;
     }
-    grouped_fp8_gemm(launches.config[j], g, l.fork != nullptr ? l.fork->stream(j, stream) : stream);
-  };
-  try {
-    for (int j = 0; j < launches.count; ++j) launch(j);
-  } catch (...) {
-    // The launches already made stay forked: join them (a capture must end joined) before the error goes up.
-    if (l.fork != nullptr) try {
-        l.fork->end(stream, launches.count);
-      } catch (...) {
-      }
-    throw;
+    grouped_fp8_gemm(launches.config[j], g, stream);
   }
-  if (l.fork != nullptr) l.fork->end(stream, launches.count);
 }
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {

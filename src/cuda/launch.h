@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <memory>
 
 #include "moekit/problem.h"
 #include "moekit/router.h"
@@ -18,11 +17,9 @@ namespace moekit::cuda {
 // Bytes of one group's grouped-GEMM arguments (problem shape, A/B/D and scale pointers, strides),
 // written on the device from expert_num_tokens; the CUTLASS instances static_assert that theirs fit.
 inline constexpr std::int64_t kGemmArgsBytesPerGroup = 128;
-// CUTLASS's own workspace of one grouped-GEMM launch (its TMA descriptors, one set per SM: ~68 KB
-// on 132 SMs), one slice per launch of a GEMM (gemm_scratch holds plan::kMaxGemmLaunches, as the
-// launches may run at once: GemmFork). A bound: each launch checks get_workspace_size() against it
-// and raises moekit::Error if a kernel ever asks for more.
-inline constexpr std::int64_t kGemmScratchBytes = std::int64_t{256} << 10;
+// CUTLASS's own workspace (tile-scheduler state). A bound: each launch checks get_workspace_size()
+// against it and raises moekit::Error if a kernel ever asks for more.
+inline constexpr std::int64_t kGemmScratchBytes = std::int64_t{1} << 20;
 // Device-side error flags of a seam (its status region), read back after a step: [0] the first
 // error's code (the first to set it wins), [1..3] its values. Kernels never stop on an error: the
 // offending token, pair or expert is dropped (nothing is written out of bounds) and the host raises
@@ -44,41 +41,6 @@ void check_status_words(const std::int32_t* device_status, const char* who, std:
                         void* stream);
 void read_status_words(const std::int32_t* device_status, std::int32_t* host, void* stream);  // synchronizes
 void clear_status_words(std::int32_t* device_status, void* stream);  // at the start of a seam's step
-
-// The streams and events that run the launches of one GEMM at once: the caller's stream forks into
-// side streams before them and joins after (under capture: parallel graph nodes). The rule launches
-// every row range a step may fill and the device gives each expert to one range, so some launches
-// often run empty: forked, their fixed cost hides under the busy launch, and ranges that are all busy
-// fill each other's last waves. Made on the current device (not while a stream is being captured);
-// one per seam object, used by one step at a time (its events are re-recorded every step).
-class GemmFork {
- public:
-  GemmFork();
-  ~GemmFork();
-  GemmFork(const GemmFork&) = delete;
-  GemmFork& operator=(const GemmFork&) = delete;
-  int device() const { return device_; }
-  // Launch j of `launches` runs on stream(j, caller): the caller's for j = 0, else a side stream
-  // that begin() made wait for what the caller's stream holds; end() makes the caller wait for all.
-  void begin(void* caller, int launches) const;
-  void* stream(int j, void* caller) const { return j == 0 ? caller : side_[j - 1]; }
-  void end(void* caller, int launches) const;
-
- private:
-  int device_ = -1;
-  void* side_[plan::kMaxGemmLaunches - 1] = {};
-  void* fork_ = nullptr;
-  void* join_[plan::kMaxGemmLaunches - 1] = {};
-};
-// A seam's GemmFork: made at its first step, and again when a step runs on another device. Null
-// (the launches one after another) when the environment sets MOEKIT_GEMM_FORK=0: for A/B runs.
-class GemmForkCache {
- public:
-  const GemmFork* get();
-
- private:
-  std::unique_ptr<GemmFork> fork_;
-};
 
 // One step of the FP8 experts, every pointer on the device: the regions the batched or standard
 // experts declared (cuda/batched_experts.cpp, cuda/standard_experts.cpp). Batched: expert g's rows
@@ -102,7 +64,6 @@ struct BatchedExpertsLaunch {
   std::int32_t* status = nullptr;
   plan::ExpertsGemmPlan gemms{};
   int num_sms = 0;
-  const GemmFork* fork = nullptr;  // the launches of a GEMM at once; null: one after another on the stream
 };
 
 // The stages: prepare (reads expert_num_tokens once, validates it, writes row_offsets and both

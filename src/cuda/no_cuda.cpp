@@ -74,15 +74,6 @@ void* create_stream() {
   no_cuda("a CUDA stream");
 }
 void destroy_stream(void*) {}
-GemmFork::GemmFork() {
-  no_cuda("the experts' GEMM streams");
-}
-GemmFork::~GemmFork() = default;
-const GemmFork* GemmForkCache::get() {
-  no_cuda("the experts' GEMM streams");
-}
-void GemmFork::begin(void*, int) const {}
-void GemmFork::end(void*, int) const {}
 Graph::Graph(const std::function<void(void*)>&, void*) {
   no_cuda("a CUDA graph");
 }

@@ -84,7 +84,6 @@ class CudaStandardExperts final : public Experts {
     l.status = status;
     l.gemms = plan::plan_experts_gemms(p, in.num_tokens);
     l.num_sms = num_sms_;
-    l.fork = fork_.get();
     launch_batched_experts(l, stream);
     return {l.output, pair_row};
   }
@@ -96,7 +95,6 @@ class CudaStandardExperts final : public Experts {
 
  private:
   int num_sms_ = 0;
-  GemmForkCache fork_;
 };
 
 }  // namespace

@@ -60,7 +60,7 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
             "fused-w1-128x256 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
             "cooperative-128x128 (m_e > 64)");
   EXPECT_EQ(j["plans"][0]["fuse_w1"], true);
-  EXPECT_EQ(j["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 786432 + 256 + 256 + 16777216);
+  EXPECT_EQ(j["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216);
   {
     // --no-fuse-w1: W1 into bf16 w1_out (1 GiB), then the activation kernel.
     PlanRequest unfused = req;

@@ -40,17 +40,17 @@ def test_plan_golden_figures():
     # (1 GiB); the experts of <= 64 rows write fp32 rows into w1_small (16 MiB) for the activation
     # kernel: 0.27 GiB. fuse_w1=False: the unfused recipe, 1.26 GiB.
     fused = ours
-    assert fused.workspace_bytes == 268435456 + 8388608 + 6144 + 6144 + 786432 + 256 + 256 + 16777216
+    assert fused.workspace_bytes == 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216
     unfused = {p.name: p for p in moekit.plan("deepseek-v3", dp=32, ep=32, max_tokens_per_rank=256, local_experts=16,
                                               fuse_w1=False)}["batched-fp8 (cuda)"]
-    assert unfused.workspace_bytes == 1073741824 + 268435456 + 8388608 + 6144 + 6144 + 786432 + 256 + 256
+    assert unfused.workspace_bytes == 1073741824 + 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256
     assert "w1_out" not in {r.name for r in fused.regions}
     assert {r.name: r.bytes for r in fused.regions}["w1_small"] == 16 * 64 * 4096 * 4
     with pytest.raises(moekit.Error, match="fuse-w1"):
         moekit.plan("deepseek-v3", dp=32, ep=32, max_tokens_per_rank=256, quant="per-token", fuse_w1=True)
     per_token = {p.name: p for p in moekit.plan("deepseek-v3", dp=32, ep=32, max_tokens_per_rank=256, local_experts=16,
                                                 quant="per-token")}["batched-fp8 (cuda)"]
-    assert per_token.workspace_bytes == 1073741824 + 268435456 + 524288 + 6144 + 6144 + 786432 + 256 + 256
+    assert per_token.workspace_bytes == 1073741824 + 268435456 + 524288 + 6144 + 6144 + 1048576 + 256 + 256
     assert unfused.region("w1_out").shape == (16, 8192, 4096) and ours.region("w1_small").shape == (16, 64, 4096)
     assert ours.region("ep_recv").persistent
     assert sum(s.bytes for s in ours.sections) == ours.total_bytes
