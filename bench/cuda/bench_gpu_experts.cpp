@@ -13,6 +13,9 @@
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
+//      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
+//      M: the launches of the ranges above m_e run empty; each rule then also runs with its empty
+//      launches as CUTLASS runs them, "no skip", alternated twice)
 // (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool rule_first = false;
   std::int64_t only_M = 0, only_m_e = 0;
+  std::int64_t max_rows = 0;  // the rules planned for up to this many rows an expert (0: m_e)
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
   std::vector<std::string> only_configs;  // empty: every config of the table (unless quick)
   auto split = [](const std::string& list) {
@@ -61,6 +65,7 @@ int main(int argc, char** argv) {
   for (int a = 2; a < argc; ++a) {
     if (std::string(argv[a]) == "--quick") quick = true;
     if (std::string(argv[a]) == "--rule-first") rule_first = true;
+    if (std::string(argv[a]) == "--max-rows" && a + 1 < argc) max_rows = std::stoll(argv[a + 1]);
     if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
       quants.clear();
       for (const std::string& q : split(argv[a + 1])) quants.push_back(parse_quant(q));
@@ -200,6 +205,7 @@ int main(int argc, char** argv) {
           plan::ExpertsGemmPlan gemms;
           bool selected;
           MoeProblem problem;
+          bool skip_empty = true;  // false: every launch runs CUTLASS's kernel as it is (before 2026-12-01)
         };
         MoeProblem fused_p = p;
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
@@ -216,16 +222,27 @@ int main(int argc, char** argv) {
             sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,
                              cfg.fused_w1 ? fused_p : p});
         }
+        // The rules with empty launches skipped (what the seams run) and as CUTLASS runs them, twice
+        // in turn (the sweep's order moves results by a few %). The rule is planned here for steps of
+        // up to --max-rows rows an expert (default m_e): launches of the other ranges run empty.
+        const plan::ExpertsGemmPlan rule_max = plan::plan_experts_gemms(p, std::max(m_e, max_rows));
         if (fused_p.fuse_w1) {
-          const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
-          sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
+          const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, std::max(m_e, max_rows));
+          for (int round = 0; round < (max_rows > 0 ? 2 : 1); ++round) {
+            if (max_rows > 0) sweep.push_back({"fuse_w1 rule, no skip", fused, false, fused_p, false});
+            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
+          }
         }
-        sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
+        for (int round = 0; round < (max_rows > 0 ? 2 : 1); ++round) {
+          if (max_rows > 0) sweep.push_back({"rule, no skip", rule_max, false, p, false});
+          sweep.push_back({"rule: " + plan::describe(rule_max.w1), rule_max, round == (max_rows > 0 ? 1 : 0), p});
+        }
         for (const auto& v : sweep) {
           const auto& name = v.name;
           const bool chosen = v.selected;
-          const cuda::BatchedExpertsLaunch l =
+          cuda::BatchedExpertsLaunch l =
               cuda::make_launch(v.problem, input, view, v.problem.fuse_w1 ? *fused_ws : ws, dev.num_sms, v.gemms);
+          l.skip_empty_launches = v.skip_empty;
           const double ms = median_ms(
               quick ? 5 : 20,
               [&] {
