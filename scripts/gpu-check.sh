@@ -19,15 +19,11 @@
 #   graphs: the captured step (test_batched_experts' graph tests, memcheck on them), the experts
 #          benchmark (eager and graph replay), `moekit bench layer` with and without --fuse-w1, the
 #          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
-#   skip:  the empty launches skipped (skip_if_empty) against run as CUTLASS runs them: the GPU tests,
-#          memcheck on the replayed graphs, the experts benchmark at M = 8192 with the rules planned
-#          for 8192 rows (m_e in $SKIP_ME, default 8 64 128 256 1024), ncu of the launches at m_e =
-#          128, `moekit bench layer` with MOEKIT_GEMM_SKIP_EMPTY=0 and without, alternated twice.
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|skip|profile` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -131,40 +127,6 @@ if [[ $part == graphs ]]; then
       | tee -a "$OUT/bench_layer_graphs.txt" | tail -8
   done
   echo "graph tests rc=$graph_rc sanitizer rc=$graph_san_rc" | tee -a "$OUT/machine.txt"
-fi
-
-if [[ $part == skip ]]; then
-  echo "== GPU tests with the empty launches skipped"
-  run timeout 300 $BIN/test_batched_experts > "$OUT/skip_tests.log" 2>&1
-  skip_rc=$?
-  run timeout 60 $BIN/test_fp8_device >> "$OUT/skip_tests.log" 2>&1 || skip_rc=$((skip_rc | $?))
-  run timeout 300 $BIN/test_layer_devices >> "$OUT/skip_tests.log" 2>&1 || skip_rc=$((skip_rc | $?))
-  run timeout 150 $BIN/test_backend_ops --gtest_brief=1 >> "$OUT/skip_tests.log" 2>&1 || skip_rc=$((skip_rc | $?))
-  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/skip_tests.log" | tail -20
-  run timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_batched_experts \
-    --gtest_filter='*GraphReplay*:BatchedExpertsGpuContract.FusedW1PlanHasNoW1Out' > "$OUT/skip_sanitizer.log" 2>&1
-  skip_san_rc=$?
-  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/skip_sanitizer.log"
-  echo "skip tests rc=$skip_rc sanitizer rc=$skip_san_rc" | tee -a "$OUT/machine.txt"
-  echo "== experts: the rules (planned for 8192 rows) with and without the skip, M = 8192, graph replay"
-  for m_e in ${SKIP_ME:-8 64 128 256 1024}; do
-    run timeout 120 $BIN/bench_gpu_experts /tmp/skip.json --case 8192 "$m_e" --max-rows 8192 \
-      --quant per-token,block128 2>&1 | grep -vE "^\s+(stages|activation)" | tee -a "$OUT/skip_experts.txt" | grep -E "rule"
-  done
-  echo "== ncu: the launches of one step at m_e = 128 (block128 fused rule, skipped)"
-  for kernel in device_kernel skip_if_empty; do  # the first step without the skip, then the first with it
-    run timeout 120 ncu --metrics gpu__time_duration.sum --kernel-name regex:$kernel --launch-count 5 \
-      $BIN/bench_gpu_experts /tmp/skip.json --case 8192 128 --max-rows 8192 --quant block128 2>&1 \
-      | grep -E "^  [a-z]|duration" | sed -E 's/<.*//' | tee -a "$OUT/skip_ncu.txt"
-  done
-  echo "== layer: MOEKIT_GEMM_SKIP_EMPTY=0 and skipped, alternated twice"
-  for round in 1 2; do
-    for skip in 0 1; do
-      echo "-- round $round MOEKIT_GEMM_SKIP_EMPTY=$skip" | tee -a "$OUT/skip_layer.txt"
-      MOEKIT_GEMM_SKIP_EMPTY=$skip run timeout 150 $BIN/moekit bench layer --quant block128 --iters 20 \
-        --tokens 1,32,128,512 2>/dev/null | tee -a "$OUT/skip_layer.txt" | tail -9
-    done
-  done
 fi
 
 if [[ $part == layer ]]; then

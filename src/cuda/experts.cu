@@ -13,7 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <cstdlib>
 #include <cub/block/block_scan.cuh>
 #include <string>
 
@@ -377,15 +376,6 @@ void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
-// MOEKIT_GEMM_SKIP_EMPTY=0: every launch runs CUTLASS's kernel as it is (A/B runs of the layer).
-bool skip_empty_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("MOEKIT_GEMM_SKIP_EMPTY");
-    return v != nullptr && std::string(v) == "0";
-  }();
-  return off;
-}
-
 void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream) {
   const MoeProblem& p = l.problem;
   const plan::GemmLaunches& launches = which == 1 ? l.gemms.w1 : l.gemms.w2;
@@ -400,7 +390,6 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
-    g.may_be_empty = launches.count > 1 && l.skip_empty_launches && !skip_empty_off();
     // The token tensor: one slab of rows (contiguous) or E_local of them (batched).
     g.tensors.tokens = which == 1 ? static_cast<const void*>(l.a1q) : l.act_q;
     g.tensors.token_rows = expert_capacity(l) * (l.contiguous ? 1 : p.E_local);

@@ -115,9 +115,6 @@ struct GroupedGemmLaunch {
   // D is fp32, not bf16 (block-scaled, plan::GemmConfigInfo::w1_fp32): the fused recipe's W1 of
   // its small experts, into w1_small, where the activation kernel reads it.
   bool d_fp32 = false;
-  // Some steps give this launch no expert (the rule's other row ranges took them all): its CTAs
-  // then return before CUTLASS's prologue (grouped_gemm_impl.cuh, skip_if_empty).
-  bool may_be_empty = false;
   FusedW1 fused{};
   Tensors tensors{};
 };

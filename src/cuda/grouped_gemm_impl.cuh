@@ -207,25 +207,8 @@ constexpr RasterOrder raster_order() {
   return kSwapAB ? RasterOrder::AlongN : RasterOrder::AlongM;
 }
 
-// CUTLASS's kernel behind a guard: each CTA first reads the launch's problem shapes (the prepare
-// kernel wrote them) and returns when no group has work, before CUTLASS's prologue (barriers, TMA
-// descriptor copies, the scheduler's walk of the groups): an empty launch took 4.2-4.7 us of an
-// H200's SMs with it (ncu, docs/PERF.md). Otherwise what cutlass::device_kernel does.
-template <class GemmKernel>
-__global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, GemmKernel::MinBlocksPerMultiprocessor)
-    skip_if_empty(CUTLASS_GRID_CONSTANT typename GemmKernel::Params const params, const int* shapes, int groups) {
-  int work = 0;
-  for (int g = static_cast<int>(threadIdx.x); g < groups; g += static_cast<int>(blockDim.x))
-    work |= shapes[3 * g] > 0 && shapes[3 * g + 1] > 0 && shapes[3 * g + 2] > 0;
-  if (__syncthreads_or(work) == 0) return;
-  extern __shared__ char smem[];
-  GemmKernel op;
-  op(params, smem);
-}
-
 // The launch both scalings share: CUTLASS's scratch against the plan's gemm_scratch, then
-// can_implement, initialize and run (behind skip_if_empty when the launch may be empty), each
-// failure a moekit::Error naming `what`.
+// can_implement, initialize and run, each failure a moekit::Error naming `what`.
 template <class Gemm>
 void launch_gemm(const typename Gemm::Arguments& arguments, const GroupedGemmLaunch& l, cudaStream_t stream,
                  const std::string& what) {
@@ -240,19 +223,8 @@ void launch_gemm(const typename Gemm::Arguments& arguments, const GroupedGemmLau
                       what + ": CUTLASS cannot run this problem: " + cutlassGetStatusString(can));
   const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
   MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess, what + ": initialize failed: " + cutlassGetStatusString(init));
-  if (l.may_be_empty) {
-    using Kernel = typename Gemm::GemmKernel;
-    static_assert(cute::size(typename Kernel::DispatchPolicy::ClusterShape{}) == 1,
-                  "skip_if_empty launches without a cluster: every config's is 1x1x1");
-    const auto kernel = skip_if_empty<Kernel>;
-    MOEKIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int{Kernel::SharedStorageSize}));
-    kernel<<<Gemm::get_grid_shape(gemm.params()), Kernel::get_block_shape(), Kernel::SharedStorageSize, stream>>>(
-        gemm.params(), GroupedGemmArrays::at(l.args, l.groups).shapes, l.groups);
-  } else {
-    const cutlass::Status run = gemm.run(stream);
-    MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess, what + ": run failed: " + cutlassGetStatusString(run));
-  }
+  const cutlass::Status run = gemm.run(stream);
+  MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess, what + ": run failed: " + cutlassGetStatusString(run));
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -64,9 +64,6 @@ struct BatchedExpertsLaunch {
   std::int32_t* status = nullptr;
   plan::ExpertsGemmPlan gemms{};
   int num_sms = 0;
-  // Where a GEMM has several launches (row ranges), their CTAs return at once when the step gave
-  // theirs no expert (the environment's MOEKIT_GEMM_SKIP_EMPTY=0 turns it off, for A/B runs).
-  bool skip_empty_launches = true;
 };
 
 // The stages: prepare (reads expert_num_tokens once, validates it, writes row_offsets and both
