@@ -14,8 +14,7 @@
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
-//      M: the launches of the ranges above m_e run empty; each rule then also runs with its empty
-//      launches as CUTLASS runs them, "no skip", alternated twice)
+//      M: the launches of the ranges above m_e run empty)
 // (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
@@ -205,7 +204,6 @@ int main(int argc, char** argv) {
           plan::ExpertsGemmPlan gemms;
           bool selected;
           MoeProblem problem;
-          bool skip_empty = true;  // false: every launch runs CUTLASS's kernel as it is (before 2026-12-01)
         };
         MoeProblem fused_p = p;
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
@@ -222,27 +220,20 @@ int main(int argc, char** argv) {
             sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,
                              cfg.fused_w1 ? fused_p : p});
         }
-        // The rules with empty launches skipped (what the seams run) and as CUTLASS runs them, twice
-        // in turn (the sweep's order moves results by a few %). The rule is planned here for steps of
-        // up to --max-rows rows an expert (default m_e): launches of the other ranges run empty.
-        const plan::ExpertsGemmPlan rule_max = plan::plan_experts_gemms(p, std::max(m_e, max_rows));
+        // The rules planned for steps of up to --max-rows rows an expert (default m_e), as the runtime
+        // plans for M: the launches of the ranges above m_e then run empty.
+        const std::int64_t rows = std::max(m_e, max_rows);
         if (fused_p.fuse_w1) {
-          const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, std::max(m_e, max_rows));
-          for (int round = 0; round < (max_rows > 0 ? 2 : 1); ++round) {
-            if (max_rows > 0) sweep.push_back({"fuse_w1 rule, no skip", fused, false, fused_p, false});
-            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
-          }
+          const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
+          sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
         }
-        for (int round = 0; round < (max_rows > 0 ? 2 : 1); ++round) {
-          if (max_rows > 0) sweep.push_back({"rule, no skip", rule_max, false, p, false});
-          sweep.push_back({"rule: " + plan::describe(rule_max.w1), rule_max, round == (max_rows > 0 ? 1 : 0), p});
-        }
+        const plan::ExpertsGemmPlan rule_rows = plan::plan_experts_gemms(p, rows);
+        sweep.push_back({"rule: " + plan::describe(rule_rows.w1), rule_rows, true, p});
         for (const auto& v : sweep) {
           const auto& name = v.name;
           const bool chosen = v.selected;
-          cuda::BatchedExpertsLaunch l =
+          const cuda::BatchedExpertsLaunch l =
               cuda::make_launch(v.problem, input, view, v.problem.fuse_w1 ? *fused_ws : ws, dev.num_sms, v.gemms);
-          l.skip_empty_launches = v.skip_empty;
           const double ms = median_ms(
               quick ? 5 : 20,
               [&] {
