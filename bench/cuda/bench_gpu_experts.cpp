@@ -9,7 +9,9 @@
 // GEMMs read them, cuda::measure_weight_stream_ms: "read", the small-m_e floor); for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
-// first call runs) and replayed from a CUDA graph (as decode runs it); the ratios are the graph's.
+// first call runs) and replayed from a CUDA graph (as decode runs it), the variants of a case
+// replayed in turn (one replay of each a round: the sweep's order does not favor any); the ratios
+// are the graph's.
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
@@ -26,6 +28,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -229,12 +232,24 @@ int main(int argc, char** argv) {
         }
         const plan::ExpertsGemmPlan rule_rows = plan::plan_experts_gemms(p, rows);
         sweep.push_back({"rule: " + plan::describe(rule_rows.w1), rule_rows, true, p});
-        for (const auto& v : sweep) {
-          const auto& name = v.name;
-          const bool chosen = v.selected;
-          const cuda::BatchedExpertsLaunch l =
+        // Each variant's eager time, stage times and captured step first; then the steps' graph times
+        // taken in turn (one replay of each variant a round), so that no variant gains from its place
+        // in the sweep (run one after another they moved by up to 8%, docs/PERF.md).
+        struct Measured {
+          cuda::BatchedExpertsLaunch launch;
+          double ms = 0, g1_ms = 0, g2_ms = 0, r1_ms = 0, r2_ms = 0;
+          std::string notes;  // the activation kernels' lines
+          std::unique_ptr<cuda::Graph> step;
+          std::vector<double> replays;
+        };
+        std::vector<Measured> measured(sweep.size());
+        for (std::size_t i = 0; i < sweep.size(); ++i) {
+          const Variant& v = sweep[i];
+          Measured& r = measured[i];
+          r.launch =
               cuda::make_launch(v.problem, input, view, v.problem.fuse_w1 ? *fused_ws : ws, dev.num_sms, v.gemms);
-          const double ms = median_ms(
+          const cuda::BatchedExpertsLaunch& l = r.launch;
+          r.ms = median_ms(
               quick ? 5 : 20,
               [&] {
                 cuda::clear_status_words(l.status, stream);
@@ -248,11 +263,6 @@ int main(int argc, char** argv) {
             return median_ms(
                 quick ? 5 : 20, [&] { graph.replay(stream); }, stream);
           };
-          const double graph_ms = replay_ms([&](void* s) {
-            cuda::clear_status_words(l.status, s);
-            cuda::launch_batched_experts(l, s);
-          });
-          cuda::check_status_words(l.status, "bench (graph)", M, p.E, stream);
           // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
           // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
           cuda::launch_experts_prepare(l, stream);
@@ -260,15 +270,11 @@ int main(int argc, char** argv) {
             return median_ms(
                 quick ? 5 : 20, [&] { cuda::launch_experts_gemm(l, which, stream); }, stream);
           };
-          const double g1_ms = time_gemm(1), g2_ms = time_gemm(2);
-          const double r1_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 1, s); });
-          const double r2_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 2, s); });
-          std::printf(
-              "       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms; "
-              "replayed alone: W1 %.4f, W2 %.4f ms\n",
-              g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
-              2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r1_ms, r2_ms);
-          if (chosen && !v.gemms.fused_w1) {
+          r.g1_ms = time_gemm(1);
+          r.g2_ms = time_gemm(2);
+          r.r1_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 1, s); });
+          r.r2_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 2, s); });
+          if (v.selected && !v.gemms.fused_w1) {
             // The activation stage alone, per kernel variant (w1_out holds real values now).
             const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
             for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
@@ -276,9 +282,45 @@ int main(int argc, char** argv) {
               const double us =
                   1e3 * median_ms(
                             quick ? 5 : 20, [&] { cuda::launch_activation_quant(l, kernel, stream); }, stream);
-              std::printf("       activation %-9s %8.1f us %7.0f GB/s\n", kname, us, act_bytes_moved / (us * 1e3));
+              char line[128];
+              std::snprintf(line, sizeof(line), "       activation %-9s %8.1f us %7.0f GB/s\n", kname, us,
+                            act_bytes_moved / (us * 1e3));
+              r.notes += line;
             }
           }
+          r.step = std::make_unique<cuda::Graph>(
+              [&](void* s) {
+                cuda::clear_status_words(l.status, s);
+                cuda::launch_batched_experts(l, s);
+              },
+              stream);
+          r.step->replay(stream);  // warm-up
+        }
+        {
+          cuda::Event a, b;
+          for (int round = 0; round < (quick ? 9 : 21); ++round)
+            for (Measured& r : measured) {
+              a.record(stream);
+              r.step->replay(stream);
+              b.record(stream);
+              r.replays.push_back(b.ms_since(a));
+            }
+        }
+        for (std::size_t i = 0; i < sweep.size(); ++i) {
+          const Variant& v = sweep[i];
+          Measured& r = measured[i];
+          cuda::check_status_words(r.launch.status, "bench (graph)", M, p.E, stream);
+          std::sort(r.replays.begin(), r.replays.end());
+          const double graph_ms = r.replays[r.replays.size() / 2];
+          const auto& name = v.name;
+          const bool chosen = v.selected;
+          const double ms = r.ms, g1_ms = r.g1_ms, g2_ms = r.g2_ms;
+          std::printf(
+              "       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms; "
+              "replayed alone: W1 %.4f, W2 %.4f ms\n",
+              g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
+              2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.r1_ms, r.r2_ms);
+          std::printf("%s", r.notes.c_str());
           std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f %7.2f%s\n",
                       std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
                       name.c_str(), ms, graph_ms, flops / (graph_ms * 1e-3) / 1e12, floor_ms, graph_ms / floor_ms,
