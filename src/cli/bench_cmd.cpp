@@ -5,6 +5,7 @@
 // bytes = FP8 weights of the experts that received a token + the tokens in and out. A table on stdout, JSON with
 // --format json, progress on stderr.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -55,7 +56,22 @@ struct BenchRequest {
   int ranks = 0;
   std::int64_t max_tokens_per_rank = 0;
   bool tokens_given = false;
+  bool routing_given = false;
 };
+
+// The layer benchmark's routing: "model", the synthetic model's own (seeded logits, iid N(0, 2^2),
+// and its seeded e_score_correction_bias, 0.1 N(0, 1)); under DeepSeek-V3's sigmoid scores the
+// bias outweighs the saturated scores' differences, so a few experts take most tokens (T = 512: 124
+// of 256 experts active, the busiest 135 rows against 16 on average). "uniform": the same logits
+// with the bias zeroed, every expert's expected load equal (T = 512: max ~30 rows).
+std::string layer_routing(const BenchRequest& req) {
+  if (!req.routing_given) return "model";
+  MOEKIT_CHECK(req.routing.size() == 1 && (req.routing[0] == "model" || req.routing[0] == "uniform"),
+               "bench layer --routing {}: one of model (the synthetic model's logits and correction bias: a few "
+               "experts take most tokens) or uniform (the bias zeroed: every expert's expected load equal)",
+               fmt::join(req.routing, ","));
+  return req.routing[0];
+}
 
 const char* kStages[] = {"route", "prepare", "experts", "finalize"};
 
@@ -65,6 +81,7 @@ struct Row {
   double median_ms = 0, p99_ms = 0, floor_ms = 0;
   double stage_ms[4] = {0, 0, 0, 0};
   std::int64_t active_experts = 0;
+  std::int64_t max_rows = 0;  // the most (token, slot) pairs one expert received
   double flops = 0, bytes = 0;
   bool fused = false;  // the problem's recipe (MoeProblem::fuse_w1)
 };
@@ -117,7 +134,9 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   cpu::ThreadPool pool(threads);
   // Tokens and router logits of the largest step (smaller steps take its first rows), on the device.
   const synthetic::Tokens tok = synthetic::make_tokens(model.hidden_size, model.num_experts, 0, max_T, req.seed);
-  const std::vector<float> bias = synthetic::make_routing_bias(model.num_experts, req.seed);
+  const std::vector<float> bias = layer_routing(req) == "uniform"
+                                      ? std::vector<float>(static_cast<std::size_t>(model.num_experts), 0.0f)
+                                      : synthetic::make_routing_bias(model.num_experts, req.seed);
   DeviceCopies inputs(*memory);
   const std::uint16_t* hidden = inputs.put(tok.hidden, "hidden");
   const float* logits = inputs.put(tok.logits, "logits");
@@ -201,6 +220,8 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         cpu::route(routing, tok.logits.data(), T, model.has_score_correction_bias ? bias.data() : nullptr, ids.data(),
                    wts.data());
         r.active_experts = static_cast<std::int64_t>(std::set<std::int32_t>(ids.begin(), ids.end()).size());
+        for (const std::int32_t e : std::set<std::int32_t>(ids.begin(), ids.end()))
+          r.max_rows = std::max<std::int64_t>(r.max_rows, std::count(ids.begin(), ids.end(), e));
         r.fused = p.fuse_w1;
         MoeProblem one = p;
         one.E_local = 1;
@@ -270,41 +291,51 @@ int bench_command(const BenchRequest& req) {
     j["I"] = model.moe_intermediate_size;
     j["quant"] = quant_name(quant.quant);
     j["fuse_w1"] = req.fuse_w1 ? nlohmann::json(*req.fuse_w1) : nlohmann::json();  // null: not asked
+    j["routing"] = layer_routing(req);
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json x = {{"experts", r.experts},     {"T", r.T},
-                          {"median_ms", r.median_ms}, {"p99_ms", r.p99_ms},
-                          {"floor_ms", r.floor_ms},   {"active_experts", r.active_experts},
-                          {"fuse_w1", r.fused},       {"flops", r.flops},
-                          {"bytes", r.bytes},         {"stages_ms", nlohmann::json::object()}};
+      nlohmann::json x = {{"experts", r.experts},
+                          {"T", r.T},
+                          {"median_ms", r.median_ms},
+                          {"p99_ms", r.p99_ms},
+                          {"floor_ms", r.floor_ms},
+                          {"active_experts", r.active_experts},
+                          {"max_rows", r.max_rows},
+                          {"fuse_w1", r.fused},
+                          {"flops", r.flops},
+                          {"bytes", r.bytes},
+                          {"stages_ms", nlohmann::json::object()}};
       for (int k = 0; k < 4; ++k) x["stages_ms"][kStages[k]] = r.stage_ms[k];
       j["rows"].push_back(x);
     }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}{}; {}\n",
-                           model.name, device_text, model.num_experts, model.topk, model.hidden_size,
-                           model.moe_intermediate_size, quant.note,
-                           req.fuse_w1 ? (*req.fuse_w1 ? " (--fuse-w1)" : " (--no-fuse-w1)") : "",
-                           device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
-                                                   : fmt::format("wall time, {} iterations", req.iters));
+  std::cout << fmt::format(
+      "moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}{}; {} routing; {}\n", model.name,
+      device_text, model.num_experts, model.topk, model.hidden_size, model.moe_intermediate_size, quant.note,
+      req.fuse_w1 ? (*req.fuse_w1 ? " (--fuse-w1)" : " (--no-fuse-w1)") : "", layer_routing(req),
+      device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
+                              : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
     std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
                              copy_gbs, peak);
-  std::cout << fmt::format("{:<19} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8}\n", "experts", "T",
-                           "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts", "finalize", "rest %",
-                           "TFLOP/s");
+  std::cout << fmt::format("{:<19} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>13}\n",
+                           "experts", "T", "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts",
+                           "finalize", "rest %", "TFLOP/s", "experts/most");
   for (const Row& r : rows) {
     const double rest = r.stage_ms[0] + r.stage_ms[1] + r.stage_ms[3];
     std::cout << fmt::format(
-        "{:<19} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f}\n",
+        "{:<19} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f} "
+        "{:>13}\n",
         r.experts + (r.fused ? " fused" : ""), r.T, r.median_ms, r.p99_ms, r.floor_ms,
         r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0, r.stage_ms[0], r.stage_ms[1], r.stage_ms[2], r.stage_ms[3],
-        r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0, r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0);
+        r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0, r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0,
+        fmt::format("{}/{}", r.active_experts, r.max_rows));
   }
-  std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth)\n";
+  std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth); "
+               "experts/most = experts that got a token / the most rows one got\n";
   return 0;
 }
 
@@ -326,9 +357,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str()
       ->each([req](const std::string&) { req->tokens_given = true; });
-  cmd->add_option("--routing", req->routing, "dispatch: uniform and/or skewed (every token to rank 0's experts)")
+  cmd->add_option("--routing", req->routing,
+                  "dispatch: uniform and/or skewed (every token to rank 0's experts); layer: model (default: the "
+                  "synthetic model's logits and correction bias, a few experts take most tokens) or uniform (the "
+                  "bias zeroed)")
       ->delimiter(',')
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([req](const std::string&) { req->routing_given = true; });
   cmd->add_option("--dispatch", req->dispatch, "dispatch: nccl (device-initiated) or nccl-reference")
       ->capture_default_str();
   cmd->add_option("--ranks", req->ranks, "dispatch: ranks, one per GPU (0: every GPU)")->capture_default_str();
