@@ -19,11 +19,13 @@
 #   graphs: the captured step (test_batched_experts' graph tests, memcheck on them), the experts
 #          benchmark (eager and graph replay), `moekit bench layer` with and without --fuse-w1, the
 #          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
+#   routing: `moekit bench layer` (block128, 256 experts) under the model's routing and under uniform
+#          routing, fused and --no-fuse-w1, alternated twice.
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|profile` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -134,6 +136,19 @@ if [[ $part == graphs ]]; then
       | tee -a "$OUT/bench_layer_graphs.txt" | tail -8
   done
   echo "graph tests rc=$graph_rc sanitizer rc=$graph_san_rc" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == routing ]]; then
+  echo "== layer: model and uniform routing, fused (default) and --no-fuse-w1, alternated twice"
+  for round in 1 2; do
+    for routing in model uniform; do
+      for fuse in --fuse-w1 --no-fuse-w1; do
+        echo "-- round $round --routing $routing $fuse" | tee -a "$OUT/routing_layer.txt"
+        run timeout 150 $BIN/moekit bench layer --quant block128 --iters 20 --tokens 1,32,128,512 --routing $routing \
+          $fuse 2>/dev/null | tee -a "$OUT/routing_layer.txt" | grep -E "^(batched|standard)"
+      done
+    done
+  done
 fi
 
 if [[ $part == layer ]]; then
