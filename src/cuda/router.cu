@@ -3,7 +3,8 @@
 // the CPU does), selection by exact warp argmax (higher score, then lower index): ids and weights
 // equal cpu::route's bit for bit. Napkin math: DeepSeek-V3 (E = 256, top-8), one warp reads 1 KiB
 // of logits and does 256 exps, ~8 x 8 compares and 256 adds in order: a few us per token, tokens
-// in parallel.
+// in parallel. Latency is what counts at decode sizes (one token: ncu 18.7 us when each lane read
+// its 8 logits one after another, each a trip to memory; docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include "cuda/check.h"
@@ -49,7 +50,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   __shared__ unsigned int taken[kWarpsPerBlock][kMaxExperts / 32];
   __shared__ float group_score[kWarpsPerBlock][kMaxGroups];
   for (int t = blockIdx.x * kWarpsPerBlock + warp; t < T; t += gridDim.x * kWarpsPerBlock) {
-    const float* x = logits + static_cast<std::int64_t>(t) * p.E;
+    // The token's logits into shared memory first, the loads unrolled so that they are in flight
+    // together: one memory latency a token, not E / 32 of them (18.7 us a DeepSeek-V3 token before).
+    {
+      const float* x = logits + static_cast<std::int64_t>(t) * p.E;
+#pragma unroll 8
+      for (int e = lane; e < p.E; e += 32) score[e] = x[e];
+      __syncwarp();
+    }
+    const float* x = score;  // the logits until the scores overwrite them, element by element
     // A NaN logit: flagged, the token routed nowhere.
     int nan_at = -1;
     for (int e = lane; e < p.E; e += 32)
@@ -98,6 +107,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const int group_size = p.E / p.n_group;
       if (lane < p.n_group) {
         float first = -INFINITY, second = -INFINITY;
+#pragma unroll 8
         for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
           const float v = choice[e];
           if (v > first) {
@@ -121,27 +131,36 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         if (!((chosen >> (e / group_size)) & 1u)) atomicOr(&taken[warp][e / 32], 1u << (e % 32));
       __syncwarp();
     }
-    int chosen_ids[32];  // topk <= 32 (checked on the host)
-    for (int k = 0; k < p.topk; ++k) {
-      float best = 0.0f;
-      int best_e = -1;
+    // Each lane keeps its best candidate (its experts lane, lane + 32, ... in ascending order: ties
+    // keep the lower index); after a pick only the lane that held the winner looks again.
+    auto lane_best = [&](float& best, int& best_e) {
+      best = 0.0f;
+      best_e = -1;
       for (int e = lane; e < p.E; e += 32) {
         if ((taken[warp][e / 32] >> (e % 32)) & 1u) continue;
-        if (best_e < 0 || choice[e] > best) {  // ascending e per lane: ties keep the lower index
+        if (best_e < 0 || choice[e] > best) {
           best = choice[e];
           best_e = e;
         }
       }
+    };
+    float best;
+    int best_e;
+    lane_best(best, best_e);
+    int chosen_ids[32];  // topk <= 32 (checked on the host)
+    for (int k = 0; k < p.topk; ++k) {
       const int e = warp_argmax(best, best_e);
       chosen_ids[k] = e;
+      if (e < 0) continue;  // fewer candidates than topk (the host's checks rule it out)
       if (lane == 0) taken[warp][e / 32] |= 1u << (e % 32);
       __syncwarp();
+      if (e % 32 == lane) lane_best(best, best_e);
     }
     // Weights: the uncorrected scores of the chosen experts; their sum in slot order (lane 0).
     if (lane == 0) {
       float w[32], sum = 0.0f;
       for (int k = 0; k < p.topk; ++k) {
-        w[k] = score[chosen_ids[k]];
+        w[k] = chosen_ids[k] >= 0 ? score[chosen_ids[k]] : 0.0f;
         sum = DeviceMath::add(sum, w[k]);
       }
       if (p.renormalize) {
