@@ -1,10 +1,11 @@
-// The Router seam's kernel on the GPU: one warp per token. Scores with the device-independent exp
-// of numerics/routing.h, the softmax sum and the weights' sums taken in index order by lane 0 (as
-// the CPU does), selection by exact warp argmax (higher score, then lower index): ids and weights
-// equal cpu::route's bit for bit. Napkin math: DeepSeek-V3 (E = 256, top-8), one warp reads 1 KiB
-// of logits and does 256 exps, ~8 x 8 compares and 256 adds in order: a few us per token, tokens
-// in parallel. Latency is what counts at decode sizes (one token: ncu 18.7 us when each lane read
-// its 8 logits one after another, each a trip to memory; docs/PERF.md).
+// The Router seam's kernel on the GPU: one block per token, one thread per expert. Scores with the
+// device-independent exp of numerics/routing.h, the softmax sum and the weights' sums taken in
+// index order by one thread (as the CPU does), selection by exact argmax (higher score, then lower
+// index): ids and weights equal cpu::route's bit for bit. Latency is what counts at decode sizes:
+// each phase is a few dependent steps of parallel work (one score a thread; the group scores, a
+// thread a group; each warp's top-k of its 32 experts; a k-way merge of the warps' sorted lists by
+// one warp; the weights by one thread). The one-warp-per-token kernel it replaced ran ~3,950
+// dependent warp instructions for a DeepSeek-V3 token: 18.7 us (ncu, docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include "cuda/check.h"
@@ -17,9 +18,10 @@ namespace {
 
 using numerics::DeviceMath;
 
-constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxExperts = kMaxRouteExperts;
+constexpr int kMaxWarps = kMaxExperts / 32;
 constexpr int kMaxGroups = 32;
+constexpr int kMaxTopk = 32;
 
 struct Params {
   int E, topk, n_group, topk_group;
@@ -40,76 +42,82 @@ __device__ __forceinline__ int warp_argmax(float v, int idx) {
   return idx;
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+struct Shared {
+  float score[kMaxExperts];   // p (softmax) or s (sigmoid): the weights' source
+  float choice[kMaxExperts];  // what selection ranks: p, or s + bias when grouped
+  float group_score[kMaxGroups];
+  float list_value[kMaxWarps][kMaxTopk];  // each warp's top-k, best first
+  int list_index[kMaxWarps][kMaxTopk];
+  int chosen[kMaxTopk];
+  int first_nan;
+  float max, sum;
+  unsigned groups;  // the chosen groups' bits
+};
+
+__global__ void __launch_bounds__(kMaxExperts)
     route_kernel(Params p, const float* __restrict__ logits, int T, const float* __restrict__ bias,
                  std::int32_t* __restrict__ ids, float* __restrict__ weights, std::int32_t* __restrict__ status) {
-  extern __shared__ float smem[];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  float* score = smem + warp * 2 * p.E;  // p (softmax) or s (sigmoid): the weights' source
-  float* choice = score + p.E;           // what selection ranks: p, or s + bias when grouped
-  __shared__ unsigned int taken[kWarpsPerBlock][kMaxExperts / 32];
-  __shared__ float group_score[kWarpsPerBlock][kMaxGroups];
-  for (int t = blockIdx.x * kWarpsPerBlock + warp; t < T; t += gridDim.x * kWarpsPerBlock) {
-    // The token's logits into shared memory first, the loads unrolled so that they are in flight
-    // together: one memory latency a token, not E / 32 of them (18.7 us a DeepSeek-V3 token before).
-    {
-      const float* x = logits + static_cast<std::int64_t>(t) * p.E;
-#pragma unroll 8
-      for (int e = lane; e < p.E; e += 32) score[e] = x[e];
-      __syncwarp();
-    }
-    const float* x = score;  // the logits until the scores overwrite them, element by element
-    // A NaN logit: flagged, the token routed nowhere.
-    int nan_at = -1;
-    for (int e = lane; e < p.E; e += 32)
-      if (x[e] != x[e] && nan_at < 0) nan_at = e;
-    const unsigned nan_lanes = __ballot_sync(0xFFFFFFFFu, nan_at >= 0);
-    bool skip = false;
-    if (nan_lanes != 0) {
-      const int first = __shfl_sync(0xFFFFFFFFu, nan_at, __ffs(nan_lanes) - 1);
-      if (lane == 0) flag_status(status, kStatusNanLogit, t, first);
-      skip = true;
-    }
+  __shared__ Shared sh;
+  const int e = static_cast<int>(threadIdx.x);  // this thread's expert (e >= E: a placeholder)
+  const int warp = e / 32, lane = e % 32, warps = static_cast<int>(blockDim.x) / 32;
+  const bool mine = e < p.E;
+  for (int t = static_cast<int>(blockIdx.x); t < T; t += static_cast<int>(gridDim.x)) {
+    const float x = mine ? logits[static_cast<std::int64_t>(t) * p.E + e] : 0.0f;
+    if (e == 0) sh.first_nan = p.E;
+    __syncthreads();
+    // A NaN logit: flagged (the first one), the token routed nowhere.
+    if (mine && x != x) atomicMin(&sh.first_nan, e);
+    __syncthreads();
+    bool skip = sh.first_nan < p.E;
+    if (skip && e == 0) flag_status(status, kStatusNanLogit, t, sh.first_nan);
     if (!skip && p.softmax) {
-      float m = -INFINITY;
-      for (int e = lane; e < p.E; e += 32) m = fmaxf(m, x[e]);
+      float m = mine ? x : -INFINITY;
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (lane == 0) sh.list_value[warp][0] = m;
+      __syncthreads();
+      if (e == 0) {
+        float all = -INFINITY;
+        for (int w = 0; w < warps; ++w) all = fmaxf(all, sh.list_value[w][0]);
+        sh.max = all;
+      }
+      __syncthreads();
+      m = sh.max;
       if (!isfinite(m)) {
-        if (lane == 0) flag_status(status, kStatusNoFiniteMax, t);
+        if (e == 0) flag_status(status, kStatusNoFiniteMax, t);
         skip = true;
       } else {
-        for (int e = lane; e < p.E; e += 32) score[e] = numerics::exp_f32<DeviceMath>(x[e] - m);
-        __syncwarp();
-        float sum = 0.0f;
-        if (lane == 0)
-          for (int e = 0; e < p.E; ++e) sum = DeviceMath::add(sum, score[e]);  // index order, as the CPU
-        sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
-        for (int e = lane; e < p.E; e += 32) choice[e] = score[e] = DeviceMath::div_rn(score[e], sum);
+        if (mine) sh.score[e] = numerics::exp_f32<DeviceMath>(x - m);
+        __syncthreads();
+        if (e == 0) {
+          float sum = 0.0f;
+          for (int i = 0; i < p.E; ++i) sum = DeviceMath::add(sum, sh.score[i]);  // index order, as the CPU
+          sh.sum = sum;
+        }
+        __syncthreads();
+        if (mine) sh.choice[e] = sh.score[e] = DeviceMath::div_rn(sh.score[e], sh.sum);
       }
-    } else if (!skip) {
-      for (int e = lane; e < p.E; e += 32) {
-        score[e] = numerics::sigmoid_f32<DeviceMath>(x[e]);
-        choice[e] = p.grouped && bias != nullptr ? DeviceMath::add(score[e], bias[e]) : score[e];
-      }
+    } else if (!skip && mine) {
+      sh.score[e] = numerics::sigmoid_f32<DeviceMath>(x);
+      sh.choice[e] = p.grouped && bias != nullptr ? DeviceMath::add(sh.score[e], bias[e]) : sh.score[e];
     }
-    if (skip) {
-      for (int k = lane; k < p.topk; k += 32) {
-        ids[static_cast<std::int64_t>(t) * p.topk + k] = -1;
-        weights[static_cast<std::int64_t>(t) * p.topk + k] = 0.0f;
+    if (skip) {  // uniform across the block
+      if (e < p.topk) {
+        ids[static_cast<std::int64_t>(t) * p.topk + e] = -1;
+        weights[static_cast<std::int64_t>(t) * p.topk + e] = 0.0f;
       }
+      __syncthreads();
       continue;
     }
+    __syncthreads();
     // Candidates: every expert, or those of the topk_group best groups (group score: the sum of its
-    // two largest choices).
-    for (int i = lane; i < kMaxExperts / 32; i += 32) taken[warp][i] = 0u;
-    __syncwarp();
+    // two largest choices), chosen by warp 0.
+    bool open = mine;
     if (p.grouped && p.n_group > 1) {
       const int group_size = p.E / p.n_group;
-      if (lane < p.n_group) {
+      if (e < p.n_group) {
         float first = -INFINITY, second = -INFINITY;
-#pragma unroll 8
-        for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
-          const float v = choice[e];
+        for (int i = e * group_size; i < (e + 1) * group_size; ++i) {
+          const float v = sh.choice[i];
           if (v > first) {
             second = first;
             first = v;
@@ -117,50 +125,49 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
             second = v;
           }
         }
-        group_score[warp][lane] = group_size >= 2 ? DeviceMath::add(first, second) : first;
+        sh.group_score[e] = group_size >= 2 ? DeviceMath::add(first, second) : first;
       }
-      __syncwarp();
-      unsigned chosen = 0u;
-      for (int j = 0; j < p.topk_group; ++j) {
-        const bool open = lane < p.n_group && !((chosen >> lane) & 1u);
-        const int g = warp_argmax(open ? group_score[warp][lane] : 0.0f, open ? lane : -1);
-        chosen |= 1u << g;
-      }
-      // Experts of groups not chosen are taken out of the running.
-      for (int e = lane; e < p.E; e += 32)
-        if (!((chosen >> (e / group_size)) & 1u)) atomicOr(&taken[warp][e / 32], 1u << (e % 32));
-      __syncwarp();
-    }
-    // Each lane keeps its best candidate (its experts lane, lane + 32, ... in ascending order: ties
-    // keep the lower index); after a pick only the lane that held the winner looks again.
-    auto lane_best = [&](float& best, int& best_e) {
-      best = 0.0f;
-      best_e = -1;
-      for (int e = lane; e < p.E; e += 32) {
-        if ((taken[warp][e / 32] >> (e % 32)) & 1u) continue;
-        if (best_e < 0 || choice[e] > best) {
-          best = choice[e];
-          best_e = e;
+      __syncthreads();
+      if (warp == 0) {
+        unsigned chosen = 0u;
+        for (int j = 0; j < p.topk_group; ++j) {
+          const bool free = lane < p.n_group && !((chosen >> lane) & 1u);
+          const int g = warp_argmax(free ? sh.group_score[lane] : 0.0f, free ? lane : -1);
+          if (g >= 0) chosen |= 1u << g;
         }
+        if (lane == 0) sh.groups = chosen;
       }
-    };
-    float best;
-    int best_e;
-    lane_best(best, best_e);
-    int chosen_ids[32];  // topk <= 32 (checked on the host)
-    for (int k = 0; k < p.topk; ++k) {
-      const int e = warp_argmax(best, best_e);
-      chosen_ids[k] = e;
-      if (e < 0) continue;  // fewer candidates than topk (the host's checks rule it out)
-      if (lane == 0) taken[warp][e / 32] |= 1u << (e % 32);
-      __syncwarp();
-      if (e % 32 == lane) lane_best(best, best_e);
+      __syncthreads();
+      open = mine && ((sh.groups >> (e / group_size)) & 1u);
     }
-    // Weights: the uncorrected scores of the chosen experts; their sum in slot order (lane 0).
-    if (lane == 0) {
-      float w[32], sum = 0.0f;
+    // Each warp's top-k of its experts, best first (higher choice, then lower index).
+    const int k_local = p.topk;
+    const float v = sh.choice[mine ? e : 0];
+    for (int r = 0; r < k_local; ++r) {
+      const int best = warp_argmax(open ? v : 0.0f, open ? e : -1);
+      if (lane == 0) {
+        sh.list_index[warp][r] = best;
+        sh.list_value[warp][r] = best >= 0 ? sh.choice[best] : 0.0f;
+      }
+      if (best == e) open = false;
+    }
+    __syncthreads();
+    // Warp 0 merges the warps' sorted lists: lane w holds the head of warp w's list.
+    if (warp == 0) {
+      int head = 0;
       for (int k = 0; k < p.topk; ++k) {
-        w[k] = chosen_ids[k] >= 0 ? score[chosen_ids[k]] : 0.0f;
+        const int idx = lane < warps && head < k_local ? sh.list_index[lane][head] : -1;
+        const int best = warp_argmax(idx >= 0 ? sh.list_value[lane][head] : 0.0f, idx);
+        if (lane == 0) sh.chosen[k] = best;
+        if (best >= 0 && best == idx) ++head;
+      }
+    }
+    __syncthreads();
+    // Weights: the uncorrected scores of the chosen experts; their sum in slot order (one thread).
+    if (e == 0) {
+      float w[kMaxTopk], sum = 0.0f;
+      for (int k = 0; k < p.topk; ++k) {
+        w[k] = sh.chosen[k] >= 0 ? sh.score[sh.chosen[k]] : 0.0f;
         sum = DeviceMath::add(sum, w[k]);
       }
       if (p.renormalize) {
@@ -171,11 +178,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       if (p.grouped)
         for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::mul(w[k], p.scale);
       for (int k = 0; k < p.topk; ++k) {
-        ids[static_cast<std::int64_t>(t) * p.topk + k] = chosen_ids[k];
+        ids[static_cast<std::int64_t>(t) * p.topk + k] = sh.chosen[k];
         weights[static_cast<std::int64_t>(t) * p.topk + k] = w[k];
       }
     }
-    __syncwarp();
+    __syncthreads();  // the next token reuses the shared arrays
   }
 }
 
@@ -196,12 +203,10 @@ void launch_route(const RoutingConfig& c, const float* logits, std::int64_t num_
                  c.renormalize,
                  c.grouped,
                  static_cast<float>(c.routed_scaling_factor)};
-  // 4 warps x 2 x 1024 floats = 32 KiB at most: under the default 48 KiB of dynamic shared memory.
-  const std::size_t smem = static_cast<std::size_t>(kWarpsPerBlock) * 2 * c.num_experts * sizeof(float);
-  const int blocks =
-      static_cast<int>(std::min<std::int64_t>((num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, 65535));
-  route_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(p, logits, static_cast<int>(num_tokens), bias, ids,
-                                                              weights, status);
+  // A block a token (at most 65535 blocks, each then taking every 65535th token), a thread an expert.
+  const int blocks = static_cast<int>(std::min<std::int64_t>(num_tokens, 65535));
+  const int threads = (static_cast<int>(c.num_experts) + 31) / 32 * 32;
+  route_kernel<<<blocks, threads, 0, stream>>>(p, logits, static_cast<int>(num_tokens), bias, ids, weights, status);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
