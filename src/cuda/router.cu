@@ -8,6 +8,8 @@
 // dependent warp instructions for a DeepSeek-V3 token: 18.7 us (ncu, docs/PERF.md).
 #include <cuda_runtime.h>
 
+#include <climits>
+
 #include "cuda/check.h"
 #include "cuda/launch.h"
 #include "cuda/status.cuh"
@@ -29,17 +31,20 @@ struct Params {
   float scale;
 };
 
-// Index of the best candidate of this warp (higher value, then lower index); -1 when none.
+// A float's rank as an unsigned key: a > b as floats iff key(a) > key(b), and -0 ties with +0 as
+// they compare equal. The choices are never NaN (logits are checked, the bias must be finite).
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned b = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
+}
+
+// Index of the best candidate of this warp (higher value, then lower index); -1 when none (idx <
+// 0). Two warp reductions (REDUX): the highest key, then the lowest index holding it.
 __device__ __forceinline__ int warp_argmax(float v, int idx) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    const int oi = __shfl_xor_sync(0xFFFFFFFFu, idx, o);
-    if (oi >= 0 && (idx < 0 || ov > v || (ov == v && oi < idx))) {
-      v = ov;
-      idx = oi;
-    }
-  }
-  return idx;
+  const unsigned key = idx >= 0 ? order_key(v) : 0u;
+  const unsigned best = __reduce_max_sync(0xFFFFFFFFu, key);
+  const int i = __reduce_min_sync(0xFFFFFFFFu, idx >= 0 && key == best ? idx : INT_MAX);
+  return i == INT_MAX ? -1 : i;
 }
 
 struct Shared {
@@ -49,6 +54,7 @@ struct Shared {
   float list_value[kMaxWarps][kMaxTopk];  // each warp's top-k, best first
   int list_index[kMaxWarps][kMaxTopk];
   int chosen[kMaxTopk];
+  unsigned long long group_first[kMaxGroups], group_second[kMaxGroups];  // (key, ~index) of each group's top 2
   int first_nan;
   float max, sum;
   unsigned groups;  // the chosen groups' bits
@@ -113,18 +119,22 @@ __global__ void __launch_bounds__(kMaxExperts)
     // two largest choices), chosen by warp 0.
     bool open = mine;
     if (p.grouped && p.n_group > 1) {
-      const int group_size = p.E / p.n_group;
+      // Each group's two largest choices, by two shared-memory max reductions over unique 64-bit
+      // keys (value, then lower index): the largest, then the largest of the others.
+      const int group_size = p.E / p.n_group, g = mine ? e / group_size : 0;
+      const unsigned long long key = mine ? (static_cast<unsigned long long>(order_key(sh.choice[e])) << 32) |
+                                                (0xFFFFFFFFu - static_cast<unsigned>(e))
+                                          : 0ull;
+      if (e < p.n_group) sh.group_first[e] = sh.group_second[e] = 0ull;
+      __syncthreads();
+      if (mine) atomicMax(&sh.group_first[g], key);
+      __syncthreads();
+      if (mine && key != sh.group_first[g]) atomicMax(&sh.group_second[g], key);
+      __syncthreads();
       if (e < p.n_group) {
-        float first = -INFINITY, second = -INFINITY;
-        for (int i = e * group_size; i < (e + 1) * group_size; ++i) {
-          const float v = sh.choice[i];
-          if (v > first) {
-            second = first;
-            first = v;
-          } else if (v > second) {
-            second = v;
-          }
-        }
+        const float first = sh.choice[0xFFFFFFFFu - static_cast<unsigned>(sh.group_first[e] & 0xFFFFFFFFu)];
+        const float second =
+            group_size >= 2 ? sh.choice[0xFFFFFFFFu - static_cast<unsigned>(sh.group_second[e] & 0xFFFFFFFFu)] : first;
         sh.group_score[e] = group_size >= 2 ? DeviceMath::add(first, second) : first;
       }
       __syncthreads();
