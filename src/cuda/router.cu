@@ -1,11 +1,13 @@
-// The Router seam's kernel on the GPU: one block per token, one thread per expert. Scores with the
+// The Router seam's kernels on the GPU. Up to cuda::kRouteBlockPerTokenMax tokens (decode), one block
+// per token, one thread per expert; beyond, one warp per token (throughput). Scores with the
 // device-independent exp of numerics/routing.h, the softmax sum and the weights' sums taken in
 // index order by one thread (as the CPU does), selection by exact argmax (higher score, then lower
 // index): ids and weights equal cpu::route's bit for bit. Latency is what counts at decode sizes:
-// each phase is a few dependent steps of parallel work (one score a thread; the group scores, a
-// thread a group; each warp's top-k of its 32 experts; a k-way merge of the warps' sorted lists by
-// one warp; the weights by one thread). The one-warp-per-token kernel it replaced ran ~3,950
-// dependent warp instructions for a DeepSeek-V3 token: 18.7 us (ncu, docs/PERF.md).
+// each phase of the block kernel is a few dependent steps of parallel work (one score a thread;
+// each group's top two by shared-memory max reductions; each warp's top-k of its 32 experts by
+// warp reductions; warp 0's merge of the warps' sorted lists; the weights by one thread). The warp
+// kernel alone ran ~3,950 dependent warp instructions for a DeepSeek-V3 token: 18.7 us at T = 1
+// (ncu, docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -45,6 +47,130 @@ __device__ __forceinline__ int warp_argmax(float v, int idx) {
   const unsigned best = __reduce_max_sync(0xFFFFFFFFu, key);
   const int i = __reduce_min_sync(0xFFFFFFFFu, idx >= 0 && key == best ? idx : INT_MAX);
   return i == INT_MAX ? -1 : i;
+}
+
+// Many tokens: a warp a token (the kernel before the block-a-token one; its throughput is higher
+// when the blocks of one token each would take several waves: T = 4096, 36 against 66 us).
+constexpr int kWarpsPerBlock = 4;
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    route_warp_kernel(Params p, const float* __restrict__ logits, int T, const float* __restrict__ bias,
+                      std::int32_t* __restrict__ ids, float* __restrict__ weights, std::int32_t* __restrict__ status) {
+  extern __shared__ float smem[];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  float* score = smem + warp * 2 * p.E;  // p (softmax) or s (sigmoid): the weights' source
+  float* choice = score + p.E;           // what selection ranks: p, or s + bias when grouped
+  __shared__ unsigned int taken[kWarpsPerBlock][kMaxExperts / 32];
+  __shared__ float group_score[kWarpsPerBlock][kMaxGroups];
+  for (int t = blockIdx.x * kWarpsPerBlock + warp; t < T; t += gridDim.x * kWarpsPerBlock) {
+    const float* x = logits + static_cast<std::int64_t>(t) * p.E;
+    // A NaN logit: flagged, the token routed nowhere.
+    int nan_at = -1;
+    for (int e = lane; e < p.E; e += 32)
+      if (x[e] != x[e] && nan_at < 0) nan_at = e;
+    const unsigned nan_lanes = __ballot_sync(0xFFFFFFFFu, nan_at >= 0);
+    bool skip = false;
+    if (nan_lanes != 0) {
+      const int first = __shfl_sync(0xFFFFFFFFu, nan_at, __ffs(nan_lanes) - 1);
+      if (lane == 0) flag_status(status, kStatusNanLogit, t, first);
+      skip = true;
+    }
+    if (!skip && p.softmax) {
+      float m = -INFINITY;
+      for (int e = lane; e < p.E; e += 32) m = fmaxf(m, x[e]);
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (!isfinite(m)) {
+        if (lane == 0) flag_status(status, kStatusNoFiniteMax, t);
+        skip = true;
+      } else {
+        for (int e = lane; e < p.E; e += 32) score[e] = numerics::exp_f32<DeviceMath>(x[e] - m);
+        __syncwarp();
+        float sum = 0.0f;
+        if (lane == 0)
+          for (int e = 0; e < p.E; ++e) sum = DeviceMath::add(sum, score[e]);  // index order, as the CPU
+        sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+        for (int e = lane; e < p.E; e += 32) choice[e] = score[e] = DeviceMath::div_rn(score[e], sum);
+      }
+    } else if (!skip) {
+      for (int e = lane; e < p.E; e += 32) {
+        score[e] = numerics::sigmoid_f32<DeviceMath>(x[e]);
+        choice[e] = p.grouped && bias != nullptr ? DeviceMath::add(score[e], bias[e]) : score[e];
+      }
+    }
+    if (skip) {
+      for (int k = lane; k < p.topk; k += 32) {
+        ids[static_cast<std::int64_t>(t) * p.topk + k] = -1;
+        weights[static_cast<std::int64_t>(t) * p.topk + k] = 0.0f;
+      }
+      continue;
+    }
+    // Candidates: every expert, or those of the topk_group best groups (group score: the sum of its
+    // two largest choices).
+    for (int i = lane; i < kMaxExperts / 32; i += 32) taken[warp][i] = 0u;
+    __syncwarp();
+    if (p.grouped && p.n_group > 1) {
+      const int group_size = p.E / p.n_group;
+      if (lane < p.n_group) {
+        float first = -INFINITY, second = -INFINITY;
+        for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
+          const float v = choice[e];
+          if (v > first) {
+            second = first;
+            first = v;
+          } else if (v > second) {
+            second = v;
+          }
+        }
+        group_score[warp][lane] = group_size >= 2 ? DeviceMath::add(first, second) : first;
+      }
+      __syncwarp();
+      unsigned chosen = 0u;
+      for (int j = 0; j < p.topk_group; ++j) {
+        const bool open = lane < p.n_group && !((chosen >> lane) & 1u);
+        const int g = warp_argmax(open ? group_score[warp][lane] : 0.0f, open ? lane : -1);
+        chosen |= 1u << g;
+      }
+      // Experts of groups not chosen are taken out of the running.
+      for (int e = lane; e < p.E; e += 32)
+        if (!((chosen >> (e / group_size)) & 1u)) atomicOr(&taken[warp][e / 32], 1u << (e % 32));
+      __syncwarp();
+    }
+    int chosen_ids[32];  // topk <= 32 (checked on the host)
+    for (int k = 0; k < p.topk; ++k) {
+      float best = 0.0f;
+      int best_e = -1;
+      for (int e = lane; e < p.E; e += 32) {
+        if ((taken[warp][e / 32] >> (e % 32)) & 1u) continue;
+        if (best_e < 0 || choice[e] > best) {  // ascending e per lane: ties keep the lower index
+          best = choice[e];
+          best_e = e;
+        }
+      }
+      const int e = warp_argmax(best, best_e);
+      chosen_ids[k] = e;
+      if (lane == 0) taken[warp][e / 32] |= 1u << (e % 32);
+      __syncwarp();
+    }
+    // Weights: the uncorrected scores of the chosen experts; their sum in slot order (lane 0).
+    if (lane == 0) {
+      float w[32], sum = 0.0f;
+      for (int k = 0; k < p.topk; ++k) {
+        w[k] = score[chosen_ids[k]];
+        sum = DeviceMath::add(sum, w[k]);
+      }
+      if (p.renormalize) {
+        // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
+        const float denom = p.grouped ? DeviceMath::add(sum, 1e-20f) : sum;
+        for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::div_rn(w[k], denom);
+      }
+      if (p.grouped)
+        for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::mul(w[k], p.scale);
+      for (int k = 0; k < p.topk; ++k) {
+        ids[static_cast<std::int64_t>(t) * p.topk + k] = chosen_ids[k];
+        weights[static_cast<std::int64_t>(t) * p.topk + k] = w[k];
+      }
+    }
+    __syncwarp();
+  }
 }
 
 struct Shared {
@@ -213,10 +339,19 @@ void launch_route(const RoutingConfig& c, const float* logits, std::int64_t num_
                  c.renormalize,
                  c.grouped,
                  static_cast<float>(c.routed_scaling_factor)};
-  // A block a token (at most 65535 blocks, each then taking every 65535th token), a thread an expert.
-  const int blocks = static_cast<int>(std::min<std::int64_t>(num_tokens, 65535));
-  const int threads = (static_cast<int>(c.num_experts) + 31) / 32 * 32;
-  route_kernel<<<blocks, threads, 0, stream>>>(p, logits, static_cast<int>(num_tokens), bias, ids, weights, status);
+  if (num_tokens > kRouteBlockPerTokenMax) {
+    // 4 warps x 2 x 1024 floats = 32 KiB at most: under the default 48 KiB of dynamic shared memory.
+    const std::size_t smem = static_cast<std::size_t>(kWarpsPerBlock) * 2 * c.num_experts * sizeof(float);
+    const int blocks =
+        static_cast<int>(std::min<std::int64_t>((num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, 65535));
+    route_warp_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(p, logits, static_cast<int>(num_tokens), bias, ids,
+                                                                     weights, status);
+  } else {
+    // A block a token, a thread an expert.
+    const int threads = (static_cast<int>(c.num_experts) + 31) / 32 * 32;
+    route_kernel<<<static_cast<int>(num_tokens), threads, 0, stream>>>(p, logits, static_cast<int>(num_tokens), bias,
+                                                                       ids, weights, status);
+  }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -18,6 +18,7 @@
 #include "cpu/quant.h"
 #include "cpu/routing.h"
 #include "cuda/backend.h"
+#include "cuda/launch.h"
 #include "moekit/check.h"
 #include "moekit/registry.h"
 #include "synthetic/synthetic.h"
@@ -95,7 +96,9 @@ struct OpCase {
 std::vector<OpCase> op_cases() {
   std::vector<OpCase> cases;
   for (const char* model : {"tiny", "deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b"})
-    for (std::int64_t T : {0, 1, 37}) cases.push_back({.op = "router", .model = model, .tokens = T});
+    // The CUDA router runs a block a token up to kRouteBlockPerTokenMax tokens, a warp a token beyond.
+    for (std::int64_t T : {std::int64_t{0}, std::int64_t{1}, std::int64_t{37}, cuda::kRouteBlockPerTokenMax + 37})
+      cases.push_back({.op = "router", .model = model, .tokens = T});
   for (QuantScheme q : all_quant_schemes())
     for (std::int64_t T : {0, 1, 19}) cases.push_back({.op = "quantize", .quant = q, .tokens = T});
   for (QuantScheme q : all_quant_schemes())
