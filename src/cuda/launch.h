@@ -140,9 +140,11 @@ void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool
 void launch_route(const RoutingConfig& config, const float* logits, std::int64_t num_tokens, const float* bias,
                   std::int32_t* topk_ids, float* topk_weights, std::int32_t* status, void* stream);
 inline constexpr int kMaxRouteExperts = 1024;  // the router kernels: a thread an expert at most
-// Up to this many tokens the router runs a block a token (latency: one wave of blocks on an H200
-// holds ~1,000 tokens of 256 experts); more, a warp a token (throughput). Tests cover both.
-inline constexpr std::int64_t kRouteBlockPerTokenMax = 1024;
+// Up to this many tokens the router runs a block a token (latency), more a warp a token
+// (throughput). H200, DeepSeek-V3 (42869ff, ncu): block kernel 11.0 / 11.1 / 12.6 / 21.4 us at T = 1 /
+// 128 / 512 / 1024, warp kernel 16.7 / 30.9 us at T = 1025 / 4096 (18.7-19 at T = 1 and 512).
+// Tests cover both.
+inline constexpr std::int64_t kRouteBlockPerTokenMax = 512;
 
 // Where each (token, slot) pair's row goes, in the CPU's order: rows of one expert in (token, slot)
 // order. ids (num_pairs = tokens * topk) are in [0, num_experts) or -1 (none). Batched
