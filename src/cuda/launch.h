@@ -142,8 +142,9 @@ void launch_route(const RoutingConfig& config, const float* logits, std::int64_t
 inline constexpr int kMaxRouteExperts = 1024;  // the router kernels: a thread an expert at most
 // Up to this many tokens the router runs a block a token (latency), more a warp a token
 // (throughput). H200, DeepSeek-V3 (42869ff, ncu): block kernel 11.0 / 11.1 / 12.6 / 21.4 us at T = 1 /
-// 128 / 512 / 1024, warp kernel 16.7 / 30.9 us at T = 1025 / 4096 (18.7-19 at T = 1 and 512).
-// Tests cover both.
+// 128 / 512 / 1024, warp kernel 17.0 / 16.7 / 30.9 us at T = 600 / 1025 / 4096 (18.7-19 at T = 1
+// and 512): the two cross near 700 tokens, where either costs ~0.1% of the layer's step. Tests
+// cover both.
 inline constexpr std::int64_t kRouteBlockPerTokenMax = 512;
 
 // Where each (token, slot) pair's row goes, in the CPU's order: rows of one expert in (token, slot)
