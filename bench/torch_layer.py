@@ -17,13 +17,15 @@ import torch.nn.functional as F
 from torch_common import median_p99_ms, random_fp8
 
 
-def make_layer(E, K, I, topk, n_group, topk_group, scale, gen):
+def make_layer(E, K, I, topk, n_group, topk_group, scale, gen, routing="model"):
     N = 2 * I
     w1 = random_fp8((E, N, K), gen)
     w2 = random_fp8((E, K, I), gen)
     s1 = torch.full((E, N), 1 / (448 * K ** 0.5), device="cuda")
     s2 = torch.full((E, K), 1 / (448 * I ** 0.5), device="cuda")
     bias = torch.randn((E,), device="cuda", generator=gen) * 0.1
+    if routing == "uniform":  # moekit bench layer --routing uniform: the correction bias zeroed
+        bias.zero_()
 
     def quant(x):
         s = (x.abs().amax(-1, keepdim=True).float() / 448).clamp(min=1e-12)
@@ -63,7 +65,7 @@ def main():
     E, K, I, topk = res["E"], res["K"], res["I"], res["topk"]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    layer = make_layer(E, K, I, topk, 8, 4, 2.5, gen)
+    layer = make_layer(E, K, I, topk, 8, 4, 2.5, gen, res.get("routing", "model"))
     compiled = torch.compile(layer)
     tokens = sorted({r["T"] for r in res["rows"]})
     torch_rows = {}
