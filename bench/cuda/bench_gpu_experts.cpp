@@ -211,7 +211,10 @@ int main(int argc, char** argv) {
         MoeProblem fused_p = p;
         fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
         std::vector<Variant> sweep;
-        const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, m_e);
+        // The rules planned for steps of up to --max-rows rows an expert (default m_e), as the runtime
+        // plans for M: the launches of the ranges above m_e then run empty.
+        const std::int64_t rows = std::max(m_e, max_rows);
+        const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, rows);
         if (rule_first) sweep.push_back({"rule, run first: " + plan::describe(rule.w1), rule, false, p});
         for (const auto& cfg : plan::kGemmConfigs) {
           if (only_configs.empty()
@@ -223,15 +226,11 @@ int main(int argc, char** argv) {
             sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,
                              cfg.fused_w1 ? fused_p : p});
         }
-        // The rules planned for steps of up to --max-rows rows an expert (default m_e), as the runtime
-        // plans for M: the launches of the ranges above m_e then run empty.
-        const std::int64_t rows = std::max(m_e, max_rows);
         if (fused_p.fuse_w1) {
           const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
           sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
         }
-        const plan::ExpertsGemmPlan rule_rows = plan::plan_experts_gemms(p, rows);
-        sweep.push_back({"rule: " + plan::describe(rule_rows.w1), rule_rows, true, p});
+        sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
         // Each variant's eager time, stage times and captured step first; then the steps' graph times
         // taken in turn (one replay of each variant a round), so that no variant gains from its place
         // in the sweep (run one after another they moved by up to 8%, docs/PERF.md).

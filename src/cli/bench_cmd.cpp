@@ -13,7 +13,6 @@
 #include <ctime>
 #include <iostream>
 #include <memory>
-#include <set>
 #include <thread>
 
 #include "cli/commands.h"
@@ -219,9 +218,11 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         std::vector<float> wts(ids.size());
         cpu::route(routing, tok.logits.data(), T, model.has_score_correction_bias ? bias.data() : nullptr, ids.data(),
                    wts.data());
-        r.active_experts = static_cast<std::int64_t>(std::set<std::int32_t>(ids.begin(), ids.end()).size());
-        for (const std::int32_t e : std::set<std::int32_t>(ids.begin(), ids.end()))
-          r.max_rows = std::max<std::int64_t>(r.max_rows, std::count(ids.begin(), ids.end(), e));
+        std::vector<std::int64_t> rows_of(static_cast<std::size_t>(p.E), 0);
+        for (const std::int32_t e : ids)
+          if (e >= 0) ++rows_of[static_cast<std::size_t>(e)];
+        r.active_experts = std::count_if(rows_of.begin(), rows_of.end(), [](std::int64_t n) { return n > 0; });
+        r.max_rows = *std::max_element(rows_of.begin(), rows_of.end());
         r.fused = p.fuse_w1;
         MoeProblem one = p;
         one.E_local = 1;

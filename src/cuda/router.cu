@@ -49,6 +49,29 @@ __device__ __forceinline__ int warp_argmax(float v, int idx) {
   return i == INT_MAX ? -1 : i;
 }
 
+// Token t's ids and weights, by one thread: the weights are the uncorrected scores of the chosen
+// experts, normalized by their sum taken in slot order (as the CPU does). A chosen id of -1 (fewer
+// candidates than topk, which the host's checks rule out) weighs 0.
+__device__ void write_token(const Params& p, const int* chosen, const float* score, int t, std::int32_t* ids,
+                            float* weights) {
+  float w[kMaxTopk], sum = 0.0f;
+  for (int k = 0; k < p.topk; ++k) {
+    w[k] = chosen[k] >= 0 ? score[chosen[k]] : 0.0f;
+    sum = DeviceMath::add(sum, w[k]);
+  }
+  if (p.renormalize) {
+    // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
+    const float denom = p.grouped ? DeviceMath::add(sum, 1e-20f) : sum;
+    for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::div_rn(w[k], denom);
+  }
+  if (p.grouped)
+    for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::mul(w[k], p.scale);
+  for (int k = 0; k < p.topk; ++k) {
+    ids[static_cast<std::int64_t>(t) * p.topk + k] = chosen[k];
+    weights[static_cast<std::int64_t>(t) * p.topk + k] = w[k];
+  }
+}
+
 // Many tokens: a warp a token (the kernel before the block-a-token one; its throughput is higher
 // when the blocks of one token each would take several waves: T = 4096, 36 against 66 us).
 constexpr int kWarpsPerBlock = 4;
@@ -134,7 +157,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         if (!((chosen >> (e / group_size)) & 1u)) atomicOr(&taken[warp][e / 32], 1u << (e % 32));
       __syncwarp();
     }
-    int chosen_ids[32];  // topk <= 32 (checked on the host)
+    int chosen_ids[kMaxTopk];  // topk <= 32 (checked on the host)
     for (int k = 0; k < p.topk; ++k) {
       float best = 0.0f;
       int best_e = -1;
@@ -150,25 +173,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       if (lane == 0) taken[warp][e / 32] |= 1u << (e % 32);
       __syncwarp();
     }
-    // Weights: the uncorrected scores of the chosen experts; their sum in slot order (lane 0).
-    if (lane == 0) {
-      float w[32], sum = 0.0f;
-      for (int k = 0; k < p.topk; ++k) {
-        w[k] = score[chosen_ids[k]];
-        sum = DeviceMath::add(sum, w[k]);
-      }
-      if (p.renormalize) {
-        // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
-        const float denom = p.grouped ? DeviceMath::add(sum, 1e-20f) : sum;
-        for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::div_rn(w[k], denom);
-      }
-      if (p.grouped)
-        for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::mul(w[k], p.scale);
-      for (int k = 0; k < p.topk; ++k) {
-        ids[static_cast<std::int64_t>(t) * p.topk + k] = chosen_ids[k];
-        weights[static_cast<std::int64_t>(t) * p.topk + k] = w[k];
-      }
-    }
+    if (lane == 0) write_token(p, chosen_ids, score, t, ids, weights);
     __syncwarp();
   }
 }
@@ -299,25 +304,7 @@ __global__ void __launch_bounds__(kMaxExperts)
       }
     }
     __syncthreads();
-    // Weights: the uncorrected scores of the chosen experts; their sum in slot order (one thread).
-    if (e == 0) {
-      float w[kMaxTopk], sum = 0.0f;
-      for (int k = 0; k < p.topk; ++k) {
-        w[k] = sh.chosen[k] >= 0 ? sh.score[sh.chosen[k]] : 0.0f;
-        sum = DeviceMath::add(sum, w[k]);
-      }
-      if (p.renormalize) {
-        // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
-        const float denom = p.grouped ? DeviceMath::add(sum, 1e-20f) : sum;
-        for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::div_rn(w[k], denom);
-      }
-      if (p.grouped)
-        for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::mul(w[k], p.scale);
-      for (int k = 0; k < p.topk; ++k) {
-        ids[static_cast<std::int64_t>(t) * p.topk + k] = sh.chosen[k];
-        weights[static_cast<std::int64_t>(t) * p.topk + k] = w[k];
-      }
-    }
+    if (e == 0) write_token(p, sh.chosen, sh.score, t, ids, weights);
     __syncthreads();  // the next token reuses the shared arrays
   }
 }
