@@ -21,11 +21,15 @@
 #          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
 #   routing: `moekit bench layer` (block128, 256 experts) under the model's routing and under uniform
 #          routing, fused and --no-fuse-w1, alternated twice.
+#   decode: a decode step's small kernels: ncu's time of every kernel of one step at T = 1 (block128
+#          and per-token, uniform routing), the layer at T = 1 / 8 / 32 / 128 alternated twice, the
+#          row map and scatter cases of the backend ops under memcheck; each against
+#          $BIN/moekit-base (an older build) when present.
 #   profile: ncu on the block128 grouped GEMMs of the configs in $PROFILE_CONFIGS (default
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|profile` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|decode|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -149,6 +153,50 @@ if [[ $part == routing ]]; then
       done
     done
   done
+fi
+
+if [[ $part == decode ]]; then
+  bins=moekit
+  [[ -x $BIN/moekit-base ]] && bins="moekit-base moekit"
+  echo "== decode: every kernel of a T = 1 step (ncu, median over the profiled steps, us): $bins"
+  for b in $bins; do
+    for q in block128 per-token; do
+      run timeout 240 ncu --metrics gpu__time_duration.sum --csv --launch-skip 80 --launch-count 40 $BIN/$b bench layer \
+        --quant $q --tokens 1 --iters 20 --experts batched-fp8 --routing uniform > "$OUT/decode_ncu_${b}_$q.csv" 2>/dev/null
+      echo "-- $b $q" | tee -a "$OUT/decode_kernels.txt"
+      python3 - "$OUT/decode_ncu_${b}_$q.csv" <<'PY' | tee -a "$OUT/decode_kernels.txt"
+import csv, statistics, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14 and r[12] == "gpu__time_duration.sum"]
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+ks = [(r[4].replace("(anonymous namespace)::", "")[:70], float(r[14].replace(",", "")) * scale.get(r[13], 1.0))
+      for r in rows]
+# One step = the kernels from one route kernel to the next: medians by position in the step.
+starts = [i for i, (n, _) in enumerate(ks) if "route" in n]
+steps = [ks[a:b] for a, b in zip(starts, starts[1:])]
+steps = [s for s in steps if len(s) == len(steps[0])] if steps else []
+total = 0.0
+for j in range(len(steps[0]) if steps else 0):
+    m = statistics.median(s[j][1] for s in steps); total += m
+    print(f"  {steps[0][j][0]:70s} {m:8.1f} us")
+print(f"  {'sum of medians (' + str(len(steps)) + ' steps)':70s} {total:8.1f} us")
+PY
+    done
+  done
+  echo "== decode: the layer (uniform routing, graph replay), alternated twice"
+  for round in 1 2; do
+    for b in $bins; do
+      for q in block128 per-token; do
+        echo "-- round $round $b $q" | tee -a "$OUT/decode_layer.txt"
+        run timeout 150 $BIN/$b bench layer --quant $q --iters 50 --tokens 1,8,32,128 --routing uniform 2>/dev/null \
+          | tee -a "$OUT/decode_layer.txt" | grep -E "^(batched|standard)"
+      done
+    done
+  done
+  echo "== decode: memcheck on the row map, scatter and combine cases"
+  run compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_backend_ops \
+    --gtest_filter='*cuda_prepare_finalize*' > "$OUT/decode_sanitizer.log" 2>&1
+  echo "decode memcheck rc=$?" | tee -a "$OUT/machine.txt"
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/decode_sanitizer.log" | tail -4
 fi
 
 if [[ $part == layer ]]; then

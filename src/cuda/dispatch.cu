@@ -106,6 +106,67 @@ __global__ void __launch_bounds__(kMapThreads)
   pair_row[i] = row;
 }
 
+// One block for a step of at most kRowMapOneBlockTiles tiles (decode): the three kernels' work in
+// one launch. The block ranks its tiles in order with a running per-expert count (rank_in_tile's
+// carry), which ends as the totals; then the counts, the offsets (contiguous) and every pair's row.
+// Same ranks, rows, counts and flags as the three kernels.
+
+__global__ void __launch_bounds__(kMapThreads)
+    row_map_one_block_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int topk, int E, bool contiguous,
+                             std::int64_t capacity, std::int32_t* __restrict__ pair_row,
+                             std::int32_t* __restrict__ counts, std::int32_t* __restrict__ offsets,
+                             std::int32_t* __restrict__ status) {
+  using Scan = cub::BlockScan<int, kMapThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  extern __shared__ int smem[];
+  int* seen = smem;                                                    // E: the expert's pairs so far
+  int* first_row = smem + E;                                           // E: the expert's first row (contiguous)
+  auto* warp_first = reinterpret_cast<unsigned short*>(smem + 2 * E);  // the tile's ranking
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int x = tid; x < E; x += kMapThreads) seen[x] = 0;
+  __syncthreads();
+  int expert[kRowMapOneBlockTiles], rank[kRowMapOneBlockTiles];
+#pragma unroll
+  for (int tile = 0; tile < kRowMapOneBlockTiles; ++tile) {
+    const int i = tile * kMapThreads + tid;
+    int e = i < num_pairs ? ids[i] : -1;
+    if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
+      flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
+      e = -1;
+    }
+    expert[tile] = e;
+    rank[tile] = rank_in_tile(e, E, warp_first, seen);  // synchronizes the block
+  }
+  // seen[] now holds the totals (rank_in_tile's last write was before its closing barrier).
+  const int total = tid < E ? seen[tid] : 0;  // E <= kMaxMapExperts <= kMapThreads
+  if (tid < E) counts[tid] = static_cast<std::int32_t>(contiguous || total <= capacity ? total : capacity);
+  if (contiguous) {
+    int prefix = 0, sum = 0;
+    Scan(scan).ExclusiveSum(total, prefix, sum);
+    if (tid < E) offsets[tid] = first_row[tid] = prefix;
+    if (tid == 0) offsets[E] = sum;
+    __syncthreads();
+  }
+#pragma unroll
+  for (int tile = 0; tile < kRowMapOneBlockTiles; ++tile) {
+    const int i = tile * kMapThreads + tid;
+    if (i >= num_pairs) continue;
+    const int e = expert[tile];
+    const std::int64_t r = rank[tile];
+    std::int32_t row = -1;
+    if (e >= 0) {
+      if (contiguous) {
+        row = static_cast<std::int32_t>(first_row[e] + r);
+      } else if (r < capacity) {
+        row = static_cast<std::int32_t>(e * capacity + r);
+      } else if (r == capacity) {
+        flag_status(status, kStatusOverCapacity, e, static_cast<int>(r + 1));
+      }
+    }
+    pair_row[i] = row;
+  }
+}
+
 // --- quantize and scatter ------------------------------------------------------------------------
 
 struct QuantArgs {
@@ -118,13 +179,28 @@ struct QuantArgs {
   std::uint32_t* amax;  // per-tensor: the tensor's amax as bits (non-negative floats order like their bits)
 };
 
+constexpr int kQuantDestinations = 8;  // destination rows read ahead, at once
+
 // One block per token (grid-stride): the row in registers (cuda/quantize.cuh), its scale by
 // fp8_scale, FP8 by division and satfinite RNE (cpu::quantize_activation's arithmetic), stores to
-// every destination row. Pass 0 of per-tensor only raises the tensor's amax.
+// every destination row. Pass 0 of per-tensor only raises the tensor's amax. The first
+// kQuantDestinations destination rows are read before the token, so their loads wait with it.
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, int pass) {
   const bool per_tensor = a.quant == QuantScheme::kPerTensor;
   const int spr = static_cast<int>(numerics::activation_scales_per_row(a.quant, a.K));
+  const int destinations = a.pair_row != nullptr ? a.topk : 1;
   for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+    std::int32_t dest[kQuantDestinations];
+    auto read_destinations = [&](int k0) {
+#pragma unroll
+      for (int s = 0; s < kQuantDestinations; ++s) {
+        const int k = k0 + s;
+        dest[s] = k >= destinations       ? -1
+                  : a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k]
+                                          : t;
+      }
+    };
+    if (!(per_tensor && pass == 0)) read_destinations(0);
     QuantRow row;
     row.load(a.hidden + static_cast<std::int64_t>(t) * a.K, a.K);
     if (per_tensor && pass == 0) {
@@ -133,13 +209,15 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
       continue;
     }
     const float row_scale = per_tensor ? numerics::fp8_scale(__uint_as_float(*a.amax)) : row.token_scale(a.quant);
-    const int destinations = a.pair_row != nullptr ? a.topk : 1;
     const QuantRow::Encoded codes = row.encode(a.quant, row_scale, a.K);  // once for every destination
-    for (int k = 0; k < destinations; ++k) {
-      const std::int64_t r =
-          a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k] : static_cast<std::int64_t>(t);
-      if (r < 0) continue;
-      QuantRow::write(codes, a.quant, a.K, a.q + r * a.K, a.scales + r * spr);
+    for (int k0 = 0; k0 < destinations; k0 += kQuantDestinations) {
+      if (k0 > 0) read_destinations(k0);
+#pragma unroll
+      for (int s = 0; s < kQuantDestinations; ++s) {
+        const std::int64_t r = dest[s];
+        if (r < 0) continue;
+        QuantRow::write(codes, a.quant, a.K, a.q + r * a.K, a.scales + r * spr);
+      }
     }
   }
 }
@@ -152,9 +230,12 @@ __global__ void per_tensor_scale_kernel(const std::uint32_t* amax, float* scales
 // --- combine ----------------------------------------------------------------------------------------
 
 constexpr int kCombineThreads = 128;
+constexpr int kCombineSlots = 8;  // slots whose loads are in flight together
 
 // One thread per 8 columns of a token: slots in order, numerics::combine_step (never fused), one
-// bf16 rounding.
+// bf16 rounding. The slots are read kCombineSlots at a time - their rows and weights, then their
+// expert rows, all loads issued before the first sum - so a decode step waits on memory twice per 8
+// slots, not twice per slot (measured: docs/PERF.md, "the decode step's small kernels").
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const std::int32_t* __restrict__ pair_row, const float* __restrict__ weights, int tokens, int topk,
                    int K, const __nv_bfloat16* __restrict__ rows, __nv_bfloat16* __restrict__ out) {
@@ -164,14 +245,27 @@ __global__ void __launch_bounds__(kCombineThreads)
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int t = static_cast<int>(idx / vecs), c0 = static_cast<int>(idx % vecs) * 8;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < topk; ++k) {
-      const std::int32_t row = pair_row[static_cast<std::int64_t>(t) * topk + k];
-      if (row < 0) continue;
-      const float w = weights[static_cast<std::int64_t>(t) * topk + k];
-      const uint4 raw = *reinterpret_cast<const uint4*>(rows + static_cast<std::int64_t>(row) * K + c0);
-      const auto* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    const std::int64_t first = static_cast<std::int64_t>(t) * topk;
+    for (int k0 = 0; k0 < topk; k0 += kCombineSlots) {
+      std::int32_t row[kCombineSlots];
+      float w[kCombineSlots];
+      uint4 raw[kCombineSlots];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = numerics::combine_step<DeviceMath>(acc[j], w, __bfloat162float(y[j]));
+      for (int s = 0; s < kCombineSlots; ++s) {
+        const bool slot = k0 + s < topk;
+        row[s] = slot ? pair_row[first + k0 + s] : -1;
+        w[s] = slot ? weights[first + k0 + s] : 0.0f;
+      }
+#pragma unroll
+      for (int s = 0; s < kCombineSlots; ++s)
+        if (row[s] >= 0) raw[s] = *reinterpret_cast<const uint4*>(rows + static_cast<std::int64_t>(row[s]) * K + c0);
+#pragma unroll
+      for (int s = 0; s < kCombineSlots; ++s) {
+        if (row[s] < 0) continue;
+        const auto* y = reinterpret_cast<const __nv_bfloat16*>(&raw[s]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = numerics::combine_step<DeviceMath>(acc[j], w[s], __bfloat162float(y[j]));
+      }
     }
     uint4 packed;
     auto* o = reinterpret_cast<__nv_bfloat16*>(&packed);
@@ -214,6 +308,13 @@ void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, i
   MOEKIT_CUDA_REQUIRE(num_pairs <= 0x7FFFFFFF, "the CUDA row map takes < 2^31 (token, slot) pairs");
   const int tiles = static_cast<int>((num_pairs + kMapThreads - 1) / kMapThreads);
   const int n = static_cast<int>(num_pairs), E = num_experts;
+  if (tiles <= kRowMapOneBlockTiles) {
+    const std::size_t smem = 2 * E * sizeof(int) + row_map_tile_smem(E);
+    row_map_one_block_kernel<<<1, kMapThreads, smem, stream>>>(ids, n, topk, E, contiguous, capacity, pair_row, counts,
+                                                               offsets, status);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (tiles > 0) {
     row_count_kernel<<<tiles, kMapThreads, E * sizeof(int), stream>>>(ids, n, E, tile_scratch);
     MOEKIT_CUDA_CHECK_LAUNCH();

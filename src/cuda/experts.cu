@@ -132,36 +132,39 @@ __global__ void __launch_bounds__(kPrepareThreads)
     }
     int offset = 0, total = 0;
     Scan(scan).ExclusiveSum(m, offset, total);
-    if (g < E) row_offsets[g] = carry + offset;
+    if (g < E) {  // the thread's own count and offset: nothing re-read from memory
+      const int first = carry + offset;
+      row_offsets[g] = first;
+      const std::int64_t row_start = contiguous ? first : static_cast<std::int64_t>(g) * capacity;
+      write_group_args(w1, E, g, m, row_start, per_row, contiguous);
+      write_group_args(w2, E, g, m, row_start, per_row, contiguous);
+    }
     __syncthreads();
     if (threadIdx.x == 0) carry += total;
     __syncthreads();
   }
   if (threadIdx.x == 0) row_offsets[E] = carry;
-  __syncthreads();  // row_offsets (global, this block's writes) visible to the whole block
-  for (int g = static_cast<int>(threadIdx.x); g < E; g += kPrepareThreads) {
-    const int m = row_offsets[g + 1] - row_offsets[g];
-    const std::int64_t row_start = contiguous ? row_offsets[g] : static_cast<std::int64_t>(g) * capacity;
-    write_group_args(w1, E, g, m, row_start, per_row, contiguous);
-    write_group_args(w2, E, g, m, row_start, per_row, contiguous);
-  }
 }
 
 // --- activation + FP8 -------------------------------------------------------------------------------
 
-// Expert and row of the i-th valid row: a binary search over row_offsets (E_local + 1 ints, cached).
+// Expert and row of the i-th valid row: a binary search over row_offsets (E_local + 1 ints; in
+// shared memory when ActivationRows staged them).
 __device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_offsets, int E, int i, int& e, int& r) {
   int lo = 0, hi = E - 1;  // the last expert whose first row is <= i
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (__ldg(row_offsets + mid) <= i)
+    if (row_offsets[mid] <= i)
       lo = mid;
     else
       hi = mid - 1;
   }
   e = lo;
-  r = i - __ldg(row_offsets + lo);
+  r = i - row_offsets[lo];
 }
+
+// row_offsets staged in shared memory by ActivationRows::begin() (E_local <= this; more read global).
+constexpr int kActStagedExperts = 512;
 
 // The rows an activation launch walks. small_rows == 0: the valid rows of w1_out (bf16), each
 // written to the same row of act_q. small_rows > 0: the rows in w1_small (fp32, small_rows an
@@ -171,14 +174,23 @@ __device__ __forceinline__ void locate_row(const std::int32_t* __restrict__ row_
 // with few rows (decode) or one whose experts are all past small_rows should not pay for either
 // (measured: walking 256 x 128 slots for 8 rows cost ~17 us at T = 1; docs/PERF.md).
 struct ActivationRows {
-  const std::int32_t* __restrict__ row_offsets;
+  const std::int32_t* row_offsets;
   int E, M, small_rows;
   bool contiguous;
   bool by_slot = false;
 
-  // The walk's length; chooses the walk (call once, before at()).
-  __device__ int begin() {
-    const int valid = __ldg(row_offsets + E);
+  // The walk's length; chooses the walk (call once, before at(), by every thread of the block).
+  // Stages row_offsets into `staged` (kActStagedExperts + 1 ints of shared memory) when they fit:
+  // one round trip to memory for the block instead of one per step of each row's binary search,
+  // which was most of a decode step's activation kernel (docs/PERF.md).
+  __device__ int begin(std::int32_t* staged) {
+    if (E <= kActStagedExperts) {
+      for (int x = static_cast<int>(threadIdx.x); x <= E; x += static_cast<int>(blockDim.x))
+        staged[x] = __ldg(row_offsets + x);
+      __syncthreads();
+      row_offsets = staged;
+    }
+    const int valid = row_offsets[E];
     by_slot = small_rows > 0 && E * small_rows < valid;
     return by_slot ? E * small_rows : valid;
   }
@@ -197,7 +209,7 @@ struct ActivationRows {
       in_row = out_row = contiguous ? i : static_cast<std::int64_t>(e) * M + r;
       return true;
     }
-    const int first = __ldg(row_offsets + e), m = __ldg(row_offsets + e + 1) - first;
+    const int first = row_offsets[e], m = row_offsets[e + 1] - first;
     if (m > small_rows || r >= m) return false;
     in_row = static_cast<std::int64_t>(e) * small_rows + r;
     out_row = contiguous ? first + r : static_cast<std::int64_t>(e) * M + r;
@@ -240,7 +252,8 @@ __global__ void __launch_bounds__(kActThreads)
                             ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
                             __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                             unsigned int* __restrict__ expert_amax) {
-  const int total = rows.begin();
+  __shared__ std::int32_t staged[kActStagedExperts + 1];
+  const int total = rows.begin(staged);
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0;
     std::int64_t in_row = 0, row_idx = 0;
@@ -301,7 +314,8 @@ __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                                    float* __restrict__ act_scale) {
-  const int total = rows.begin();
+  __shared__ std::int32_t staged[kActStagedExperts + 1];
+  const int total = rows.begin(staged);
   const int spr = static_cast<int>(numerics::activation_scales_per_row(quant, I));
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
     int e = 0;

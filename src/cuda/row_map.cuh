@@ -14,6 +14,11 @@ namespace moekit::cuda {
 
 inline constexpr int kRowMapWarps = kRowMapTile / 32;
 
+// A step of at most this many tiles is mapped by one block walking its tiles in order (the
+// single-GPU row map's one-block kernel, the NCCL receive map); more take the parallel kernels.
+// Measured: one block pays ~1.4 us a tile, a graph node ~1 us (docs/PERF.md).
+inline constexpr int kRowMapOneBlockTiles = 2;
+
 // Shared memory of one tile's ranking: kRowMapWarps x E unsigned shorts.
 constexpr std::size_t row_map_tile_smem(int E) {
   return static_cast<std::size_t>(kRowMapWarps) * static_cast<std::size_t>(E) * sizeof(unsigned short);

@@ -103,8 +103,11 @@ std::vector<OpCase> op_cases() {
     for (std::int64_t T : {0, 1, 19}) cases.push_back({.op = "quantize", .quant = q, .tokens = T});
   for (QuantScheme q : all_quant_schemes())
     for (int ranks : {1, 2, 4})
-      for (std::int64_t T : {0, 1, 13}) {
+      // The CUDA row map runs one block up to 2 tiles of 1024 (token, slot) pairs, three kernels
+      // beyond: 300 and 700 tokens (top-4) are 2 and 3 tiles.
+      for (std::int64_t T : {0, 1, 13, 300, 700}) {
         if (q == QuantScheme::kPerTensor && ranks > 1) continue;  // per-tensor needs dp == 1
+        if (T > 13 && ranks > 1) continue;
         cases.push_back({.op = "prepare-finalize",
                          .quant = q,
                          .format = ActivationFormat::kBatchedExperts,

@@ -323,7 +323,7 @@ __global__ void recv_ids_kernel(EpStep s, bool device_initiated) {
 // 2048 slots) 24.0 -> 21.2 / 31.7 -> 29.3 us; at 512 tokens (8192 slots, 8 tiles in one block)
 // 52.9 -> 63.6 us: each tile costs the block ~1.4 us, more than the ~1 us a graph node costs. Hence
 // two tiles at most.
-constexpr int kSmallMapPairs = 2 * kRowMapTile;
+constexpr int kSmallMapPairs = kRowMapOneBlockTiles * kRowMapTile;
 
 __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool device_initiated) {
   extern __shared__ int smem[];
