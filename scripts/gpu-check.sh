@@ -167,7 +167,7 @@ if [[ $part == decode ]]; then
       python3 - "$OUT/decode_ncu_${b}_$q.csv" <<'PY' | tee -a "$OUT/decode_kernels.txt"
 import csv, statistics, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14 and r[12] == "gpu__time_duration.sum"]
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 ks = [(r[4].replace("(anonymous namespace)::", "")[:70], float(r[14].replace(",", "")) * scale.get(r[13], 1.0))
       for r in rows]
 # One step = the kernels from one route kernel to the next: medians by position in the step.

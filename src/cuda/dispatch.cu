@@ -14,6 +14,7 @@
 
 #include "cuda/check.h"
 #include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 #include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/row_map.cuh"
@@ -42,6 +43,7 @@ constexpr int kMaxMapExperts = kMaxRowMapExperts;  // shared memory: 2 x E ints 
 
 __global__ void __launch_bounds__(kMapThreads)
     row_count_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int E, std::int32_t* __restrict__ tile_base) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   extern __shared__ int hist[];
   for (int e = threadIdx.x; e < E; e += kMapThreads) hist[e] = 0;
   __syncthreads();
@@ -57,6 +59,7 @@ __global__ void __launch_bounds__(kMapThreads)
 __global__ void __launch_bounds__(kMapThreads)
     row_scan_kernel(int tiles, int E, bool contiguous, std::int64_t capacity, std::int32_t* __restrict__ tile_base,
                     std::int32_t* __restrict__ counts, std::int32_t* __restrict__ offsets) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   using Scan = cub::BlockScan<int, kMapThreads>;
   __shared__ typename Scan::TempStorage scan;
   const int e = static_cast<int>(threadIdx.x);  // E <= kMaxMapExperts <= kMapThreads
@@ -82,6 +85,7 @@ __global__ void __launch_bounds__(kMapThreads)
                     std::int64_t capacity, const std::int32_t* __restrict__ tile_base,
                     const std::int32_t* __restrict__ offsets, std::int32_t* __restrict__ pair_row,
                     std::int32_t* __restrict__ status) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   extern __shared__ int smem[];
   const int i = blockIdx.x * kMapThreads + static_cast<int>(threadIdx.x);
   int e = i < num_pairs ? ids[i] : -1;
@@ -110,12 +114,12 @@ __global__ void __launch_bounds__(kMapThreads)
 // one launch. The block ranks its tiles in order with a running per-expert count (rank_in_tile's
 // carry), which ends as the totals; then the counts, the offsets (contiguous) and every pair's row.
 // Same ranks, rows, counts and flags as the three kernels.
-
 __global__ void __launch_bounds__(kMapThreads)
     row_map_one_block_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int topk, int E, bool contiguous,
                              std::int64_t capacity, std::int32_t* __restrict__ pair_row,
                              std::int32_t* __restrict__ counts, std::int32_t* __restrict__ offsets,
                              std::int32_t* __restrict__ status) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   using Scan = cub::BlockScan<int, kMapThreads>;
   __shared__ typename Scan::TempStorage scan;
   extern __shared__ int smem[];
@@ -125,9 +129,11 @@ __global__ void __launch_bounds__(kMapThreads)
   const int tid = static_cast<int>(threadIdx.x);
   for (int x = tid; x < E; x += kMapThreads) seen[x] = 0;
   __syncthreads();
+  const int tiles = (num_pairs + kMapThreads - 1) / kMapThreads;  // <= kRowMapOneBlockTiles
   int expert[kRowMapOneBlockTiles], rank[kRowMapOneBlockTiles];
 #pragma unroll
   for (int tile = 0; tile < kRowMapOneBlockTiles; ++tile) {
+    if (tile >= tiles) break;  // the same for every thread: rank_in_tile's barriers stay uniform
     const int i = tile * kMapThreads + tid;
     int e = i < num_pairs ? ids[i] : -1;
     if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
@@ -150,7 +156,7 @@ __global__ void __launch_bounds__(kMapThreads)
 #pragma unroll
   for (int tile = 0; tile < kRowMapOneBlockTiles; ++tile) {
     const int i = tile * kMapThreads + tid;
-    if (i >= num_pairs) continue;
+    if (tile >= tiles || i >= num_pairs) continue;
     const int e = expert[tile];
     const std::int64_t r = rank[tile];
     std::int32_t row = -1;
@@ -186,6 +192,7 @@ constexpr int kQuantDestinations = 8;  // destination rows read ahead, at once
 // every destination row. Pass 0 of per-tensor only raises the tensor's amax. The first
 // kQuantDestinations destination rows are read before the token, so their loads wait with it.
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, int pass) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const bool per_tensor = a.quant == QuantScheme::kPerTensor;
   const int spr = static_cast<int>(numerics::activation_scales_per_row(a.quant, a.K));
   const int destinations = a.pair_row != nullptr ? a.topk : 1;
@@ -223,6 +230,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
 }
 
 __global__ void per_tensor_scale_kernel(const std::uint32_t* amax, float* scales, int count) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i < count) scales[i] = numerics::fp8_scale(__uint_as_float(*amax));
 }
@@ -239,6 +247,7 @@ constexpr int kCombineSlots = 8;  // slots whose loads are in flight together
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const std::int32_t* __restrict__ pair_row, const float* __restrict__ weights, int tokens, int topk,
                    int K, const __nv_bfloat16* __restrict__ rows, __nv_bfloat16* __restrict__ out) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int vecs = K / 8;
   const std::int64_t n = static_cast<std::int64_t>(tokens) * vecs;
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
@@ -280,6 +289,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 __global__ void permute_kernel(const std::int32_t* __restrict__ pair_row, int tokens, int topk, int K, int spr,
                                const std::uint8_t* __restrict__ a1q, const float* __restrict__ a1q_scale,
                                std::uint8_t* __restrict__ permuted, float* __restrict__ permuted_scale) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     const uint4* src = reinterpret_cast<const uint4*>(a1q + static_cast<std::int64_t>(t) * K);
     for (int k = 0; k < topk; ++k) {
@@ -310,20 +320,20 @@ void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, i
   const int n = static_cast<int>(num_pairs), E = num_experts;
   if (tiles <= kRowMapOneBlockTiles) {
     const std::size_t smem = 2 * E * sizeof(int) + row_map_tile_smem(E);
-    row_map_one_block_kernel<<<1, kMapThreads, smem, stream>>>(ids, n, topk, E, contiguous, capacity, pair_row, counts,
-                                                               offsets, status);
+    launch_pdl(row_map_one_block_kernel, 1, kMapThreads, smem, stream, ids, n, topk, E, contiguous, capacity, pair_row,
+               counts, offsets, status);
     MOEKIT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (tiles > 0) {
-    row_count_kernel<<<tiles, kMapThreads, E * sizeof(int), stream>>>(ids, n, E, tile_scratch);
+    launch_pdl(row_count_kernel, tiles, kMapThreads, E * sizeof(int), stream, ids, n, E, tile_scratch);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
-  row_scan_kernel<<<1, kMapThreads, 0, stream>>>(tiles, E, contiguous, capacity, tile_scratch, counts, offsets);
+  launch_pdl(row_scan_kernel, 1, kMapThreads, 0, stream, tiles, E, contiguous, capacity, tile_scratch, counts, offsets);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (tiles > 0) {
-    row_rank_kernel<<<tiles, kMapThreads, row_map_tile_smem(E), stream>>>(ids, n, topk, E, contiguous, capacity,
-                                                                          tile_scratch, offsets, pair_row, status);
+    launch_pdl(row_rank_kernel, tiles, kMapThreads, row_map_tile_smem(E), stream, ids, n, topk, E, contiguous, capacity,
+               tile_scratch, offsets, pair_row, status);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
 }
@@ -345,15 +355,15 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
   if (l.quant == QuantScheme::kPerTensor) {
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.amax_scratch, 0, sizeof(std::uint32_t), stream));
     if (l.tokens > 0) {
-      quantize_kernel<<<grid, kQuantThreads, 0, stream>>>(a, 0);
+      launch_pdl(quantize_kernel, grid, kQuantThreads, 0, stream, a, 0);
       MOEKIT_CUDA_CHECK_LAUNCH();
     }
-    per_tensor_scale_kernel<<<static_cast<int>((l.scale_tensors + 127) / 128), 128, 0, stream>>>(
-        l.amax_scratch, l.scales, static_cast<int>(l.scale_tensors));
+    launch_pdl(per_tensor_scale_kernel, static_cast<int>((l.scale_tensors + 127) / 128), 128, 0, stream, l.amax_scratch,
+               l.scales, static_cast<int>(l.scale_tensors));
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   if (l.tokens == 0) return;
-  quantize_kernel<<<grid, kQuantThreads, 0, stream>>>(a, 1);
+  launch_pdl(quantize_kernel, grid, kQuantThreads, 0, stream, a, 1);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -362,10 +372,10 @@ void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 8 == 0, "the CUDA combine takes K a multiple of 8");
   const std::int64_t threads = tokens * (K / 8);
-  combine_kernel<<<grid_for((threads + kCombineThreads - 1) / kCombineThreads, 65535), kCombineThreads, 0,
-                   static_cast<cudaStream_t>(stream)>>>(
-      pair_row, topk_weights, static_cast<int>(tokens), topk, static_cast<int>(K),
-      reinterpret_cast<const __nv_bfloat16*>(rows), reinterpret_cast<__nv_bfloat16*>(output));
+  launch_pdl(combine_kernel, grid_for((threads + kCombineThreads - 1) / kCombineThreads, 65535), kCombineThreads, 0,
+             static_cast<cudaStream_t>(stream), pair_row, topk_weights, static_cast<int>(tokens), topk,
+             static_cast<int>(K), reinterpret_cast<const __nv_bfloat16*>(rows),
+             reinterpret_cast<__nv_bfloat16*>(output));
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -377,9 +387,9 @@ void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int 
     MOEKIT_CUDA_CHECK(cudaMemcpyAsync(permuted_scale, a1q_scale, sizeof(float), cudaMemcpyDeviceToDevice, stream));
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 16 == 0, "the CUDA permutation takes K a multiple of 16");
-  permute_kernel<<<grid_for(tokens, 8192), 256, 0, stream>>>(
-      pair_row, static_cast<int>(tokens), topk, static_cast<int>(K),
-      static_cast<int>(numerics::activation_scales_per_row(quant, K)), a1q, a1q_scale, permuted, permuted_scale);
+  launch_pdl(permute_kernel, grid_for(tokens, 8192), 256, 0, stream, pair_row, static_cast<int>(tokens), topk,
+             static_cast<int>(K), static_cast<int>(numerics::activation_scales_per_row(quant, K)), a1q, a1q_scale,
+             permuted, permuted_scale);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,7 @@
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 #include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/status.cuh"
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
     prepare_kernel(const std::int32_t* __restrict__ counts, int E, std::int64_t capacity, bool contiguous, bool per_row,
                    GemmOperands w1, GemmOperands w2, std::int32_t* __restrict__ row_offsets,
                    std::int32_t* __restrict__ status) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   using Scan = cub::BlockScan<int, kPrepareThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int carry;
@@ -252,6 +254,7 @@ __global__ void __launch_bounds__(kActThreads)
                             ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
                             __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                             unsigned int* __restrict__ expert_amax) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
@@ -314,6 +317,7 @@ __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                                    float* __restrict__ act_scale) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
   const int spr = static_cast<int>(numerics::activation_scales_per_row(quant, I));
@@ -338,6 +342,7 @@ __global__ void __launch_bounds__(kActThreads)
 }
 
 __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float* act_scale, int E_local) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (e >= E_local) return;
   act_scale[e] = numerics::fp8_scale(__uint_as_float(expert_amax[e]));
@@ -384,9 +389,8 @@ void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const MoeProblem& p = l.problem;
   const std::int64_t capacity = expert_capacity(l);
-  prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
-                                                    l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1),
-                                                    operands(l, 2), l.row_offsets, l.status);
+  launch_pdl(prepare_kernel, 1, kPrepareThreads, 0, stream, l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
+             l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1), operands(l, 2), l.row_offsets, l.status);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -469,20 +473,20 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     auto* k = activation_quant_kernel<__nv_bfloat16>;
     const int grid = one_wave(reinterpret_cast<const void*>(k));
     for (int pass = 0; pass < 2; ++pass) {
-      k<<<grid, kActThreads, 0, stream>>>(p.activation, w1, pass, true, false, rows, w1_out, N, I, act_q, l.act_scale,
-                                          amax);
+      launch_pdl(k, grid, kActThreads, 0, stream, p.activation, w1, pass, true, false, rows, w1_out, N, I, act_q,
+                 l.act_scale, amax);
       MOEKIT_CUDA_CHECK_LAUNCH();
     }
     const int tensors = l.contiguous ? 1 : E;
-    per_tensor_scales_kernel<<<(tensors + 127) / 128, 128, 0, stream>>>(amax, l.act_scale, tensors);
+    launch_pdl(per_tensor_scales_kernel, (tensors + 127) / 128, 128, 0, stream, amax, l.act_scale, tensors);
   } else if (kernel == ActivationKernel::kRowPerBlock) {
     MOEKIT_CUDA_REQUIRE(I <= kActThreads * 8 * 4,
                         "row-per-block activation kernel: I = " + std::to_string(I) + " exceeds 8192");
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     with_rows([&]<class In>(const In* in) {
       auto launch = [&](auto k) {
-        k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(w1, p.quant, rows, in, N, I, act_q,
-                                                                                  l.act_scale);
+        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, w1, p.quant, rows, in, N, I,
+                   act_q, l.act_scale);
       };
       numerics::with_activation(p.activation, [&]<Activation kAct>() {
         if constexpr (kAct == Activation::kSwigluOai) {  // interleaved rows: the generic kernel (vec_ok)
@@ -499,8 +503,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   } else {
     with_rows([&]<class In>(const In* in) {
       auto* k = activation_quant_kernel<In>;
-      k<<<one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream>>>(
-          p.activation, w1, 1, false, p.quant == QuantScheme::kBlock128, rows, in, N, I, act_q, l.act_scale, nullptr);
+      launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, p.activation, w1, 1, false,
+                 p.quant == QuantScheme::kBlock128, rows, in, N, I, act_q, l.act_scale, nullptr);
     });
   }
   MOEKIT_CUDA_CHECK_LAUNCH();

@@ -14,6 +14,7 @@
 
 #include "cuda/check.h"
 #include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 #include "cuda/status.cuh"
 #include "numerics/routing.h"
 
@@ -78,6 +79,7 @@ constexpr int kWarpsPerBlock = 4;
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     route_warp_kernel(Params p, const float* __restrict__ logits, int T, const float* __restrict__ bias,
                       std::int32_t* __restrict__ ids, float* __restrict__ weights, std::int32_t* __restrict__ status) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float* score = smem + warp * 2 * p.E;  // p (softmax) or s (sigmoid): the weights' source
@@ -194,6 +196,7 @@ struct Shared {
 __global__ void __launch_bounds__(kMaxExperts)
     route_kernel(Params p, const float* __restrict__ logits, int T, const float* __restrict__ bias,
                  std::int32_t* __restrict__ ids, float* __restrict__ weights, std::int32_t* __restrict__ status) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ Shared sh;
   const int e = static_cast<int>(threadIdx.x);  // this thread's expert (e >= E: a placeholder)
   const int warp = e / 32, lane = e % 32, warps = static_cast<int>(blockDim.x) / 32;
@@ -331,13 +334,13 @@ void launch_route(const RoutingConfig& c, const float* logits, std::int64_t num_
     const std::size_t smem = static_cast<std::size_t>(kWarpsPerBlock) * 2 * c.num_experts * sizeof(float);
     const int blocks =
         static_cast<int>(std::min<std::int64_t>((num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, 65535));
-    route_warp_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(p, logits, static_cast<int>(num_tokens), bias, ids,
-                                                                     weights, status);
+    launch_pdl(route_warp_kernel, blocks, kWarpsPerBlock * 32, smem, stream, p, logits, static_cast<int>(num_tokens),
+               bias, ids, weights, status);
   } else {
     // A block a token, a thread an expert.
     const int threads = (static_cast<int>(c.num_experts) + 31) / 32 * 32;
-    route_kernel<<<static_cast<int>(num_tokens), threads, 0, stream>>>(p, logits, static_cast<int>(num_tokens), bias,
-                                                                       ids, weights, status);
+    launch_pdl(route_kernel, static_cast<int>(num_tokens), threads, 0, stream, p, logits, static_cast<int>(num_tokens),
+               bias, ids, weights, status);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }

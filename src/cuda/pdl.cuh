@@ -1,0 +1,54 @@
+// Programmatic dependent launch (PDL) for moekit's own small kernels of a step: a kernel launched
+// with launch_pdl may be scheduled while the kernel before it in the stream still runs, once that
+// one has called pdl_launch_dependents() (or its blocks have exited), so the launch latency between
+// the two (~1-2 us a kernel, most of a decode step's small kernels) overlaps the earlier kernel's
+// work. Correctness rests on one rule: every kernel launched with launch_pdl calls pdl_wait()
+// before it touches global memory (reads or writes): griddepcontrol.wait returns once the kernels it
+// depends on have completed and their writes are visible. Kernels that do not follow the rule
+// (CUTLASS's grouped GEMMs, moekit's block GEMMs, NCCL's) are launched plainly: after them a PDL
+// kernel starts only when their blocks exit, and before them nothing changes.
+// Stream capture keeps the relation as a programmatic edge of the graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/check.h"
+
+namespace moekit::cuda {
+
+// Waits for the kernels this one depends on (a no-op when it was not launched with launch_pdl).
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// Lets the next kernel of the stream be scheduled now (it still waits in its own pdl_wait()).
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Both, at a kernel's top: wait for the earlier kernels, then let the next one launch.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  MOEKIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...));
+}
+
+}  // namespace moekit::cuda
