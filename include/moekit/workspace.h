@@ -33,9 +33,10 @@ struct Region {
   std::string alias_group;  // regions of one group share bytes; empty: none
   std::string section;      // the seam that declared it
   std::string what;         // one line: what it holds and why it has this shape
-  // Written by other ranks through a symmetric window, or transport state kept across steps (flags,
-  // epochs): never aliased, never poisoned per step (a peer may be writing it); its owner sets it up
-  // once (PrepareFinalize::attach).
+  // Written by other ranks through a symmetric window, or state kept across steps (a seam's status
+  // words, a transport's flags and epochs): never aliased, never poisoned per step (a peer may be
+  // writing it); zero when the workspace is built, and its owner may set it up further once
+  // (PrepareFinalize::attach).
   bool persistent = false;
 };
 

@@ -506,7 +506,8 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
 // on the caller's stream and never synchronize; a call on another stream than the workspace's last
 // eager call waits for it (an event), so calls sharing a workspace never overlap (captured graphs:
 // the caller orders their replays). Each workspace keeps the first flags its calls raised until
-// check_status() reads them. The CPU raises at once.
+// check_status() reads them (the experts' status words persist across steps; cuda/launch.h). The
+// CPU raises at once.
 class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
@@ -622,13 +623,12 @@ class ExpertsOp {
       DeviceScope scope(r->place);
       std::lock_guard lock(r->mu);
       const Stream s = stream_of(stream != 0 ? stream : r->last_stream);
-      const MoeProblem& p = r->workspace->problem();
-      const std::string who = fmt::format("{} op ({})", r->experts->name(), r->place.text());
       try {
-        cuda::check_status_words(r->sticky, who.c_str(), p.M, p.E_local, s);
-      } catch (...) {
-        cuda::clear_status_words(r->sticky, s);
-        throw;
+        r->experts->check_status(*r->workspace, s);  // reads the flags and clears what it raises
+      } catch (const Error& e) {
+        std::string_view m = e.what();
+        if (m.starts_with("moekit: ")) m.remove_prefix(8);
+        throw Error(fmt::format("moekit: {} op on {}: {}", r->experts->name(), r->place.text(), m), e.where());
       }
     }
   }
@@ -648,9 +648,7 @@ class ExpertsOp {
     std::unique_ptr<Experts> experts;
     std::unique_ptr<Memory> memory;
     std::unique_ptr<Workspace> workspace;
-    // CUDA: the first flags of any call since the last check (kStatusWords words), the event after
-    // the last eager call and its stream.
-    std::int32_t* sticky = nullptr;
+    // CUDA: the event after the last eager call and its stream.
     void* event = nullptr;
     std::uintptr_t last_stream = 0;
     bool used = false;
@@ -665,9 +663,8 @@ class ExpertsOp {
     return capturing;
   }
 
-  // After a CUDA call: keep its flags, mark its end for the next stream.
+  // After a CUDA call: mark its end for the next stream (its flags stay in the workspace).
   static void end(Runner& r, std::uintptr_t stream, bool capturing) {
-    cuda::keep_first_status(r.workspace->get<std::int32_t>("experts_status"), r.sticky, stream_of(stream));
     if (capturing) return;
     cuda::record_event(r.event, stream_of(stream));
     r.last_stream = stream;
@@ -698,13 +695,7 @@ class ExpertsOp {
     r->experts->declare(p, b);
     r->memory = make_memory(where.device());
     r->workspace = std::make_unique<Workspace>(b.finish(), *r->memory);
-    if (where.cuda()) {
-      const std::int64_t bytes = cuda::kStatusWords * sizeof(std::int32_t);
-      r->sticky = static_cast<std::int32_t*>(r->memory->allocate(bytes, "the op's kept status words"));
-      r->memory->fill(r->sticky, 0, bytes, stream_of(stream));
-      r->memory->synchronize(stream_of(stream));
-      r->event = cuda::create_event();
-    }
+    if (where.cuda()) r->event = cuda::create_event();
     runners_.emplace(key, r);
     return r;
   }

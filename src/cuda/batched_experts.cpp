@@ -74,7 +74,6 @@ class CudaBatchedExperts final : public Experts {
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
     const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
-    clear_status_words(l.status, stream);
     launch_batched_experts(l, stream);
     return {in.output, nullptr};
   }
@@ -131,7 +130,8 @@ void declare_gemm_regions(const MoeProblem& p, const plan::ExpertsGemmPlan& g, W
          {kStatusWords},
          Stage::kPrepare,
          Stage::kFinalize,
-         "device error flags (counts out of range, bad expert ids), read after the step"});
+         "device error flags (counts out of range, bad expert ids): kept across steps until check_status reads them",
+         true});
 }
 
 void fill_gemm_regions(BatchedExpertsLaunch& l, Workspace& ws) {

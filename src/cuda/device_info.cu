@@ -78,18 +78,6 @@ void stream_wait_event(void* stream, void* event) {
   MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
 }
 
-namespace {
-__global__ void keep_first_status_kernel(const std::int32_t* step, std::int32_t* sticky) {
-  if (sticky[0] == kStatusOk && step[0] != kStatusOk)
-    for (int i = 0; i < kStatusWords; ++i) sticky[i] = step[i];
-}
-}  // namespace
-
-void keep_first_status(const std::int32_t* step, std::int32_t* sticky, void* stream) {
-  keep_first_status_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(step, sticky);
-  MOEKIT_CUDA_CHECK_LAUNCH();
-}
-
 std::string cutlass_version() {
   return std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." + std::to_string(CUTLASS_PATCH);
 }

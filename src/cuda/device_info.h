@@ -37,8 +37,5 @@ bool stream_capturing(void* stream);
 void* create_event();
 void record_event(void* event, void* stream);
 void stream_wait_event(void* stream, void* event);
-// Enqueues: when `sticky` (kStatusWords words) holds no error yet, it takes `step`'s status words. A
-// step's flags thus outlive the next step's clear until the caller reads (and clears) `sticky`.
-void keep_first_status(const std::int32_t* step, std::int32_t* sticky, void* stream);
 
 }  // namespace moekit::cuda

@@ -20,10 +20,13 @@ inline constexpr std::int64_t kGemmArgsBytesPerGroup = 128;
 // CUTLASS's own workspace (tile-scheduler state). A bound: each launch checks get_workspace_size()
 // against it and raises moekit::Error if a kernel ever asks for more.
 inline constexpr std::int64_t kGemmScratchBytes = std::int64_t{1} << 20;
-// Device-side error flags of a seam (its status region), read back after a step: [0] the first
-// error's code (the first to set it wins), [1..3] its values. Kernels never stop on an error: the
-// offending token, pair or expert is dropped (nothing is written out of bounds) and the host raises
-// moekit::Error after the step (check_status in the seams).
+// Device-side error flags of a seam (its status region, persistent: zero when the workspace is built),
+// read back after a step: [0] the first error's code (the first to set it wins), [1..3] its values.
+// Kernels never stop on an error: the offending token, pair or expert is dropped (nothing is written
+// out of bounds) and the host raises moekit::Error after the step (check_status in the seams). No
+// step clears them: a flag raised in any step (or graph replay) stays until check_status reads it,
+// and reading an error clears it. (Clearing them at each step's start cost three graph nodes, ~4 us of
+// a decode step, and lost the flags of steps nobody checked: docs/PERF.md.)
 inline constexpr std::int64_t kStatusWords = 8;
 enum StatusCode : std::int32_t {
   kStatusOk = 0,
@@ -36,11 +39,11 @@ enum StatusCode : std::int32_t {
   kStatusBadRecord = 7,     // source rank, record (-1: its count), value: a received record is corrupt
 };
 // Synchronizes `stream`, reads the status words at `device_status` and raises moekit::Error for the
-// first error they hold, naming `who` and the limits (M rows per expert, E experts).
-void check_status_words(const std::int32_t* device_status, const char* who, std::int64_t M, std::int64_t E,
-                        void* stream);
+// first error they hold, naming `who` and the limits (M rows per expert, E experts); the words are
+// zeroed before it raises.
+void check_status_words(std::int32_t* device_status, const char* who, std::int64_t M, std::int64_t E, void* stream);
 void read_status_words(const std::int32_t* device_status, std::int32_t* host, void* stream);  // synchronizes
-void clear_status_words(std::int32_t* device_status, void* stream);  // at the start of a seam's step
+void clear_status_words(std::int32_t* device_status, void* stream);
 
 // One step of the FP8 experts, every pointer on the device: the regions the batched or standard
 // experts declared (cuda/batched_experts.cpp, cuda/standard_experts.cpp). Batched: expert g's rows

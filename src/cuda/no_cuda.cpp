@@ -52,9 +52,6 @@ void record_event(void*, void*) {
 void stream_wait_event(void*, void*) {
   no_cuda("a CUDA event");
 }
-void keep_first_status(const std::int32_t*, std::int32_t*, void*) {
-  no_cuda("the CUDA status words");
-}
 std::string cutlass_version() {
   return "none";
 }

@@ -78,7 +78,9 @@ class Scatter final : public PrepareFinalize {
            {kStatusWords},
            Stage::kPrepare,
            Stage::kFinalize,
-           "device error flags (expert ids out of range, rows over M), read after the step"});
+           "device error flags (expert ids out of range, rows over M): kept across steps until check_status reads "
+           "them",
+           true});
   }
 
   ExpertsInput prepare(const MoeProblem& p, const PrepareArgs& a, Workspace& ws, Stream stream) override {
@@ -93,7 +95,6 @@ class Scatter final : public PrepareFinalize {
     auto* status = ws.get<std::int32_t>("dispatch_status");
     auto* pair_row = ws.get<std::int32_t>("pair_row");
     auto* counts = ws.get<std::int32_t>("expert_num_tokens");
-    clear_status_words(status, stream);
     launch_row_map(a.topk_ids, a.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), false, p.M,
                    pair_row, counts, nullptr, ws.get<std::int32_t>("row_map_tiles"), status, stream);
     launch_quantize_tokens(quantize(p, a, ws, pair_row, p.E_local), stream);

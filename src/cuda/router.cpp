@@ -27,7 +27,8 @@ class CudaRouter final : public Router {
            {kStatusWords},
            Stage::kPrepare,
            Stage::kFinalize,
-           "device error flags (a NaN logit), read after the step"});
+           "device error flags (a NaN logit): kept across steps until check_status reads them",
+           true});
   }
   RouterOutput route(const MoeProblem& p, const float* logits, std::int64_t num_tokens, const float* bias,
                      Workspace& ws, Stream stream) override {

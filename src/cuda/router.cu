@@ -319,7 +319,6 @@ void launch_route(const RoutingConfig& c, const float* logits, std::int64_t num_
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   MOEKIT_CUDA_REQUIRE(c.num_experts <= kMaxExperts && c.topk <= 32 && c.n_group <= kMaxGroups,
                       "the CUDA router takes E <= 1024, topk <= 32 and n_group <= 32");
-  clear_status_words(status, stream);
   if (num_tokens == 0) return;
   const Params p{static_cast<int>(c.num_experts),
                  static_cast<int>(c.topk),

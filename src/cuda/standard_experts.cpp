@@ -65,7 +65,6 @@ class CudaStandardExperts final : public Experts {
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
     auto* status = ws.get<std::int32_t>("experts_status");
     auto* pair_row = ws.get<std::int32_t>("pair_row");
-    clear_status_words(status, stream);
     launch_row_map(in.topk_ids, in.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), true,
                    p.M * p.topk, pair_row, ws.get<std::int32_t>("expert_counts"),
                    ws.get<std::int32_t>("expert_offsets"), ws.get<std::int32_t>("row_map_tiles"), status, stream);

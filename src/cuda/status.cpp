@@ -6,10 +6,14 @@
 
 namespace moekit::cuda {
 
-void check_status_words(const std::int32_t* device_status, const char* who, std::int64_t M, std::int64_t E,
-                        void* stream) {
+void check_status_words(std::int32_t* device_status, const char* who, std::int64_t M, std::int64_t E, void* stream) {
   std::int32_t w[kStatusWords] = {};
   read_status_words(device_status, w, stream);
+  if (w[0] == kStatusOk) return;
+  // Read, so cleared: the next error (of any later step) is the next one reported.
+  clear_status_words(device_status, stream);
+  std::int32_t cleared[kStatusWords];
+  read_status_words(device_status, cleared, stream);  // waits for the clear
   switch (w[0]) {
     case kStatusOk: return;
     case kStatusBadCount:

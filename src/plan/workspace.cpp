@@ -179,6 +179,14 @@ Workspace::Workspace(WorkspacePlan plan, Memory& memory) : plan_(std::move(plan)
   MOEKIT_CHECK(!plan_.reference, "'{}' is a reference formula, not a plan moekit allocates", plan_.name);
   if (plan_.total_bytes > 0)
     base_ = static_cast<std::byte*>(memory_.allocate(plan_.total_bytes, "the workspace of " + plan_.name));
+  // Persistent regions (status words, transport state kept across steps) start at zero.
+  bool zeroed = false;
+  for (const auto& r : plan_.regions)
+    if (r.persistent && r.bytes > 0) {
+      memory_.fill(base_ + r.offset, 0, r.bytes, nullptr);
+      zeroed = true;
+    }
+  if (zeroed) memory_.synchronize(nullptr);
 }
 
 Workspace::~Workspace() {

@@ -246,6 +246,43 @@ TEST(LayerOnGpu, GraphReplayEqualsEager) {
       }
 }
 
+// A step's device flags outlive the steps after it (graph replays included) until check_status reads
+// them, and reading clears them: a NaN logit in the first of three replays is reported after the
+// third, and the next check passes.
+TEST(LayerOnGpu, FlagsOutliveLaterStepsUntilRead) {
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* experts : {"batched-fp8", "standard-fp8"}) {
+    const Case c{"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 6};
+    const auto tokens = tokens_of(c);
+    std::vector<float> bad = tokens.logits;
+    bad[4 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
+    const auto memory = make_memory(Device::kCuda);
+    with_layer(c, Device::kCuda, tokens, false, [&](LayerIo& io) {
+      auto* logits = const_cast<float*>(io.logits);
+      const auto bytes = static_cast<std::int64_t>(4 * bad.size());
+      void* stream = cuda::create_stream();
+      {
+        cuda::Graph graph([&](void* s) { io.layer.enqueue(io.hidden, io.logits, c.tokens, io.output, s); }, stream);
+        memory->from_host(logits, bad.data(), bytes, stream);
+        graph.replay(stream);
+        memory->from_host(logits, tokens.logits.data(), bytes, stream);
+        graph.replay(stream);
+        graph.replay(stream);
+        try {
+          io.layer.check_status(stream);
+          ADD_FAILURE() << experts << ": the NaN logit of the first replay was not reported";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("token 4"), std::string::npos) << e.what();
+        }
+        EXPECT_NO_THROW(io.layer.check_status(stream)) << experts << ": reading the flag did not clear it";
+        graph.replay(stream);
+        EXPECT_NO_THROW(io.layer.check_status(stream)) << experts;
+      }
+      cuda::destroy_stream(stream);
+    });
+  }
+}
+
 TEST(LayerOnGpu, WorkspaceTheGpuCannotHoldIsAnError) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
   // DeepSeek-V3, every expert on one GPU, 2^20 tokens: the batched workspace is ~8 TiB.
