@@ -1,5 +1,5 @@
 // Benchmark of the Hopper batched FP8 experts through the Experts seam (DeepSeek-V3 shapes,
-// E_local = 16), over a Workspace from plan_layer. Measures the machine's ceilings first
+// E_local = 16 unless --experts), over a Workspace from plan_layer. Measures the machine's ceilings first
 // (device-to-device copy bandwidth; cuBLASLt FP8 GEMM 8192^3), then for M in {2048, 8192} and m_e in
 // {8, 64, 256, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
 // quantization, W2 GEMM) per config of the table (both GEMMs on it) and for the pair the runtime's
@@ -16,7 +16,8 @@
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
-//      M: the launches of the ranges above m_e run empty)
+//      M: the launches of the ranges above m_e run empty) [--experts E_local] (default 16: DeepSeek-V3
+//      at DP 16; 8 is DP 32)
 // (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   bool rule_first = false;
   std::int64_t only_M = 0, only_m_e = 0;
   std::int64_t max_rows = 0;  // the rules planned for up to this many rows an expert (0: m_e)
+  std::int64_t E_local = 16;  // DeepSeek-V3's local experts at DP 16 (8 at DP 32)
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
   std::vector<std::string> only_configs;  // empty: every config of the table (unless quick)
   auto split = [](const std::string& list) {
@@ -68,6 +70,14 @@ int main(int argc, char** argv) {
     if (std::string(argv[a]) == "--quick") quick = true;
     if (std::string(argv[a]) == "--rule-first") rule_first = true;
     if (std::string(argv[a]) == "--max-rows" && a + 1 < argc) max_rows = std::stoll(argv[a + 1]);
+    if (std::string(argv[a]) == "--experts" && a + 1 < argc) {
+      E_local = std::stoll(argv[a + 1]);
+      if (E_local < 1 || E_local > 256) {
+        std::fprintf(stderr, "bench_gpu_experts: --experts takes 1 to 256 local experts, got %lld\n",
+                     static_cast<long long>(E_local));
+        return 2;
+      }
+    }
     if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
       quants.clear();
       for (const std::string& q : split(argv[a + 1])) quants.push_back(parse_quant(q));
@@ -101,7 +111,6 @@ int main(int argc, char** argv) {
   std::printf("ceilings: D2D copy %.0f GB/s (read + write), cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", bw, peak);
 
   const ModelConfig model = load_model("deepseek-v3");
-  const std::int64_t E_local = 16;
   // One read of the local experts' weights, measured: TMA streams W1 (E_local x N x K) and W2
   // (E_local x K x I) as the GEMMs read them, no math; a ceiling, so the best of 3 medians.
   double read_ms = 0;
@@ -128,7 +137,7 @@ int main(int argc, char** argv) {
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
           ", \"weights_stream_ms\": " + std::to_string(read_ms) +
-          "},\n  \"E_local\": 16, \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
+          "},\n  \"E_local\": " + std::to_string(E_local) + ", \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
   std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s %7s\n", "quant", "M", "m_e", "config", "eager ms",
               "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights", "x read");
   bool first = true;

@@ -72,14 +72,16 @@ class MoeLayer {
   // One step of at most max_tokens_per_rank tokens, enqueued on `stream` with no host
   // synchronization on a GPU: capturable in a CUDA graph and replayable (the workspace's addresses
   // are fixed at construction; inputs and output must stay at the captured addresses). Follow it
-  // (or each replay) with check_status().
+  // (or each replay, or every few) with check_status(): a step's device flags persist until read, so
+  // a check after several replays reports the first error any of them raised.
   // `observer` (optional) is called on the host as each stage is enqueued: "start" before the
   // router, then "route", "prepare", "experts", "finalize" after each (a benchmark records events).
   using StageObserver = std::function<void(std::string_view stage, Stream stream)>;
   void enqueue(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens, std::uint16_t* output,
                Stream stream = nullptr, const StageObserver& observer = {});
-  // Synchronizes `stream` and raises moekit::Error for what the step's kernels flagged (a NaN logit,
-  // an expert id out of range, a count over capacity), naming the token, expert and limit.
+  // Synchronizes `stream` and raises moekit::Error for the first thing the kernels flagged since the
+  // last check (a NaN logit, an expert id out of range, a count over capacity), naming the token,
+  // expert and limit; the flags are cleared when read.
   void check_status(Stream stream = nullptr);
 
   const MoeProblem& problem() const;

@@ -315,13 +315,14 @@ class MoeLayer:
     def enqueue(self, hidden, router_logits, out, stream=None):
         """One step of at most max_tokens_per_rank tokens, enqueued with no host synchronization
         (capturable in a CUDA graph: the inputs and `out` must stay at the captured addresses).
-        Follow it, or each replay, with check_status()."""
+        Follow it, or each replay, or every few, with check_status(): the device flags persist until
+        read, so a check after several replays reports the first error any of them raised."""
         self._layer.enqueue(ops._plain(hidden), ops._plain(router_logits), ops._plain(out), ops._stream(hidden, stream))
         return out
 
     def check_status(self, stream=None):
-        """Synchronizes the stream and raises moekit.Error for what the last step flagged (a NaN
-        logit, a count over capacity, a peer that timed out)."""
+        """Synchronizes the stream and raises moekit.Error for the first thing flagged since the last
+        check (a NaN logit, a count over capacity, a peer that timed out), and clears it."""
         if stream is None and self.device.startswith("cuda"):
             import torch
 
