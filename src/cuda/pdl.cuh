@@ -7,7 +7,9 @@
 // depends on have completed and their writes are visible. Kernels that do not follow the rule
 // (CUTLASS's grouped GEMMs, moekit's block GEMMs, NCCL's) are launched plainly: after them a PDL
 // kernel starts only when their blocks exit, and before them nothing changes.
-// Stream capture keeps the relation as a programmatic edge of the graph.
+// Stream capture keeps the relation as a programmatic edge of the graph. The rule is checked in the
+// sources (ctest lint.pdl_rule, scripts/check_pdl.py): in a file that calls launch_pdl, every kernel's
+// first statement is pdl_enter() or pdl_wait().
 #pragma once
 
 #include <cuda_runtime.h>
