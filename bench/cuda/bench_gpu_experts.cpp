@@ -136,8 +136,8 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
-          ", \"weights_stream_ms\": " + std::to_string(read_ms) +
-          "},\n  \"E_local\": " + std::to_string(E_local) + ", \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
+          ", \"weights_stream_ms\": " + std::to_string(read_ms) + "},\n  \"E_local\": " + std::to_string(E_local) +
+          ", \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
   std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s %7s\n", "quant", "M", "m_e", "config", "eager ms",
               "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights", "x read");
   bool first = true;
