@@ -4,10 +4,11 @@
 // index order by one thread (as the CPU does), selection by exact argmax (higher score, then lower
 // index): ids and weights equal cpu::route's bit for bit. Latency is what counts at decode sizes:
 // each phase of the block kernel is a few dependent steps of parallel work (one score a thread;
-// each group's top two by shared-memory max reductions; each warp's top-k of its 32 experts by
-// warp reductions; warp 0's merge of the warps' sorted lists; the weights by one thread). The warp
-// kernel alone ran ~3,950 dependent warp instructions for a DeepSeek-V3 token: 18.7 us at T = 1
-// (ncu, docs/PERF.md).
+// each group's top two by shared-memory max reductions; the chosen groups and the top-k by ranks:
+// each candidate counts the candidates above it, independent comparisons instead of a chain of
+// argmax reductions; a thread a slot for the weights). The warp kernel alone ran ~3,950 dependent
+// warp instructions for a DeepSeek-V3 token: 18.7 us at T = 1; the block kernel's argmax rounds
+// ~13.8 K cycles (ncu, docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -41,6 +42,12 @@ __device__ __forceinline__ unsigned order_key(float v) {
   return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
 }
 
+// A candidate's selection key: higher value first, then lower index; unique per index, and above 0
+// (0 stands for no candidate). The block kernel ranks these.
+__device__ __forceinline__ unsigned long long rank_key(float v, int idx) {
+  return (static_cast<unsigned long long>(order_key(v)) << 32) | (0xFFFFFFFFu - static_cast<unsigned>(idx));
+}
+
 // Index of the best candidate of this warp (higher value, then lower index); -1 when none (idx <
 // 0). Two warp reductions (REDUX): the highest key, then the lowest index holding it.
 __device__ __forceinline__ int warp_argmax(float v, int idx) {
@@ -50,26 +57,31 @@ __device__ __forceinline__ int warp_argmax(float v, int idx) {
   return i == INT_MAX ? -1 : i;
 }
 
-// Token t's ids and weights, by one thread: the weights are the uncorrected scores of the chosen
-// experts, normalized by their sum taken in slot order (as the CPU does). A chosen id of -1 (fewer
-// candidates than topk, which the host's checks rule out) weighs 0.
+// A token's weights are the uncorrected scores of the chosen experts, normalized by their sum taken
+// in slot order (as the CPU does). A chosen id of -1 (fewer candidates than topk, which the host's
+// checks rule out) weighs 0.
+__device__ __forceinline__ float chosen_score(const int* chosen, const float* score, int k) {
+  return chosen[k] >= 0 ? score[chosen[k]] : 0.0f;
+}
+__device__ __forceinline__ float slot_sum(const Params& p, const int* chosen, const float* score) {
+  float sum = 0.0f;
+  for (int k = 0; k < p.topk; ++k) sum = DeviceMath::add(sum, chosen_score(chosen, score, k));
+  return sum;
+}
+// Slot k's weight from its score and the slots' sum.
+__device__ __forceinline__ float slot_weight(const Params& p, float w, float sum) {
+  // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
+  if (p.renormalize) w = DeviceMath::div_rn(w, p.grouped ? DeviceMath::add(sum, 1e-20f) : sum);
+  return p.grouped ? DeviceMath::mul(w, p.scale) : w;
+}
+
+// Token t's ids and weights, by one thread (the warp kernel).
 __device__ void write_token(const Params& p, const int* chosen, const float* score, int t, std::int32_t* ids,
                             float* weights) {
-  float w[kMaxTopk], sum = 0.0f;
-  for (int k = 0; k < p.topk; ++k) {
-    w[k] = chosen[k] >= 0 ? score[chosen[k]] : 0.0f;
-    sum = DeviceMath::add(sum, w[k]);
-  }
-  if (p.renormalize) {
-    // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
-    const float denom = p.grouped ? DeviceMath::add(sum, 1e-20f) : sum;
-    for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::div_rn(w[k], denom);
-  }
-  if (p.grouped)
-    for (int k = 0; k < p.topk; ++k) w[k] = DeviceMath::mul(w[k], p.scale);
+  const float sum = slot_sum(p, chosen, score);
   for (int k = 0; k < p.topk; ++k) {
     ids[static_cast<std::int64_t>(t) * p.topk + k] = chosen[k];
-    weights[static_cast<std::int64_t>(t) * p.topk + k] = w[k];
+    weights[static_cast<std::int64_t>(t) * p.topk + k] = slot_weight(p, chosen_score(chosen, score, k), sum);
   }
 }
 
@@ -184,8 +196,10 @@ struct Shared {
   float score[kMaxExperts];   // p (softmax) or s (sigmoid): the weights' source
   float choice[kMaxExperts];  // what selection ranks: p, or s + bias when grouped
   float group_score[kMaxGroups];
-  float list_value[kMaxWarps][kMaxTopk];  // each warp's top-k, best first
-  int list_index[kMaxWarps][kMaxTopk];
+  float warp_max[kMaxWarps];
+  // Selection keys (rank_key): each expert's, then each warp's top-k (0: none), by warp and rank.
+  unsigned long long key[kMaxExperts];
+  unsigned long long candidate[kMaxWarps * kMaxTopk];
   int chosen[kMaxTopk];
   unsigned long long group_first[kMaxGroups], group_second[kMaxGroups];  // (key, ~index) of each group's top 2
   int first_nan;
@@ -213,11 +227,11 @@ __global__ void __launch_bounds__(kMaxExperts)
     if (!skip && p.softmax) {
       float m = mine ? x : -INFINITY;
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (lane == 0) sh.list_value[warp][0] = m;
+      if (lane == 0) sh.warp_max[warp] = m;
       __syncthreads();
       if (e == 0) {
         float all = -INFINITY;
-        for (int w = 0; w < warps; ++w) all = fmaxf(all, sh.list_value[w][0]);
+        for (int w = 0; w < warps; ++w) all = fmaxf(all, sh.warp_max[w]);
         sh.max = all;
       }
       __syncthreads();
@@ -272,42 +286,46 @@ __global__ void __launch_bounds__(kMaxExperts)
         sh.group_score[e] = group_size >= 2 ? DeviceMath::add(first, second) : first;
       }
       __syncthreads();
-      if (warp == 0) {
-        unsigned chosen = 0u;
-        for (int j = 0; j < p.topk_group; ++j) {
-          const bool free = lane < p.n_group && !((chosen >> lane) & 1u);
-          const int g = warp_argmax(free ? sh.group_score[lane] : 0.0f, free ? lane : -1);
-          if (g >= 0) chosen |= 1u << g;
-        }
+      if (warp == 0) {  // a group is chosen when fewer than topk_group groups rank above it
+        const unsigned long long gkey = lane < p.n_group ? rank_key(sh.group_score[lane], lane) : 0ull;
+        int above = 0;
+        for (int j = 0; j < p.n_group; ++j) above += rank_key(sh.group_score[j], j) > gkey;
+        const unsigned chosen = __ballot_sync(0xFFFFFFFFu, lane < p.n_group && above < p.topk_group);
         if (lane == 0) sh.groups = chosen;
       }
       __syncthreads();
       open = mine && ((sh.groups >> (e / group_size)) & 1u);
     }
-    // Each warp's top-k of its experts, best first (higher choice, then lower index).
-    const int k_local = p.topk;
-    const float v = sh.choice[mine ? e : 0];
-    for (int r = 0; r < k_local; ++r) {
-      const int best = warp_argmax(open ? v : 0.0f, open ? e : -1);
-      if (lane == 0) {
-        sh.list_index[warp][r] = best;
-        sh.list_value[warp][r] = best >= 0 ? sh.choice[best] : 0.0f;
-      }
-      if (best == e) open = false;
+    // The top-k by ranks, in two rounds of independent comparisons (no chain of dependent argmax
+    // reductions): each open expert's rank among its warp's 32 (the experts above it), the warp's
+    // top-k as candidates; then each candidate's rank among all candidates, which is its slot. Keys
+    // are unique and order as the CPU's selection does (higher choice, then lower index), so the
+    // slots are the CPU's.
+    const unsigned long long key = open ? rank_key(sh.choice[e], e) : 0ull;
+    sh.key[e] = key;
+    for (int c = e; c < warps * p.topk; c += static_cast<int>(blockDim.x)) sh.candidate[c] = 0ull;
+    if (e < p.topk) sh.chosen[e] = -1;
+    __syncthreads();
+    if (open) {
+      int above = 0;
+      for (int j = 0; j < 32; ++j) above += sh.key[warp * 32 + j] > key;
+      if (above < p.topk) sh.candidate[warp * p.topk + above] = key;
     }
     __syncthreads();
-    // Warp 0 merges the warps' sorted lists: lane w holds the head of warp w's list.
-    if (warp == 0) {
-      int head = 0;
-      for (int k = 0; k < p.topk; ++k) {
-        const int idx = lane < warps && head < k_local ? sh.list_index[lane][head] : -1;
-        const int best = warp_argmax(idx >= 0 ? sh.list_value[lane][head] : 0.0f, idx);
-        if (lane == 0) sh.chosen[k] = best;
-        if (best >= 0 && best == idx) ++head;
-      }
+    for (int c = e; c < warps * p.topk; c += static_cast<int>(blockDim.x)) {
+      const unsigned long long ck = sh.candidate[c];
+      if (ck == 0ull) continue;
+      int above = 0;
+      for (int j = 0; j < warps * p.topk; ++j) above += sh.candidate[j] > ck;
+      if (above < p.topk) sh.chosen[above] = static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(ck & 0xFFFFFFFFu));
     }
     __syncthreads();
-    if (e == 0) write_token(p, sh.chosen, sh.score, t, ids, weights);
+    if (e == 0) sh.sum = slot_sum(p, sh.chosen, sh.score);
+    __syncthreads();
+    if (e < p.topk) {  // a thread a slot
+      ids[static_cast<std::int64_t>(t) * p.topk + e] = sh.chosen[e];
+      weights[static_cast<std::int64_t>(t) * p.topk + e] = slot_weight(p, chosen_score(sh.chosen, sh.score, e), sh.sum);
+    }
     __syncthreads();  // the next token reuses the shared arrays
   }
 }
