@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -151,13 +152,24 @@ struct MoeLayer::Impl {
     });
   }
 
-  // In pipeline order, so the first cause is the one reported.
+  // In pipeline order, so the first cause is the one reported. Every seam reads (and so clears) its
+  // flags before the first error is raised: the flags persist until read, and a later check must
+  // not report what this one's error caused downstream.
   void check_status(Stream stream) {
+    std::exception_ptr first;
+    auto check = [&](auto&& seam_check) {
+      try {
+        seam_check();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    };
     // The transport first: a broken expert-parallel group (a silent or failed peer) outranks any
     // error of the step's data, which that failure may have caused.
-    prepare_finalize->check_status(*workspace, stream);
-    router->check_status(*workspace, stream);
-    experts->check_status(*workspace, stream);
+    check([&] { prepare_finalize->check_status(*workspace, stream); });
+    check([&] { router->check_status(*workspace, stream); });
+    check([&] { experts->check_status(*workspace, stream); });
+    if (first) std::rethrow_exception(first);
     if (options.checked) workspace->verify_guards(stream);
   }
 };
