@@ -6,7 +6,6 @@
 
 #include "cuda/check.h"
 #include "cuda/device_info.h"
-#include "cuda/launch.h"
 
 namespace moekit::cuda {
 
