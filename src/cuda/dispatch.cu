@@ -41,6 +41,16 @@ constexpr int kMaxMapExperts = kMaxRowMapExperts;  // shared memory: 2 x E ints 
 // the tiles before it (from the scan), the warps before (a per-expert prefix over warps), the lanes
 // before (__match_any_sync) - so the rank is the CPU's (token, slot) order.
 
+// Pair i's expert from the router's ids: -1 past the pairs; an id out of range (-1 is "none") is
+// flagged (token, slot, id) and dropped as -1.
+__device__ __forceinline__ int checked_expert(const std::int32_t* __restrict__ ids, int i, int num_pairs, int topk,
+                                              int E, std::int32_t* status) {
+  const int e = i < num_pairs ? ids[i] : -1;
+  if (e >= -1 && e < E) return e;
+  flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
+  return -1;
+}
+
 __global__ void __launch_bounds__(kMapThreads)
     row_count_kernel(const std::int32_t* __restrict__ ids, int num_pairs, int E, std::int32_t* __restrict__ tile_base) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
@@ -88,26 +98,13 @@ __global__ void __launch_bounds__(kMapThreads)
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   extern __shared__ int smem[];
   const int i = blockIdx.x * kMapThreads + static_cast<int>(threadIdx.x);
-  int e = i < num_pairs ? ids[i] : -1;
-  if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
-    flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
-    e = -1;
-  }
+  const int e = checked_expert(ids, i, num_pairs, topk, E, status);
   const int tile_rank = rank_in_tile(e, E, reinterpret_cast<unsigned short*>(smem), nullptr);
   if (i >= num_pairs) return;
-  std::int32_t row = -1;
-  if (e >= 0) {
-    // Pairs of expert e before this one: earlier tiles, then earlier warps and lanes of this tile.
-    const std::int64_t rank = tile_base[blockIdx.x * E + e] + tile_rank;
-    if (contiguous) {
-      row = static_cast<std::int32_t>(offsets[e] + rank);
-    } else if (rank < capacity) {
-      row = static_cast<std::int32_t>(e * capacity + rank);
-    } else if (rank == capacity) {
-      flag_status(status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
-    }
-  }
-  pair_row[i] = row;
+  // Pairs of expert e before this one: earlier tiles, then earlier warps and lanes of this tile.
+  pair_row[i] = e < 0 ? -1
+                      : pair_row_of(e, tile_base[blockIdx.x * E + e] + tile_rank, contiguous,
+                                    contiguous ? offsets[e] : 0, capacity, status);
 }
 
 // One block for a step of at most kRowMapOneBlockTiles tiles (decode): the three kernels' work in
@@ -135,11 +132,7 @@ __global__ void __launch_bounds__(kMapThreads)
   for (int tile = 0; tile < kRowMapOneBlockTiles; ++tile) {
     if (tile >= tiles) break;  // the same for every thread: rank_in_tile's barriers stay uniform
     const int i = tile * kMapThreads + tid;
-    int e = i < num_pairs ? ids[i] : -1;
-    if (e < -1 || e >= E) {  // out of range (-1 is "none"): flagged, dropped
-      flag_status(status, kStatusBadExpertId, i / topk, i % topk, e);
-      e = -1;
-    }
+    const int e = checked_expert(ids, i, num_pairs, topk, E, status);
     expert[tile] = e;
     rank[tile] = rank_in_tile(e, E, warp_first, seen);  // synchronizes the block
   }
@@ -158,18 +151,7 @@ __global__ void __launch_bounds__(kMapThreads)
     const int i = tile * kMapThreads + tid;
     if (tile >= tiles || i >= num_pairs) continue;
     const int e = expert[tile];
-    const std::int64_t r = rank[tile];
-    std::int32_t row = -1;
-    if (e >= 0) {
-      if (contiguous) {
-        row = static_cast<std::int32_t>(first_row[e] + r);
-      } else if (r < capacity) {
-        row = static_cast<std::int32_t>(e * capacity + r);
-      } else if (r == capacity) {
-        flag_status(status, kStatusOverCapacity, e, static_cast<int>(r + 1));
-      }
-    }
-    pair_row[i] = row;
+    pair_row[i] = e < 0 ? -1 : pair_row_of(e, rank[tile], contiguous, contiguous ? first_row[e] : 0, capacity, status);
   }
 }
 

@@ -8,7 +8,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/launch.h"
+#include "cuda/status.cuh"
 
 namespace moekit::cuda {
 
@@ -49,6 +52,20 @@ __device__ __forceinline__ int rank_in_tile(int e, int E, unsigned short* warp_f
   const int rank = e >= 0 ? warp_first[warp * E + e] + rank_in_warp : 0;
   __syncthreads();  // warp_first is reused by the next tile
   return rank;
+}
+
+// The row of the pair ranked `rank` among its expert e's pairs (the CPU's rule for the standard
+// and batched formats): -1 for no expert (e < 0); contiguous (standard format), the expert's first row + rank;
+// else (batched) row e * capacity + rank within the expert's slab, -1 past it, the pair ranked
+// exactly `capacity` raising kStatusOverCapacity (expert, rank + 1) once. The single-GPU row map's
+// kernels and the NCCL receive map all take their rows here.
+__device__ __forceinline__ std::int32_t pair_row_of(int e, std::int64_t rank, bool contiguous, std::int64_t first_row,
+                                                    std::int64_t capacity, std::int32_t* status) {
+  if (e < 0) return -1;
+  if (contiguous) return static_cast<std::int32_t>(first_row + rank);
+  if (rank < capacity) return static_cast<std::int32_t>(e * capacity + rank);
+  if (rank == capacity) flag_status(status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
+  return -1;
 }
 
 }  // namespace moekit::cuda

@@ -353,17 +353,7 @@ __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool de
       s.recv_ids[i] = e;
     }
     const int rank_in_step = rank_in_tile(e, E, warp_first, seen);  // + the earlier tiles' (seen)
-    if (i < pairs) {
-      std::int32_t row = -1;
-      if (e >= 0) {
-        const std::int64_t rank = rank_in_step;
-        if (rank < s.M)
-          row = static_cast<std::int32_t>(e * s.M + rank);
-        else if (rank == s.M)
-          flag_status(s.status, kStatusOverCapacity, e, static_cast<int>(rank + 1));
-      }
-      s.pair_row[i] = row;
-    }
+    if (i < pairs) s.pair_row[i] = pair_row_of(e, rank_in_step, false, 0, s.M, s.status);  // the batched format
   }
   for (int e = tid; e < E; e += kRowMapTile)
     s.expert_num_tokens[e] = static_cast<std::int32_t>(std::min<std::int64_t>(seen[e], s.M));
