@@ -13,8 +13,6 @@
 #          (bench/ep_layer.py under torchrun) against the experts alone + `moekit bench dispatch`.
 #   fused: block128's experts (the fused W1 next to the unfused configs) against the CPU,
 #          compute-sanitizer on the fused plan, the experts benchmark per-token and block128.
-#   waves: the swapped per-token tiles of 128 and 64 weight rows (bench_gpu_experts --configs) at
-#          E_local in $WAVES_EXPERTS, m_e in $WAVES_ME; the experts' GPU tests first.
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
@@ -31,7 +29,7 @@
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|decode|profile|waves` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|decode|profile` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -199,21 +197,6 @@ PY
     --gtest_filter='*cuda_prepare_finalize*' > "$OUT/decode_sanitizer.log" 2>&1
   echo "decode memcheck rc=$?" | tee -a "$OUT/machine.txt"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/decode_sanitizer.log" | tail -4
-fi
-
-if [[ $part == waves ]]; then
-  echo "== waves: the swapped per-token tiles, 128 against 64 weight rows a tile, by E_local and m_e (M = 8192)"
-  run timeout 600 $BIN/test_batched_experts --gtest_filter='Models/BatchedExpertsGpu.*' > "$OUT/waves_tests.log" 2>&1
-  echo "experts tests rc=$?" | tee -a "$OUT/machine.txt"
-  grep -E 'FAILED|PASSED|Failure' "$OUT/waves_tests.log" | tail -8
-  for e in ${WAVES_EXPERTS:-8 9 16}; do
-    for me in ${WAVES_ME:-1 8 32 64}; do
-      echo "-- E_local $e m_e $me" | tee -a "$OUT/waves.txt"
-      run timeout 120 $BIN/bench_gpu_experts /tmp/waves.json --experts $e --quant per-token --case 8192 $me \
-        --configs ${WAVES_CONFIGS:-swapab-128x32,swapab-64x32,swapab-128x64,swapab-64x64} 2>&1 \
-        | tee -a "$OUT/waves.txt" | grep -E "^(per-token|ceilings|one read)|replayed alone"
-    done
-  done
 fi
 
 if [[ $part == layer ]]; then

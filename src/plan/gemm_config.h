@@ -21,9 +21,7 @@ enum class GemmConfig : std::uint8_t {
   kBlock128x256,
   kFusedW1Block128x256,
   kBlockSwap128x32,
-  kBlockSwap128x64,
-  kSwapAB64x32,
-  kSwapAB64x64
+  kBlockSwap128x64
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 // Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
@@ -88,13 +86,6 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      true, false, "block128, m_e <= 32: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
     {GemmConfig::kBlockSwap128x64, "block-swap-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 128, 64, false,
      true, false, "block128, m_e <= 64: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
-    // 64 weight rows a tile, two tiles a CTA in turn (pingpong): twice the weight tiles of the
-    // 128-row swapped configs, for GEMMs whose 128-row tiles leave a thin last wave. Per-token only:
-    // CUTLASS's blockwise main loop needs whole 128-row weight blocks a tile.
-    {GemmConfig::kSwapAB64x32, "swapab-64x32", 64, 32, 128, GemmSchedule::kPingpong, true, 16, 32, true, false, false,
-     "m_e <= 32, 64 weight rows a tile: finer waves than swapab-128x32"},
-    {GemmConfig::kSwapAB64x64, "swapab-64x64", 64, 64, 128, GemmSchedule::kPingpong, true, 16, 64, true, false, false,
-     "m_e <= 64, 64 weight rows a tile: finer waves than swapab-128x64"},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
