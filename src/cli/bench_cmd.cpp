@@ -58,13 +58,15 @@ struct BenchRequest {
   bool routing_given = false;
 };
 
-// The layer benchmark's routing: "model", the synthetic model's own (seeded logits, iid N(0, 2^2),
-// and its seeded e_score_correction_bias, 0.1 N(0, 1)); under DeepSeek-V3's sigmoid scores the
-// bias outweighs the saturated scores' differences, so a few experts take most tokens (T = 512: 124
-// of 256 experts active, the busiest 135 rows against 16 on average). "uniform": the same logits
-// with the bias zeroed, every expert's expected load equal (T = 512: max ~30 rows).
+// The layer benchmark's routing: "uniform" (the default), the synthetic model's seeded logits (iid
+// N(0, 2^2)) with the correction bias zeroed, every expert's expected load equal (T = 512: max ~30
+// rows), as a checkpoint trained for balanced load routes; "model", the same logits with the
+// synthetic model's seeded e_score_correction_bias, 0.1 N(0, 1): under DeepSeek-V3's sigmoid scores
+// the bias outweighs the saturated scores' differences, so a few experts take most tokens (T = 512:
+// 124 of 256 experts active, the busiest 135 rows against 16 on average), which flatters the
+// step's time (fewer experts' weights read: docs/PERF.md).
 std::string layer_routing(const BenchRequest& req) {
-  if (!req.routing_given) return "model";
+  if (!req.routing_given) return "uniform";
   MOEKIT_CHECK(req.routing.size() == 1 && (req.routing[0] == "model" || req.routing[0] == "uniform"),
                "bench layer --routing {}: one of model (the synthetic model's logits and correction bias: a few "
                "experts take most tokens) or uniform (the bias zeroed: every expert's expected load equal)",
@@ -359,9 +361,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->each([req](const std::string&) { req->tokens_given = true; });
   cmd->add_option("--routing", req->routing,
-                  "dispatch: uniform and/or skewed (every token to rank 0's experts); layer: model (default: the "
-                  "synthetic model's logits and correction bias, a few experts take most tokens) or uniform (the "
-                  "bias zeroed)")
+                  "dispatch: uniform and/or skewed (every token to rank 0's experts); layer: uniform (default: the "
+                  "synthetic model's logits, its correction bias zeroed) or model (its logits and correction bias: "
+                  "a few experts take most tokens)")
       ->delimiter(',')
       ->capture_default_str()
       ->each([req](const std::string&) { req->routing_given = true; });
