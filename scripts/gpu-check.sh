@@ -13,6 +13,9 @@
 #          (bench/ep_layer.py under torchrun) against the experts alone + `moekit bench dispatch`.
 #   fused: block128's experts (the fused W1 next to the unfused configs) against the CPU,
 #          compute-sanitizer on the fused plan, the experts benchmark per-token and block128.
+#   configs: the experts' GPU tests, then bench_gpu_experts on the configs $CONFIGS (comma-separated
+#          names of plan/gemm_config.h) and the rule, scaling $QUANT, cases $CASES ("M:m_e ..."),
+#          E_local $EXPERTS, $ROUNDS rounds.
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
@@ -29,7 +32,7 @@
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|decode|profile` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -197,6 +200,21 @@ PY
     --gtest_filter='*cuda_prepare_finalize*' > "$OUT/decode_sanitizer.log" 2>&1
   echo "decode memcheck rc=$?" | tee -a "$OUT/machine.txt"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/decode_sanitizer.log" | tail -4
+fi
+
+if [[ $part == configs ]]; then
+  echo "== configs: the experts' tests, then $CONFIGS ($QUANT) at M m_e in $CASES, E_local = ${EXPERTS:-16}, $ROUNDS rounds"
+  run timeout 400 $BIN/test_batched_experts --gtest_filter='Models/BatchedExpertsGpu.*' > "$OUT/configs_tests.log" 2>&1
+  echo "experts tests rc=$?" | tee -a "$OUT/machine.txt"
+  grep -E 'FAILED|PASSED|Failure' "$OUT/configs_tests.log" | tail -8
+  for round in $(seq ${ROUNDS:-2}); do
+    for c in ${CASES:-8192:256}; do
+      echo "-- round $round M m_e $c" | tee -a "$OUT/configs.txt"
+      run timeout 120 $BIN/bench_gpu_experts /tmp/configs.json --experts ${EXPERTS:-16} --quant ${QUANT:-per-token} \
+        --case ${c%%:*} ${c#*:} --configs $CONFIGS 2>&1 | tee -a "$OUT/configs.txt" \
+        | grep -E "^(per-token|block128|per-tensor|ceilings)|replayed alone"
+    done
+  done
 fi
 
 if [[ $part == layer ]]; then
