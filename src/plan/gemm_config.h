@@ -21,8 +21,7 @@ enum class GemmConfig : std::uint8_t {
   kBlock128x256,
   kFusedW1Block128x256,
   kBlockSwap128x32,
-  kBlockSwap128x64,
-  kCooperative128x256
+  kBlockSwap128x64
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 // Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
@@ -87,11 +86,6 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      true, false, "block128, m_e <= 32: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
     {GemmConfig::kBlockSwap128x64, "block-swap-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 128, 64, false,
      true, false, "block128, m_e <= 64: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
-    // Per-token, 128 tokens x 256 weight rows, both consumer warpgroups on one tile (128
-    // accumulators a thread): each weight byte crosses L2 -> SM half as often as under
-    // pingpong-64x256's 64-token tiles. Opt-in (after the rule's open-ended rows).
-    {GemmConfig::kCooperative128x256, "cooperative-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 256, -1,
-     true, false, false, "m_e > 64, n % 256 == 0: 128x256 tiles, both warpgroups on one tile"},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
