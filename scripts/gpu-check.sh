@@ -203,7 +203,8 @@ PY
 fi
 
 if [[ $part == configs ]]; then
-  echo "== configs: the experts' tests, then $CONFIGS ($QUANT) at M m_e in $CASES, E_local = ${EXPERTS:-16}, $ROUNDS rounds"
+  [[ -n ${CONFIGS:-} ]] || { echo "gpu-check.sh configs: set CONFIGS to config names of plan/gemm_config.h, e.g. CONFIGS=pingpong-64x256,cooperative-128x128" >&2; exit 2; }
+  echo "== configs: the experts' tests, then $CONFIGS (${QUANT:-per-token}) at M:m_e in ${CASES:-8192:256}, E_local = ${EXPERTS:-16}, ${ROUNDS:-2} rounds"
   run timeout 400 $BIN/test_batched_experts --gtest_filter='Models/BatchedExpertsGpu.*' > "$OUT/configs_tests.log" 2>&1
   echo "experts tests rc=$?" | tee -a "$OUT/machine.txt"
   grep -E 'FAILED|PASSED|Failure' "$OUT/configs_tests.log" | tail -8
