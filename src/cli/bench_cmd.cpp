@@ -153,24 +153,57 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   const QuantScheme quant = choose_quant(model, req.quant).quant;
   const std::size_t total_cases = req.experts.size() * req.tokens.size();
   std::size_t done = 0;
+  // Every implementation is built first; then each T is measured for each of them in turn, so that
+  // no implementation gains or loses from its place in the sweep (measured one after the other, the
+  // second's small steps ran right after the first's T = 8192 and read 1-12% slow on a heated GPU:
+  // docs/PERF.md). Implementations whose weights have the same shape share one copy.
+  struct Impl {
+    std::string name;
+    MoeProblem p;
+    std::size_t weights = 0;  // index into `weights`
+  };
+  std::vector<Impl> impls;
+  std::vector<BenchWeights> weights;
+  weights.reserve(req.experts.size());  // the views point into them
+  std::vector<MoeProblem> weight_shapes;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
     // --fuse-w1 where it cannot run: the error names the fix.
     const MoeProblem p = make_problem(model, par, entry.format, quant, model.activation, req.fuse_w1);
-    std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
-                             p.E_local);
-    const BenchWeights w = make_weights(p, device, *memory, req.seed, pool);
-    LayerOptions opt;
-    opt.device = device;
-    opt.experts = name;
-    opt.quant = p.quant;
-    opt.fuse_w1 = p.fuse_w1;
-    opt.num_threads = threads;
-    std::vector<Row> mine;
-    run_in_process(1, [&](Communicator& comm) {
-      MoeLayer layer(model, par, opt, {w.view, model.has_score_correction_bias ? dbias : nullptr}, comm);
-      void* stream = device == Device::kCpu ? nullptr : cuda::create_stream();
-      for (const std::int64_t T : req.tokens) {
+    std::size_t wi = 0;
+    while (wi < weight_shapes.size() &&
+           !(weight_shapes[wi].E_local == p.E_local && weight_shapes[wi].N == p.N && weight_shapes[wi].K == p.K &&
+             weight_shapes[wi].quant == p.quant && weight_shapes[wi].activation == p.activation &&
+             weight_shapes[wi].fuse_w1 == p.fuse_w1))
+      ++wi;
+    if (wi == weight_shapes.size()) {
+      std::cerr << fmt::format("bench layer: {} ({}): building {} experts' weights...\n", name, device_name(device),
+                               p.E_local);
+      weights.push_back(make_weights(p, device, *memory, req.seed, pool));
+      weight_shapes.push_back(p);
+    }
+    impls.push_back({name, p, wi});
+  }
+  std::vector<std::vector<Row>> by_impl(impls.size());
+  run_in_process(1, [&](Communicator& comm) {
+    std::vector<std::unique_ptr<MoeLayer>> layers;
+    for (const Impl& im : impls) {
+      LayerOptions opt;
+      opt.device = device;
+      opt.experts = im.name;
+      opt.quant = im.p.quant;
+      opt.fuse_w1 = im.p.fuse_w1;
+      opt.num_threads = threads;
+      layers.push_back(std::make_unique<MoeLayer>(
+          model, par, opt, LayerWeights{weights[im.weights].view, model.has_score_correction_bias ? dbias : nullptr},
+          comm));
+    }
+    void* stream = device == Device::kCpu ? nullptr : cuda::create_stream();
+    for (const std::int64_t T : req.tokens) {
+      for (std::size_t li = 0; li < impls.size(); ++li) {
+        MoeLayer& layer = *layers[li];
+        const MoeProblem& p = impls[li].p;
+        const std::string& name = impls[li].name;
         std::cerr << fmt::format("bench layer: {} T = {} ({}/{})\n", name, T, ++done, total_cases);
         Row r;
         r.experts = name;
@@ -233,12 +266,12 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
                   4.0 * static_cast<double>(T * p.K);
         if (peak_tflops > 0 && copy_gbs > 0)
           r.floor_ms = std::max(r.flops / (peak_tflops * 1e12), r.bytes / (copy_gbs * 1e9)) * 1e3;
-        mine.push_back(r);
+        by_impl[li].push_back(r);
       }
-      if (stream != nullptr) cuda::destroy_stream(stream);
-    });
-    rows.insert(rows.end(), mine.begin(), mine.end());
-  }
+    }
+    if (stream != nullptr) cuda::destroy_stream(stream);
+  });
+  for (const std::vector<Row>& mine : by_impl) rows.insert(rows.end(), mine.begin(), mine.end());
   return rows;
 }
 
