@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole round on the GPU machine, from the binaries scripts/gpu-bundle.sh built into .gpu/:
 #   tests: machine facts, the SASS check for FP8 wgmma (QGMMA), the GPU tests, the backend-ops
-#          harness and the layer on every device, compute-sanitizer memcheck and racecheck on
+#          harness and the layer on every device, the NCCL transports at one rank, compute-sanitizer memcheck and racecheck on
 #          reduced cases;
 #   bench: `moekit bench layer` (DeepSeek-V3, 256 experts on the GPU, both formats) with the
 #          PyTorch layer (eager, torch.compile) in the same round.
@@ -62,6 +62,9 @@ if [[ $part == all || $part == tests ]]; then
   ops_rc=$?
   run $BIN/test_layer_devices >> "$OUT/tests.log" 2>&1
   layer_rc=$?
+  # The NCCL transports at one rank (with 2+ GPUs the `ep` part runs the rest of this binary).
+  [[ -x $BIN/test_layer_multi_gpu ]] && { run $BIN/test_layer_multi_gpu --gtest_filter='*OneGpu*' >> "$OUT/tests.log" 2>&1 \
+    || layer_rc=$((layer_rc | $?)); }
   grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/tests.log" | tail -30
 
   echo "== compute-sanitizer (reduced cases)"
@@ -77,6 +80,11 @@ if [[ $part == all || $part == tests ]]; then
   run compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_backend_ops \
     --gtest_filter='*cuda_router*T37*:*cuda_prepare_finalize*T13*:*DispatchErrors*' >> "$OUT/sanitizer.log" 2>&1 \
     || san_rc=$((san_rc | $?))
+  # NCCL's communicator init probes the device with API calls that fail by design (no kernel image
+  # for its own collectives, cuMemCreate handle types): memory errors only.
+  [[ -x $BIN/test_layer_multi_gpu ]] && { run compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    $BIN/test_layer_multi_gpu --gtest_filter='Cases/OneGpuNccl.*:OneGpuNcclGraphs.*' >> "$OUT/sanitizer.log" 2>&1 \
+    || san_rc=$((san_rc | $?)); }
   grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/sanitizer.log"
   echo "tests rc=$tests_rc backend_ops rc=$ops_rc layer rc=$layer_rc sanitizer rc=$san_rc" | tee -a "$OUT/machine.txt"
 fi

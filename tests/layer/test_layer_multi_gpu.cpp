@@ -4,7 +4,8 @@
 // scatter's exactly and its combine equals the one-GPU combine (bit for bit where the reduction
 // order is the same); the device-initiated tier equals the reference tier bit for bit; graph replay
 // equals eager; skewed routing at capacity; a silent peer is an Error within the timeout, never a
-// hang. Skipped, by name, without 2 GPUs or without NCCL.
+// hang. Skipped, by name, without 2 GPUs or without NCCL. With one GPU: the transports at one rank
+// (OneGpuNccl*), against the single-GPU prepare/finalize.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -43,12 +44,20 @@ bool two_gpus() {
 #define REQUIRE_TWO_GPUS() \
   if (!two_gpus()) GTEST_SKIP() << "needs 2 CUDA devices and NCCL (device API)"
 
+bool one_gpu_nccl() {
+  return cuda::available() && cuda::nccl_built() && cuda::device_count() >= 1;
+}
+
+#define REQUIRE_ONE_GPU_NCCL() \
+  if (!one_gpu_nccl()) GTEST_SKIP() << "needs a CUDA device and NCCL (device API)"
+
 struct Case {
   std::string model = "tiny";
   std::int64_t num_experts = 0;  // 0: the model's
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   std::vector<std::int64_t> tokens{13, 13};  // per rank
   std::string dispatch = "nccl";
+  bool dispatch_on_one_rank = false;  // one rank: `dispatch` all the same (else the single-GPU seam)
 };
 
 ModelConfig model_of(const Case& c) {
@@ -110,10 +119,11 @@ std::vector<std::uint16_t> run_ranks(const Case& c, const synthetic::Tokens& glo
     LayerOptions opt;
     opt.device = Device::kCuda;
     opt.quant = c.quant;
-    opt.prepare_finalize = G > 1 ? c.dispatch : "";
+    const bool nccl = G > 1 || c.dispatch_on_one_rank;
+    opt.prepare_finalize = nccl ? c.dispatch : "";
     opt.checked = checked;
     MoeLayer layer(m, par, opt, {view, m.has_score_correction_bias ? copies.put(bias, "bias") : nullptr}, comm);
-    if (G > 1) {
+    if (nccl) {
       EXPECT_EQ(layer.plan().section("prepare-finalize").owner, c.dispatch + " (cuda)");
     }
     RankIo io{layer, comm, dh, dl, dout.as<std::uint16_t>(), T};
@@ -139,6 +149,7 @@ std::string name_of(const Case& c) {
   std::string n = c.model + "_E" + std::to_string(model_of(c).num_experts) + "_" + std::string(quant_name(c.quant)) +
                   "_" + c.dispatch + "_T";
   for (auto t : c.tokens) n += std::to_string(t) + "_";
+  if (c.dispatch_on_one_rank) n += "one_rank";
   for (auto& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -189,6 +200,70 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, TwoGpus, ::testing::ValuesIn(cases()),
                          [](const auto& param_info) { return name_of(param_info.param); });
+
+// The transports at one rank on one GPU (dp = ep = 1, every expert local): their kernels (pack,
+// receive map, fan-out, the owner's partial, the final sum; the reference tier's ncclSend/ncclRecv to
+// itself) run on a machine with one GPU, and the layer equals the single-GPU prepare/finalize's.
+class OneGpuNccl : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OneGpuNccl, EqualsTheSingleGpuSeam) {
+  REQUIRE_ONE_GPU_NCCL();
+  const Case c = GetParam();
+  const auto tokens = tokens_of(c);
+  Case plain = c;
+  plain.dispatch_on_one_rank = false;
+  const auto base = run_ranks(plain, tokens);
+  const auto nccl = run_ranks(c, tokens);
+  const double err = testing::relative_difference(nccl, base);
+  EXPECT_LT(err, kTwoVsOne) << name_of(c);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < base.size(); ++i) same += base[i] == nccl[i];
+  std::printf("  %-56s one rank vs the single-GPU seam: rel %.3e, %.4f of the values bit-identical\n",
+              name_of(c).c_str(), err,
+              base.empty() ? 1.0 : static_cast<double>(same) / static_cast<double>(base.size()));
+  EXPECT_EQ(run_ranks(c, tokens, {}, true), nccl) << name_of(c) << ": checked mode differs";
+  Case other = c;
+  other.dispatch = c.dispatch == "nccl" ? "nccl-reference" : "nccl";
+  EXPECT_EQ(run_ranks(other, tokens), nccl) << name_of(c) << ": nccl and nccl-reference differ";
+}
+
+std::vector<Case> one_rank_cases() {
+  const QuantScheme q = QuantScheme::kPerTokenPerChannel;
+  std::vector<Case> all;
+  all.push_back({"tiny", 0, q, {13}, "nccl", true});
+  all.push_back({"tiny", 0, q, {0}, "nccl", true});
+  // 600 x 4 = 2400 received slots: the multi-block receive map.
+  all.push_back({"tiny", 0, q, {600}, "nccl", true});
+  all.push_back({"deepseek-v3", 32, q, {24}, "nccl-reference", true});
+  all.push_back({"deepseek-v3", 32, QuantScheme::kBlock128, {24}, "nccl", true});
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, OneGpuNccl, ::testing::ValuesIn(one_rank_cases()),
+                         [](const auto& param_info) { return name_of(param_info.param); });
+
+// One rank: a captured step replays to the eager bits over several graphs of one layer.
+TEST(OneGpuNcclGraphs, ReplayEqualsEager) {
+  REQUIRE_ONE_GPU_NCCL();
+  Case c{"qwen3-30b-a3b", 32, QuantScheme::kPerTokenPerChannel, {24}, "nccl", true};
+  const auto tokens = tokens_of(c);
+  const auto eager = run_ranks(c, tokens);
+  const auto replayed = run_ranks(c, tokens, [&](RankIo& io) {
+    void* stream = cuda::create_stream();
+    {
+      cuda::Graph small([&](void* s) { io.layer.enqueue(io.hidden, io.logits, 5, io.output, s); }, stream);
+      cuda::Graph full([&](void* s) { io.layer.enqueue(io.hidden, io.logits, io.tokens, io.output, s); }, stream);
+      for (int i = 0; i < 3; ++i) {
+        small.replay(stream);
+        io.layer.check_status(stream);
+        full.replay(stream);
+        io.layer.check_status(stream);
+      }
+    }
+    cuda::destroy_stream(stream);
+  });
+  EXPECT_EQ(replayed, eager);
+}
 
 // Every token's top-k among the first rank's experts: rank 1 sends everything to rank 0, whose
 // experts take every row M = max_tokens_per_rank * 2 allows.
