@@ -113,7 +113,9 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
   if (req.num_experts > 0) model.num_experts = req.num_experts;
   const QuantScheme quant = choose_quant(model, req.quant).quant;
   const int ranks = req.ranks > 0 ? req.ranks : cuda::device_count();
-  MOEKIT_CHECK(ranks >= 2, "bench dispatch needs 2 or more ranks (GPUs); {} given", ranks);
+  // One rank runs the transport's kernels on one GPU with no peer: their chain's own cost.
+  MOEKIT_CHECK(ranks >= 1 && ranks <= cuda::device_count(), "bench dispatch runs 1 to {} ranks (one a GPU); {} given",
+               cuda::device_count(), ranks);
   std::vector<DispatchRow> rows;
   double peer_gbs = 0;
   std::mutex mutex;
@@ -263,7 +265,10 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
       "moekit bench dispatch: {} over {} x {}, {} (E = {}, top-{}, K = {}, {}), {} ({}), max over ranks\n",
       req.dispatch, ranks, info.name, model.name, model.num_experts, model.topk, model.hidden_size, quant_name(quant),
       device_initiated ? "graph replay" : "eager (counts read on the host)", fmt::format("{} iterations", req.iters));
-  std::cout << fmt::format("ceiling: NCCL send/recv rank -> next rank {:.0f} GB/s (256 MiB)\n", peer_gbs);
+  if (peer_gbs > 0)
+    std::cout << fmt::format("ceiling: NCCL send/recv rank -> next rank {:.0f} GB/s (256 MiB)\n", peer_gbs);
+  else
+    std::cout << "one rank: no peer, no bytes cross; the times are the transport's kernels on one GPU\n";
   std::cout << fmt::format("{:<8} {:>5} {:>16} {:>16} {:>16} {:>10} {:>8} {:>10} {:>8} {:>10} {:>20}\n", "routing", "T",
                            "dispatch us p99", "combine us p99", "round us p99", "disp MB", "GB/s", "comb MB", "GB/s",
                            "buffers", "pipelined d / c / r");

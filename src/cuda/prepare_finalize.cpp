@@ -264,7 +264,9 @@ class NcclAllToAll final : public PrepareFinalize {
            {kStatusWords},
            Stage::kPrepare,
            Stage::kFinalize,
-           "device error flags (expert ids, corrupt records, silent peers), read after the step"});
+           "device error flags (expert ids, corrupt records, silent peers): kept across steps until check_status "
+           "reads them",
+           true});
   }
 
   std::unique_ptr<Memory> workspace_memory() override {
@@ -304,7 +306,6 @@ class NcclAllToAll final : public PrepareFinalize {
                  name(), a.num_tokens);
     EpStep s = step(p, a.topk_ids, a.topk_weights, a.num_tokens, ws);
     s.hidden = a.hidden;
-    clear_status_words(s.status, stream);
     launch_ep_dispatch(s, *group_, device_, stream);
     return {s.a1q, s.a1q_scale, s.expert_num_tokens, nullptr, a.num_tokens, ws.get<std::uint16_t>("expert_output")};
   }

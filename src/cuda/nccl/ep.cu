@@ -39,6 +39,7 @@
 #include "cuda/check.h"
 #include "cuda/ep_launch.h"
 #include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 #include "cuda/quantize.cuh"
 #include "cuda/row_map.cuh"
 #include "cuda/status.cuh"
@@ -201,6 +202,7 @@ __device__ __forceinline__ std::uint64_t destinations_of(const EpStep& s, std::i
 // counts packed in 16-bit lanes of one uint64, one exclusive block scan each: the index of a token
 // among the tokens sent to rank r is the count of earlier tokens with r (token order).
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(EpStep s) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   using Scan = cub::BlockScan<unsigned long long, kPlanThreads>;
   __shared__ typename Scan::TempStorage temp;
   const std::int64_t per = (s.tokens + kPlanThreads - 1) / kPlanThreads;
@@ -232,6 +234,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(EpStep s) {
 // --- pack: each token quantized once, one record per destination rank ------------------------------
 
 __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w, bool device_initiated) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t ids[plan::kMaxEpTopk];
   __shared__ float weights[plan::kMaxEpTopk];
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
@@ -294,6 +297,7 @@ __device__ __forceinline__ bool record_valid(const EpStep& s, bool device_initia
 }
 
 __global__ void recv_ids_kernel(EpStep s, bool device_initiated) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const std::int64_t n = s.ranks * s.max_tokens;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -326,6 +330,7 @@ __global__ void recv_ids_kernel(EpStep s, bool device_initiated) {
 constexpr int kSmallMapPairs = kRowMapOneBlockTiles * kRowMapTile;
 
 __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool device_initiated) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   extern __shared__ int smem[];
   const int E = static_cast<int>(s.E_local);
   int* seen = smem;                                                // E: the expert's slots so far
@@ -362,6 +367,7 @@ __global__ void __launch_bounds__(kRowMapTile) recv_map_kernel(EpStep s, bool de
 constexpr int kCopyThreads = 256;
 
 __global__ void __launch_bounds__(kCopyThreads) fan_out_kernel(EpStep s) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const std::int64_t n = s.ranks * s.max_tokens;
   for (std::int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -385,6 +391,7 @@ __global__ void __launch_bounds__(kCopyThreads) fan_out_kernel(EpStep s) {
 // fp32 (zeros when every slot was dropped); stored at the source (device-initiated) or into the local
 // send buffer (reference).
 __global__ void __launch_bounds__(kCopyThreads) partial_kernel(EpStep s, Window w, bool device_initiated) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const std::int64_t n = s.ranks * s.max_tokens;
   const std::int64_t dmax = plan::ep_max_destinations(s.topk, s.ranks);
@@ -422,6 +429,7 @@ __global__ void __launch_bounds__(kCopyThreads) partial_kernel(EpStep s, Window 
 
 // The source: partials in rank order, one bf16 rounding. A token routed nowhere gets 0.
 __global__ void __launch_bounds__(kCopyThreads) final_kernel(EpStep s, bool device_initiated) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const std::int64_t vecs = s.K / 8, n = s.tokens * vecs;
   const std::int64_t dmax = plan::ep_max_destinations(s.topk, s.ranks);
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
@@ -452,6 +460,7 @@ __global__ void __launch_bounds__(kCopyThreads) final_kernel(EpStep s, bool devi
 
 // Teardown: every rank's kernels are done with the peers' windows (phase 2, one CTA).
 __global__ void leave_kernel(EpStep s, Window w) {
+  pdl_enter();  // launched plainly (teardown): a no-op, for lint.pdl_rule
   signal_and_wait(s, w, 2);
 }
 
@@ -739,12 +748,12 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
       s.K % 16 == 0 && s.K <= kQuantThreads * 8 * kQuantChunks,
       "the NCCL dispatch quantizes rows of K a multiple of 16 and at most 8192, got " + std::to_string(s.K));
   if (!device_initiated) {
-    plan_kernel<<<1, kPlanThreads, 0, stream>>>(s);
+    launch_pdl(plan_kernel, 1, kPlanThreads, 0, stream, s);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   // Device-initiated: exactly kEpCtas CTAs (each signals its twin on every peer), even with 0 tokens.
-  pack_kernel<<<device_initiated ? kEpCtas : grid_for(s.tokens, 4 * kEpCtas), kQuantThreads, 0, stream>>>(
-      s, w, device_initiated);
+  launch_pdl(pack_kernel, device_initiated ? kEpCtas : grid_for(s.tokens, 4 * kEpCtas), kQuantThreads, 0, stream, s, w,
+             device_initiated);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!device_initiated) {
     const auto one = [](int) { return std::int64_t{1}; };
@@ -764,15 +773,15 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
   const std::int64_t records = s.ranks * s.max_tokens;
   if (records * s.topk <= kSmallMapPairs) {
     const std::size_t smem = s.E_local * sizeof(int) + row_map_tile_smem(static_cast<int>(s.E_local));
-    recv_map_kernel<<<1, kRowMapTile, smem, stream>>>(s, device_initiated);
+    launch_pdl(recv_map_kernel, 1, kRowMapTile, smem, stream, s, device_initiated);
     MOEKIT_CUDA_CHECK_LAUNCH();
   } else {
-    recv_ids_kernel<<<grid_for((records + 255) / 256, 1024), 256, 0, stream>>>(s, device_initiated);
+    launch_pdl(recv_ids_kernel, grid_for((records + 255) / 256, 1024), 256, 0, stream, s, device_initiated);
     MOEKIT_CUDA_CHECK_LAUNCH();
     launch_row_map(s.recv_ids, records * s.topk, static_cast<int>(s.topk), static_cast<int>(s.E_local), false, s.M,
                    s.pair_row, s.expert_num_tokens, nullptr, s.row_map_tiles, s.status, stream);
   }
-  fan_out_kernel<<<grid_for(records, 4096), kCopyThreads, 0, stream>>>(s);
+  launch_pdl(fan_out_kernel, grid_for(records, 4096), kCopyThreads, 0, stream, s);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -781,8 +790,8 @@ void launch_ep_combine(const EpStep& s, NcclGroup& g, bool device_initiated, voi
   check_step(s, g, device_initiated, stream);
   const Window w = device_initiated ? window_of(g) : Window{};
   const std::int64_t records = s.ranks * s.max_tokens;
-  partial_kernel<<<device_initiated ? kEpCtas : grid_for(records, 4096), kCopyThreads, 0, stream>>>(s, w,
-                                                                                                    device_initiated);
+  launch_pdl(partial_kernel, device_initiated ? kEpCtas : grid_for(records, 4096), kCopyThreads, 0, stream, s, w,
+             device_initiated);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!device_initiated) {
     // Each received record's partial goes back to its source; each token sent comes back once.
@@ -793,8 +802,8 @@ void launch_ep_combine(const EpStep& s, NcclGroup& g, bool device_initiated, voi
   }
   const std::int64_t work = s.tokens * (s.K / 8);
   if (work > 0) {
-    final_kernel<<<grid_for((work + kCopyThreads - 1) / kCopyThreads, 4096), kCopyThreads, 0, stream>>>(
-        s, device_initiated);
+    launch_pdl(final_kernel, grid_for((work + kCopyThreads - 1) / kCopyThreads, 4096), kCopyThreads, 0, stream, s,
+               device_initiated);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   if (!device_initiated) wait_bounded(g, stream, s.timeout_ns, "nccl-reference combine");
