@@ -15,6 +15,13 @@
 // temporaries, wait, then acc += tmp * sa[row] * sb[half]. The two consumer warpgroups interleave,
 // one promoting while the other's wgmmas run. Tiles: expert by expert, the token tiles of one
 // weight tile adjacent (CTAs that read the same weights run together and share them through L2).
+// Half pairs (kPairs: block-128x256, not the fused W1): a half tile (a group's last token tile when
+// it holds 1-64 of its rows: a ragged expert's, or a whole expert of <= 64 rows) runs pingpong with
+// its neighbour: the half tiles of weight tiles nt and nt + 1 make one work item, warpgroup w
+// computing the 64 rows x 256 columns of nt + w on every other stage (A loaded as 64 rows), so an
+// item costs about one full tile. Without them an expert of 257-320 rows runs three full tiles' time
+// for its 2.0-2.5 tiles of rows (docs/PERF.md). The fused W1 keeps full tiles: its consumers have no
+// register to spare, and every variant of its loop's state that carried pairs measured 6-19% slower.
 // Operands are addressed through one 2-D TMA descriptor each over the tensor every group lies in
 // (GroupedGemmLaunch::tensors): a group's first row is its pointer's offset in that tensor. Rows a
 // tile reads past its group are never written (the epilogue masks rows >= m and columns >= n).
@@ -32,6 +39,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda/block_gemm_items.h"
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cute/arch/copy_sm90_desc.hpp"
@@ -45,22 +53,29 @@
 namespace moekit::cuda::detail {
 
 struct BlockGemm {
-  static constexpr int kTileM = 128, kTileN = 256, kTileK = static_cast<int>(kQuantBlock);
+  static constexpr int kTileM = kBlockTileM, kTileN = 256, kTileK = static_cast<int>(kQuantBlock);
   static constexpr int kHalfN = 128;  // one weight block: the promotion's unit
   static constexpr int kStages = 4;
-  static constexpr int kThreads = 384;             // producer warpgroup + 2 consumer warpgroups
-  static constexpr int kMaxGroups = 1024;          // the tile table lives in shared memory
-  static constexpr int kABytes = kTileM * kTileK;  // FP8: one byte an element
+  static constexpr int kHalfTileRows = kBlockHalfTileRows;  // block_gemm_items.h
+  static constexpr int kThreads = 384;                      // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kMaxGroups = 1024;                   // the tile table lives in shared memory
+  static constexpr int kABytes = kTileM * kTileK;           // FP8: one byte an element
+  static constexpr int kHalfABytes = kHalfTileRows * kTileK;
   static constexpr int kBBytes = kTileN * kTileK;
   static constexpr int kConsumerWarps = 8;
   // The epilogue stages 16 rows x 128 bytes a consumer warp (a quarter tile of bf16, an output group
   // of FP8 codes) and writes them 16 bytes a lane, whole rows; a staged row is 128 bytes + 16 of
   // padding, so a thread's writes at rows lane / 4 and lane / 4 + 8 fall in 32 distinct banks.
   static constexpr int kStageRows = 16, kStageRowBytes = 128 + 16;
-  // Registers: 24 for the producer, 240 for the consumers (128 x 24 + 256 x 240 <= 64 K).
+  // Registers: 24 for the producer, 240 for the consumers: 128 x 24 + 256 x 240 = 384 x 168, what the
+  // CTA is launched with (setmaxnreg only moves registers between its warpgroups: asking for more
+  // than it holds, e.g. a 32-register producer, never returns and the kernel hangs).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnreg would wait forever");
   static_assert(kTileK == 128, "a TMA box row of 128 FP8 = one 128-byte swizzle row");
+  static_assert((kStages & (kStages - 1)) == 0, "the consumers' ring position -> stage is a mask");
   static_assert(kTileM == 2 * 64 && kTileN == 2 * kHalfN, "two 64-row consumer warpgroups, two 128-column halves");
+  static_assert(kHalfTileRows == 64, "a half tile is one warpgroup's 64 rows");
 
   struct alignas(1024) Smem {
     std::uint8_t a[kStages][kABytes];  // 128-byte swizzled, 1024-byte aligned (the wgmma descriptors' base)
@@ -154,13 +169,12 @@ __device__ __forceinline__ int block_gemm_group_of(const int* tile_start, int gr
   return lo;
 }
 
-// Unswapped: the token tiles of one weight tile adjacent.
-__device__ __forceinline__ BlockGemmTile block_gemm_locate(const int* tile_start, const int* shapes, int groups,
-                                                           int n_tiles, int tile) {
-  const int lo = block_gemm_group_of(tile_start, groups, tile);
-  const int local = tile - tile_start[lo];
-  const int m_tiles = (shapes[3 * lo] + BlockGemm::kTileM - 1) / BlockGemm::kTileM;
-  return {lo, local % m_tiles, local / m_tiles};
+// Item `item` of the tile table (block_gemm_items.h).
+template <bool kPairs>
+__device__ __forceinline__ BlockGemmItem block_gemm_item(const int* tile_start, const int* shapes, int groups,
+                                                         int n_tiles, int item) {
+  const int g = block_gemm_group_of(tile_start, groups, item);
+  return block_gemm_group_item<kPairs>(g, shapes[3 * g], n_tiles, item - tile_start[g]);
 }
 
 // Writes a warp's staged rows (BlockGemm::Smem::out) to dst + row * ld_bytes, 128 bytes a row, the
@@ -251,10 +265,10 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
   }
 }
 
-template <bool kFused>
+template <bool kFused, bool kPairs>
 __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
-    block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                      const BlockGemm::Params p) {
+    block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a64,
+                      const __grid_constant__ CUtensorMap tma_b, const BlockGemm::Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using BG = BlockGemm;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -265,7 +279,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 
   // --- the tile table (warp 0) and the barriers (thread 0) ---
   block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
-    return (p.args.shapes[3 * g] + BG::kTileM - 1) / BG::kTileM * n_tiles;
+    return block_gemm_items_of<kPairs>(p.args.shapes[3 * g], n_tiles);
   });
   __syncthreads();
   const int total = s.tile_start[p.groups];
@@ -278,17 +292,24 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     int stage = 0;
     std::uint32_t phase = 0;
-    for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
-      const BlockGemmTile t = block_gemm_locate(s.tile_start, p.args.shapes, p.groups, n_tiles, tile);
-      const auto a_row =
-          static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[t.g]) - p.a_base) / p.k) + t.mt * BG::kTileM;
-      const auto b_row =
-          static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[t.g]) - p.b_base) / p.k) + t.nt * BG::kTileN;
-      for (int kb = 0; kb < p.k_blocks; ++kb) {
+    for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
+      const BlockGemmItem it = block_gemm_item<kPairs>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+      const bool half = kPairs && block_gemm_is_half(p.args.shapes[3 * it.g], it.mt);
+      const auto a_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
+                         it.mt * BG::kTileM;
+      const auto b_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[it.g]) - p.b_base) / p.k) +
+                         it.nt * BG::kTileN;
+      // A half pair's stages alternate between its weight tiles: k-block kb of nt, then of nt + 1
+      // (one loop over both: the producer's 24 registers spilled with two).
+      const CUtensorMap* map_a = half ? &tma_a64 : &tma_a;
+      const int bytes = (half ? BG::kHalfABytes : BG::kABytes) + BG::kBBytes, pair = it.tiles - 1;
+#pragma unroll 1
+      for (int j = 0; j < p.k_blocks << pair; ++j) {
+        const int kb = j >> pair, col = kb * BG::kTileK;
         Barrier::wait(&s.empty[stage], phase ^ 1);
-        TxBarrier::arrive_and_expect_tx(&s.full[stage], BG::kABytes + BG::kBBytes);
-        cute::SM90_TMA_LOAD_2D::copy(&tma_a, &s.full[stage], kHint, s.a[stage], kb * BG::kTileK, a_row);
-        cute::SM90_TMA_LOAD_2D::copy(&tma_b, &s.full[stage], kHint, s.b[stage], kb * BG::kTileK, b_row);
+        TxBarrier::arrive_and_expect_tx(&s.full[stage], bytes);
+        cute::SM90_TMA_LOAD_2D::copy(map_a, &s.full[stage], kHint, s.a[stage], col, a_row);
+        cute::SM90_TMA_LOAD_2D::copy(&tma_b, &s.full[stage], kHint, s.b[stage], col, b_row + (j & pair) * BG::kTileN);
         if (++stage == BG::kStages) {
           stage = 0;
           phase ^= 1;
@@ -305,22 +326,46 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   const int wg = __shfl_sync(0xFFFFFFFFu, warp_group - 1, 0);
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
-  const int row_in_tile = wg * 64 + warp * 16 + lane / 4;  // and + 8
   const int n_blocks = (p.n + BG::kHalfN - 1) / BG::kHalfN;
-  int stage = 0;
+  // The ring's position. Full tiles only (the fused W1): stage and phase carried from tile to tile,
+  // the loop state it measured fastest with. With half pairs: ring, the k-blocks the ring has carried
+  // before the item (stage ring % kStages, phase (ring / kStages) % 2), each tile's start from it.
+  int ring = 0, stage = 0;
   std::uint32_t phase = 0;
   float acc[2][64];
   float tmp[64];
-  const std::uint32_t a_desc0 = block_gemm_desc_lo(s.a[0] + wg * 64 * BG::kTileK), b_desc0 = block_gemm_desc_lo(s.b[0]);
-  for (int tile = static_cast<int>(blockIdx.x); tile < total; tile += static_cast<int>(gridDim.x)) {
-    const BlockGemmTile t = block_gemm_locate(s.tile_start, p.args.shapes, p.groups, n_tiles, tile);
-    const int m = p.args.shapes[3 * t.g];
-    const int r0 = t.mt * BG::kTileM + row_in_tile;
+  const std::uint32_t a_desc_base = block_gemm_desc_lo(s.a[0]), b_desc0 = block_gemm_desc_lo(s.b[0]);
+  for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
+    const BlockGemmItem it = block_gemm_item<kPairs>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+    const int m = p.args.shapes[3 * it.g];
+    // A full tile: the warpgroup's 64 rows of it, every stage. A half pair: warpgroup wg runs the
+    // half tile of weight tile nt + wg alone (the tile's 64 rows) on the item's stages wg, wg + 2,
+    // ..., and hands each back for both warpgroups (step = 2 arrivals a warp). A lone half tile
+    // (tiles = 1): warpgroup 1 only waits for each of its stages and hands it back.
+    const bool half = kPairs && __shfl_sync(0xFFFFFFFFu, static_cast<int>(block_gemm_is_half(m, it.mt)), 0) != 0;
+    const int base = ring, first = base + (half ? wg : 0), step = half ? it.tiles : 1;
+    ring += it.tiles * p.k_blocks;
+    if (half && wg >= it.tiles) {
+      for (int q = base; q < base + p.k_blocks; ++q) {
+        TxBarrier::wait(&s.full[q & (BG::kStages - 1)], static_cast<std::uint32_t>(q / BG::kStages) & 1u);
+        __syncwarp();
+        if (lane == 0) Barrier::arrive(&s.empty[q & (BG::kStages - 1)]);
+      }
+      continue;
+    }
+    const int nt = it.nt + (half ? wg : 0);
+    const int row0 = it.mt * BG::kTileM + (half ? 0 : wg * 64);  // the warpgroup's first row of the group
+    const int r0 = row0 + warp * 16 + lane / 4;                  // and r0 + 8
+    const std::uint32_t a_desc0 = a_desc_base + (half ? 0 : wg * (64 * BG::kTileK >> 4));
     // Scales of rows past the group: its last row's (finite; those rows are never written).
-    const float* sa0 = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(r0, m - 1)) * p.k_blocks;
-    const float* sa1 = p.args.ptr_col[t.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
-    const float* sb0 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(2 * t.nt, n_blocks - 1)) * p.k_blocks;
-    const float* sb1 = p.args.ptr_row[t.g] + static_cast<std::int64_t>(min(2 * t.nt + 1, n_blocks - 1)) * p.k_blocks;
+    const float* sa0 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0, m - 1)) * p.k_blocks;
+    const float* sa1 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
+    const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt, n_blocks - 1)) * p.k_blocks;
+    const float* sb1 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt + 1, n_blocks - 1)) * p.k_blocks;
+    if constexpr (kPairs) {
+      stage = first & (BG::kStages - 1);
+      phase = static_cast<std::uint32_t>(first / BG::kStages) & 1u;
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     float na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = __ldg(sb1);
@@ -353,9 +398,12 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         cute::warpgroup_wait<0>();
 #pragma unroll
         for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
-        if (h == 1) {  // the stage is read: hand it back to the producer
+        if (h == 1) {  // the stage is read: hand it back to the producer (for both warpgroups in a half pair)
           __syncwarp();
-          if (lane == 0) Barrier::arrive(&s.empty[stage]);
+          if (lane == 0) {
+            Barrier::arrive(&s.empty[stage]);
+            if (step == 2) Barrier::arrive(&s.empty[stage]);
+          }
         }
         const float sb = h == 0 ? b0 : b1;
         const float s0 = a0 * sb, s1 = a1 * sb;
@@ -367,35 +415,41 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
           acc[h][4 * i + 3] += tmp[4 * i + 3] * s1;
         }
       }
-      if (++stage == BG::kStages) {
+      if constexpr (kPairs) {
+        stage += step;  // step <= 2 < kStages: one wrap at most
+        if (stage >= BG::kStages) {
+          stage -= BG::kStages;
+          phase ^= 1u;
+        }
+      } else if (++stage == BG::kStages) {
         stage = 0;
-        phase ^= 1;
+        phase ^= 1u;
       }
     }
 
     // --- epilogue: the warp's 16 rows (warp_row0 of the group on), staged, whole rows written ---
-    const int warp_row0 = t.mt * BG::kTileM + wg * 64 + warp * 16;
+    const int warp_row0 = row0 + warp * 16;
     if (warp_row0 >= m) continue;                 // the warp's rows are all past the group
     std::uint8_t* staged = s.out[wg * 4 + warp];  // the warp's rows in shared memory
     if constexpr (kFused) {
       const GroupedGemmLaunch::FusedW1& f = p.fused;
       const std::int64_t act_row0 =
-          f.row_offsets != nullptr ? f.row_offsets[t.g] : static_cast<std::int64_t>(t.g) * f.M;
+          f.row_offsets != nullptr ? f.row_offsets[it.g] : static_cast<std::int64_t>(it.g) * f.M;
       numerics::with_activation(f.activation, [&]<Activation kAct>() {
         if constexpr (kAct != Activation::kSwigluOai)  // its interleaved rows are refused at launch
-          block_gemm_fused_epilogue<kAct>(acc, lane, r0, m, warp_row0, staged, act_row0, t.nt, f);
+          block_gemm_fused_epilogue<kAct>(acc, lane, r0, m, warp_row0, staged, act_row0, nt, f);
       });
     } else {
       // bf16 D a quarter tile (64 columns = 128 bytes a row) at a time; n % 128 == 0 (n_multiple).
-      auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[t.g]);
-      const std::int64_t ld_bytes = 2 * p.args.stride_D[t.g];
+      auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[it.g]);
+      const std::int64_t ld_bytes = 2 * p.args.stride_D[it.g];
       std::uint8_t* out0 = staged + (lane / 4) * BG::kStageRowBytes + 4 * (lane % 4);
       std::uint8_t* out1 = out0 + 8 * BG::kStageRowBytes;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          const int col0 = t.nt * BG::kTileN + h * BG::kHalfN + q * 64;
+          const int col0 = nt * BG::kTileN + h * BG::kHalfN + q * 64;
           if (col0 >= p.n) continue;
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -508,11 +562,15 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   BG::Params p = block_gemm_params(l);
   if constexpr (kFused) p.fused = l.fused;
   const CUtensorMap ta = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kTileM, "the tokens");
+  // Half pairs on block-128x256 only (the fused W1's consumers have no register for them: see the top).
+  constexpr bool kPairs = !kFused;
+  const CUtensorMap ta64 =
+      kPairs ? block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kHalfTileRows, "the tokens") : ta;
   const CUtensorMap tb =
       block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileN, "the weights");
-  const auto kernel = block_gemm_kernel<kFused>;
+  const auto kernel = block_gemm_kernel<kFused, kPairs>;
   MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
-  kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, tb, p);
+  kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, ta64, tb, p);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -71,6 +71,11 @@ inline std::vector<std::int32_t> pattern_counts(const std::string& pattern, std:
     else if (pattern == "ragged") {
       const std::int32_t odd[] = {1, 37, 129, 255, 7, 200};
       c[ue] = std::min<std::int32_t>(odd[e % 6], static_cast<std::int32_t>(M));
+    } else if (pattern == "tails") {
+      // Either side of a 128-row token tile's half: the block GEMM's last tile of a group is a half
+      // tile when it holds <= 64 of the group's rows (193: 65 rows, full; 129: 1 row, half; 64: half).
+      const std::int32_t edge[] = {193, 64, 129, 65, 192, 1, 128, 63};
+      c[ue] = std::min<std::int32_t>(edge[e % 8], static_cast<std::int32_t>(M));
     }
   }
   return c;

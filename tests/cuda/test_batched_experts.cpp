@@ -368,7 +368,7 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
   cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const auto w = synthetic::make_expert_weights(p, 0, 17, pool);
   GpuExperts gpu(p, w);
-  for (const std::string pattern : {"zero", "one_full", "uniform", "skew", "ragged"}) {
+  for (const std::string pattern : {"zero", "one_full", "uniform", "skew", "ragged", "tails"}) {
     const auto counts = pattern_counts(pattern, p.E_local, p.M, 3);
     const auto in = testing::make_batched_inputs(p, counts, 23);
     const auto ref = cpu_oracle(p, w, in, pool);

@@ -1,0 +1,78 @@
+// The block GEMM's work items (src/cuda/block_gemm_items.h), on the CPU: for every group size and
+// weight-tile count, the items of a group deal each of its tiles exactly once; a two-tile item holds
+// the half tiles of adjacent weight tiles; with pairs, the half tiles of a group are half as many
+// items, so every item costs about one full tile.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+
+#include "cuda/block_gemm_items.h"
+
+namespace moekit::cuda::detail {
+namespace {
+
+template <bool kPairs>
+void check_group(int m, int n_tiles) {
+  const int m_tiles = (m + kBlockTileM - 1) / kBlockTileM;
+  const int items = block_gemm_items_of<kPairs>(m, n_tiles);
+  std::map<std::pair<int, int>, int> dealt;  // (mt, nt) -> times
+  int lone_halves = 0;
+  for (int local = 0; local < items; ++local) {
+    const BlockGemmItem it = block_gemm_group_item<kPairs>(7, m, n_tiles, local);
+    ASSERT_EQ(it.g, 7);
+    ASSERT_TRUE(it.tiles == 1 || it.tiles == 2) << "m " << m << " n_tiles " << n_tiles << " item " << local;
+    const bool half = block_gemm_is_half(m, it.mt);
+    if (it.tiles == 2 || (kPairs && half)) {
+      // Half tiles only in half items: the last token tile, holding 1-64 of the group's rows.
+      EXPECT_TRUE(half) << "m " << m << " item " << local;
+      EXPECT_EQ(it.mt, m_tiles - 1);
+      if (it.tiles == 1) {
+        ++lone_halves;
+        EXPECT_EQ(it.nt, n_tiles - 1) << "a lone half tile only at the last odd weight tile (m " << m << ")";
+      }
+    }
+    for (int i = 0; i < it.tiles; ++i) ++dealt[{it.mt, it.nt + i}];
+  }
+  EXPECT_EQ(static_cast<int>(dealt.size()), m_tiles * n_tiles) << "m " << m << " n_tiles " << n_tiles;
+  for (const auto& [tile, times] : dealt) {
+    EXPECT_EQ(times, 1) << "tile (" << tile.first << ", " << tile.second << ") of m " << m << " n_tiles " << n_tiles;
+    EXPECT_LT(tile.first, m_tiles);
+    EXPECT_LT(tile.second, n_tiles);
+  }
+  if (kPairs && m > 0 && block_gemm_is_half(m, m_tiles - 1)) {
+    EXPECT_EQ(items, (m_tiles - 1) * n_tiles + (n_tiles + 1) / 2);
+    EXPECT_EQ(lone_halves, n_tiles % 2);
+  } else {
+    EXPECT_EQ(items, m_tiles * n_tiles);
+  }
+}
+
+TEST(BlockGemmItems, EveryTileOnceWithAndWithoutPairs) {
+  for (int n_tiles = 1; n_tiles <= 9; ++n_tiles)
+    for (int m = 0; m <= 700; ++m) {
+      check_group<false>(m, n_tiles);
+      check_group<true>(m, n_tiles);
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+TEST(BlockGemmItems, HalfTileEdges) {
+  // 64 rows: one half tile; 65: one full tile (a warpgroup's rows past the group); 128 + 64: a full
+  // and a half; 128 + 65: two full; 300 (DeepSeek-V3 at T = 8192 holds 257-311): two full and a half.
+  EXPECT_TRUE(block_gemm_is_half(64, 0));
+  EXPECT_FALSE(block_gemm_is_half(65, 0));
+  EXPECT_TRUE(block_gemm_is_half(192, 1));
+  EXPECT_FALSE(block_gemm_is_half(193, 1));
+  EXPECT_EQ(block_gemm_items_of<true>(300, 16), 2 * 16 + 8);
+  EXPECT_EQ(block_gemm_items_of<false>(300, 16), 3 * 16);
+  // Weight tiles 0 and 1 of a 300-row group: full (0, 0), (1, 0); the pair (2, 0 + 1); full (0, 1), (1, 1).
+  const BlockGemmItem pair = block_gemm_group_item<true>(0, 300, 16, 2);
+  EXPECT_EQ(pair.mt, 2);
+  EXPECT_EQ(pair.nt, 0);
+  EXPECT_EQ(pair.tiles, 2);
+  EXPECT_EQ(block_gemm_group_item<true>(0, 300, 16, 3).nt, 1);
+}
+
+}  // namespace
+}  // namespace moekit::cuda::detail
