@@ -125,7 +125,8 @@ struct BlockGemmTile {
 };
 
 // Warp 0 writes the tile table, tile_start[g] = the first tile of group g (an exclusive prefix of
-// tiles_of(g) over the groups, tile_start[groups] = every tile); its lane 0 initializes the ring's
+// tiles_of(g) over the groups, tile_start[groups] = every tile; the unswapped kernel's entries are
+// work items, block_gemm_items.h); its lane 0 initializes the ring's
 // barriers. Every moekit block-GEMM kernel starts here, then __syncthreads().
 template <int kStages, int kConsumerWarps, class TilesOf>
 __device__ __forceinline__ void block_gemm_setup(int* tile_start, std::uint64_t* full, std::uint64_t* empty, int groups,
