@@ -17,7 +17,9 @@
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
 //      M: the launches of the ranges above m_e run empty) [--experts E_local] (default 16: DeepSeek-V3
-//      at DP 16; 8 is DP 32)
+//      at DP 16; 8 is DP 32) [--graph-parts] (each variant's step in parts, each part replayed from
+//      its own graph: W1 + activation, activation + W2, W1 + W2, W1 + activation + W2; where a
+//      step's graph time exceeds its GEMMs alone plus the rest, which adjacency costs it)
 // (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
   bool rule_first = false;
+  bool graph_parts = false;
   std::int64_t only_M = 0, only_m_e = 0;
   std::int64_t max_rows = 0;  // the rules planned for up to this many rows an expert (0: m_e)
   std::int64_t E_local = 16;  // DeepSeek-V3's local experts at DP 16 (8 at DP 32)
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
   for (int a = 2; a < argc; ++a) {
     if (std::string(argv[a]) == "--quick") quick = true;
     if (std::string(argv[a]) == "--rule-first") rule_first = true;
+    if (std::string(argv[a]) == "--graph-parts") graph_parts = true;
     if (std::string(argv[a]) == "--max-rows" && a + 1 < argc) max_rows = std::stoll(argv[a + 1]);
     if (std::string(argv[a]) == "--experts" && a + 1 < argc) {
       E_local = std::stoll(argv[a + 1]);
@@ -282,6 +286,35 @@ int main(int argc, char** argv) {
           r.g2_ms = time_gemm(2);
           r.r1_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 1, s); });
           r.r2_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 2, s); });
+          if (graph_parts) {
+            // As launch_batched_experts runs them, without the prepare kernel (its arguments stay).
+            const bool act = !v.gemms.fused_w1 || v.gemms.w1_small;
+            auto activation = [&](void* s) {
+              if (act) cuda::launch_activation_quant(l, cuda::ActivationKernel::kAuto, s);
+            };
+            const double w1_act = replay_ms([&](void* s) {
+              cuda::launch_experts_gemm(l, 1, s);
+              activation(s);
+            });
+            const double act_w2 = replay_ms([&](void* s) {
+              activation(s);
+              cuda::launch_experts_gemm(l, 2, s);
+            });
+            const double w1_w2 = replay_ms([&](void* s) {
+              cuda::launch_experts_gemm(l, 1, s);
+              cuda::launch_experts_gemm(l, 2, s);
+            });
+            const double w1_act_w2 = replay_ms([&](void* s) {
+              cuda::launch_experts_gemm(l, 1, s);
+              activation(s);
+              cuda::launch_experts_gemm(l, 2, s);
+            });
+            char line[200];
+            std::snprintf(line, sizeof(line),
+                          "       graph parts: W1+act %.4f, act+W2 %.4f, W1+W2 %.4f, W1+act+W2 %.4f ms%s\n", w1_act,
+                          act_w2, w1_w2, w1_act_w2, act ? "" : " (no activation kernel: fused)");
+            r.notes += line;
+          }
           if (v.selected && !v.gemms.fused_w1) {
             // The activation stage alone, per kernel variant (w1_out holds real values now).
             const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
