@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
           r.r2_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 2, s); });
           if (graph_parts) {
             // As launch_batched_experts runs them, without the prepare kernel (its arguments stay).
-            const bool act = !v.gemms.fused_w1 || v.gemms.w1_small;
+            const bool act = plan::runs_activation_kernel(v.gemms);
             auto activation = [&](void* s) {
               if (act) cuda::launch_activation_quant(l, cuda::ActivationKernel::kAuto, s);
             };

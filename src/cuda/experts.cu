@@ -513,7 +513,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
   launch_experts_prepare(l, stream);
   launch_experts_gemm(l, 1, stream);  // fused: writes act_q / act_scale itself (but for w1_small's experts)
-  if (!l.gemms.fused_w1 || l.gemms.w1_small) launch_activation_quant(l, ActivationKernel::kAuto, stream);
+  if (plan::runs_activation_kernel(l.gemms)) launch_activation_quant(l, ActivationKernel::kAuto, stream);
   launch_experts_gemm(l, 2, stream);
 }
 

@@ -88,6 +88,10 @@ bool writes_w1_small(const ExpertsGemmPlan& g, int j) {
   return g.fused_w1 && j >= 0 && j < g.w1.count && gemm_config_info(g.w1.config[j]).w1_fp32;
 }
 
+bool runs_activation_kernel(const ExpertsGemmPlan& g) {
+  return !g.fused_w1 || g.w1_small;
+}
+
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
   const bool fused = fuses_w1(p);

@@ -163,6 +163,9 @@ struct ExpertsGemmPlan {
 // Whether W1 launch j writes w1_small (a w1_fp32 config in the fused recipe), not w1_out or act_q:
 // what the plan's region, the prepare kernel's D pointers and the launch's D type all follow.
 bool writes_w1_small(const ExpertsGemmPlan& gemms, int j);
+// Whether a step runs the activation kernel between the GEMMs: unfused, or fused with experts in
+// w1_small (the fused W1 writes act_q / act_scale itself for the others).
+bool runs_activation_kernel(const ExpertsGemmPlan& gemms);
 // Rows an expert of w1_small (the fused recipe's fp32 W1 output of its small experts): at most
 // fused_w1_small_rows(), at most the rows an expert's slab holds (batched M, standard M * topk).
 // The plan's region, the prepare kernel's slot stride and the activation kernel's rows read it.

@@ -144,6 +144,10 @@ TEST(GemmConfig, FusedW1) {
   const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1Block128x256, p);
   EXPECT_TRUE(forced.fused_w1);
   EXPECT_FALSE(forced.w1_small);  // every expert on the fused W1
+  // The activation kernel runs unfused, and fused for w1_small's experts; never after the fused W1 alone.
+  EXPECT_TRUE(runs_activation_kernel(unfused));
+  EXPECT_TRUE(runs_activation_kernel(g));
+  EXPECT_FALSE(runs_activation_kernel(forced));
   EXPECT_EQ(forced.w1.count, 1);
   EXPECT_EQ(describe(forced.w2), describe(g.w2));
   EXPECT_THROW(single_config(GemmConfig::kCooperative128x128, p), Error);  // the recipe fuses
