@@ -25,6 +25,7 @@ MOEKIT_HD inline bool block_gemm_is_half(int m, int mt) {
 
 struct BlockGemmItem {
   int g, mt, nt, tiles;  // tiles 2: the half tiles (mt, nt) and (mt, nt + 1)
+  bool half;             // run as a half tile (64 rows; with kPairs only): a pair, or a lone half tile
 };
 
 // The items of a group of m rows (0 for an empty group).
@@ -42,11 +43,11 @@ MOEKIT_HD inline int block_gemm_items_of(int m, int n_tiles) {
 template <bool kPairs>
 MOEKIT_HD inline BlockGemmItem block_gemm_group_item(int g, int m, int n_tiles, int local) {
   const int m_tiles = (m + kBlockTileM - 1) / kBlockTileM;
-  if (!kPairs || !block_gemm_is_half(m, m_tiles - 1)) return {g, local % m_tiles, local / m_tiles, 1};
+  if (!kPairs || !block_gemm_is_half(m, m_tiles - 1)) return {g, local % m_tiles, local / m_tiles, 1, false};
   const int m_full = m_tiles - 1, b = local / (2 * m_full + 1), r = local % (2 * m_full + 1);
-  if (r < m_full) return {g, r, 2 * b, 1};
-  if (r > m_full) return {g, r - m_full - 1, 2 * b + 1, 1};
-  return {g, m_full, 2 * b, n_tiles - 2 * b < 2 ? 1 : 2};
+  if (r < m_full) return {g, r, 2 * b, 1, false};
+  if (r > m_full) return {g, r - m_full - 1, 2 * b + 1, 1, false};
+  return {g, m_full, 2 * b, n_tiles - 2 * b < 2 ? 1 : 2, true};
 }
 
 }  // namespace moekit::cuda::detail

@@ -73,7 +73,6 @@ struct BlockGemm {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnreg would wait forever");
   static_assert(kTileK == 128, "a TMA box row of 128 FP8 = one 128-byte swizzle row");
-  static_assert((kStages & (kStages - 1)) == 0, "the consumers' ring position -> stage is a mask");
   static_assert(kTileM == 2 * 64 && kTileN == 2 * kHalfN, "two 64-row consumer warpgroups, two 128-column halves");
   static_assert(kHalfTileRows == 64, "a half tile is one warpgroup's 64 rows");
 
@@ -168,6 +167,18 @@ __device__ __forceinline__ int block_gemm_group_of(const int* tile_start, int gr
       hi = mid - 1;
   }
   return lo;
+}
+
+// Ring position q (the k-blocks the ring has carried before) -> its stage, and the phase its
+// barriers are in on that pass.
+struct RingSlot {
+  int stage;
+  std::uint32_t phase;
+};
+template <int kStages>
+__device__ __forceinline__ RingSlot ring_slot(int q) {
+  static_assert((kStages & (kStages - 1)) == 0, "ring position -> stage is a mask");
+  return {q & (kStages - 1), static_cast<std::uint32_t>(q / kStages) & 1u};
 }
 
 // Item `item` of the tile table (block_gemm_items.h).
@@ -295,7 +306,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     std::uint32_t phase = 0;
     for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
       const BlockGemmItem it = block_gemm_item<kPairs>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
-      const bool half = kPairs && block_gemm_is_half(p.args.shapes[3 * it.g], it.mt);
+      const bool half = kPairs && it.half;
       const auto a_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
                          it.mt * BG::kTileM;
       const auto b_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[it.g]) - p.b_base) / p.k) +
@@ -330,7 +341,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   const int n_blocks = (p.n + BG::kHalfN - 1) / BG::kHalfN;
   // The ring's position. Full tiles only (the fused W1): stage and phase carried from tile to tile,
   // the loop state it measured fastest with. With half pairs: ring, the k-blocks the ring has carried
-  // before the item (stage ring % kStages, phase (ring / kStages) % 2), each tile's start from it.
+  // before the item (ring_slot), each tile's start from it.
   int ring = 0, stage = 0;
   std::uint32_t phase = 0;
   float acc[2][64];
@@ -343,14 +354,15 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     // half tile of weight tile nt + wg alone (the tile's 64 rows) on the item's stages wg, wg + 2,
     // ..., and hands each back for both warpgroups (step = 2 arrivals a warp). A lone half tile
     // (tiles = 1): warpgroup 1 only waits for each of its stages and hands it back.
-    const bool half = kPairs && __shfl_sync(0xFFFFFFFFu, static_cast<int>(block_gemm_is_half(m, it.mt)), 0) != 0;
+    const bool half = kPairs && __shfl_sync(0xFFFFFFFFu, static_cast<int>(it.half), 0) != 0;
     const int base = ring, first = base + (half ? wg : 0), step = half ? it.tiles : 1;
     ring += it.tiles * p.k_blocks;
     if (half && wg >= it.tiles) {
       for (int q = base; q < base + p.k_blocks; ++q) {
-        TxBarrier::wait(&s.full[q & (BG::kStages - 1)], static_cast<std::uint32_t>(q / BG::kStages) & 1u);
+        const auto [q_stage, q_phase] = ring_slot<BG::kStages>(q);
+        TxBarrier::wait(&s.full[q_stage], q_phase);
         __syncwarp();
-        if (lane == 0) Barrier::arrive(&s.empty[q & (BG::kStages - 1)]);
+        if (lane == 0) Barrier::arrive(&s.empty[q_stage]);
       }
       continue;
     }
@@ -364,8 +376,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt, n_blocks - 1)) * p.k_blocks;
     const float* sb1 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt + 1, n_blocks - 1)) * p.k_blocks;
     if constexpr (kPairs) {
-      stage = first & (BG::kStages - 1);
-      phase = static_cast<std::uint32_t>(first / BG::kStages) & 1u;
+      const RingSlot slot = ring_slot<BG::kStages>(first);
+      stage = slot.stage;
+      phase = slot.phase;
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;

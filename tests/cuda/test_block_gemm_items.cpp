@@ -23,6 +23,7 @@ void check_group(int m, int n_tiles) {
     ASSERT_EQ(it.g, 7);
     ASSERT_TRUE(it.tiles == 1 || it.tiles == 2) << "m " << m << " n_tiles " << n_tiles << " item " << local;
     const bool half = block_gemm_is_half(m, it.mt);
+    EXPECT_EQ(it.half, kPairs && half) << "m " << m << " item " << local << ": the kernel runs it.half as 64 rows";
     if (it.tiles == 2 || (kPairs && half)) {
       // Half tiles only in half items: the last token tile, holding 1-64 of the group's rows.
       EXPECT_TRUE(half) << "m " << m << " item " << local;
