@@ -16,7 +16,7 @@
 #   configs: the experts' GPU tests, then bench_gpu_experts on the configs $CONFIGS (comma-separated
 #          names of plan/gemm_config.h) and the rule, scaling $QUANT, cases $CASES ("M:m_e ..."),
 #          E_local $EXPERTS, $ROUNDS rounds; GRAPH_PARTS=1 adds each step's parts replayed from their
-#          own graphs (--graph-parts).
+#          own graphs (--graph-parts); the SM clock and power meanwhile in configs_clocks.csv.
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
@@ -217,6 +217,11 @@ if [[ $part == configs ]]; then
   run timeout 400 $BIN/test_batched_experts --gtest_filter='Models/BatchedExpertsGpu.*' > "$OUT/configs_tests.log" 2>&1
   echo "experts tests rc=$?" | tee -a "$OUT/machine.txt"
   grep -E 'FAILED|PASSED|Failure' "$OUT/configs_tests.log" | tail -8
+  # The SM clock, power and throttle reasons every 50 ms while the benchmark runs (configs_clocks.csv):
+  # whether a variant's time moved with the clock.
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 50 > "$OUT/configs_clocks.csv" 2>&1 &
+  smi_pid=$!
   for round in $(seq ${ROUNDS:-2}); do
     for c in ${CASES:-8192:256}; do
       echo "-- round $round M m_e $c" | tee -a "$OUT/configs.txt"
@@ -225,6 +230,8 @@ if [[ $part == configs ]]; then
         | grep -E "^(per-token|block128|per-tensor|ceilings)|replayed alone|graph parts"
     done
   done
+  kill $smi_pid 2>/dev/null
+  sed -n '2,$p' "$OUT/configs_clocks.csv" | awk -F', ' '{print $2, $6}' | sort | uniq -c | sort -rn | head -12
 fi
 
 if [[ $part == layer ]]; then

@@ -9,9 +9,10 @@
 // GEMMs read them, cuda::measure_weight_stream_ms: "read", the small-m_e floor); for each
 // quantization scheme asked for (per-token and block128 by default, in the same process, so the
 // two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
-// first call runs) and replayed from a CUDA graph (as decode runs it), the variants of a case
-// replayed in turn (one replay of each a round: the sweep's order does not favor any); the ratios
-// are the graph's.
+// first call runs) and replayed from a CUDA graph (as decode runs it); every time of a case (the
+// step eager and replayed, each GEMM alone, the parts) is taken in rounds, one sample of each
+// measurement of each variant a round, each variant on its own workspace (neither the sweep's order
+// nor the machine's state at one moment favors any); the ratios are the graph's.
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
@@ -47,6 +48,14 @@
 #include "numerics/scales.h"
 
 using namespace moekit;
+
+namespace {
+std::string fixed4(double v) {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%.4f", v);
+  return s;
+}
+}  // namespace
 
 using cuda::median_ms;
 
@@ -175,16 +184,13 @@ int main(int argc, char** argv) {
       cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
       cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
       Workspace ws(plan_layer(p, entry, 1), *memory);
-      // The fused recipe's variants run on their own plan (no w1_out, w1_small), reading the tokens,
-      // scales and counts of `ws`.
-      std::optional<Workspace> fused_ws;
+      // The tokens, scales and counts every variant reads (each runs on a workspace of its own, below).
       if (quant == QuantScheme::kBlock128) {
         MoeProblem fused = p;
         fused.fuse_w1 = true;
-        fused_ws.emplace(plan_layer(fused, entry, 1), *memory);
         std::printf("block128 M = %lld: experts' workspace %.3f GiB, %.3f GiB with fuse_w1 (no w1_out)\n",
                     static_cast<long long>(M), double(ws.plan().section_bytes("experts")) / double(1 << 30),
-                    double(fused_ws->plan().section_bytes("experts")) / double(1 << 30));
+                    double(plan_layer(fused, entry, 1).section_bytes("experts")) / double(1 << 30));
       }
       cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
                               true);
@@ -244,78 +250,86 @@ int main(int argc, char** argv) {
           sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
         }
         sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
-        // Each variant's eager time, stage times and captured step first; then the steps' graph times
-        // taken in turn (one replay of each variant a round), so that no variant gains from its place
-        // in the sweep (run one after another they moved by up to 8%, docs/PERF.md).
-        struct Measured {
-          cuda::BatchedExpertsLaunch launch;
-          double ms = 0, g1_ms = 0, g2_ms = 0, r1_ms = 0, r2_ms = 0;
-          std::string notes;  // the activation kernels' lines
-          std::unique_ptr<cuda::Graph> step;
-          std::vector<double> replays;
+        // Every time below is taken in rounds, one sample of each measurement of each variant a round
+        // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no
+        // measurement gains from its place in the sweep or from the machine's state at the time: taken
+        // one after another, the same config's W1 alone moved by up to 8% between two variants of one
+        // sweep (docs/PERF.md, "Graph replay"). Each variant runs on its own workspace (the prepare
+        // kernel's arguments of one stay while the others run), reading the tokens of `ws`.
+        struct Timed {
+          std::function<void()> run;
+          std::unique_ptr<cuda::Graph> graph;  // what `run` replays, if a graph
+          std::vector<double> samples;
+          double median() {
+            std::sort(samples.begin(), samples.end());
+            return samples[samples.size() / 2];
+          }
         };
+        struct Measured {
+          std::optional<Workspace> ws;
+          cuda::BatchedExpertsLaunch launch;
+          bool act = false;  // runs the activation kernel (not the fused W1)
+          // eager: the step, W1, W2; graph: the step, W1, W2, then the parts (--graph-parts).
+          std::vector<Timed> timed;
+          std::string notes;  // the activation kernels' lines
+        };
+        enum : std::size_t { kEagerStep, kEagerW1, kEagerW2, kGraphStep, kGraphW1, kGraphW2, kParts };
         std::vector<Measured> measured(sweep.size());
         for (std::size_t i = 0; i < sweep.size(); ++i) {
           const Variant& v = sweep[i];
           Measured& r = measured[i];
-          r.launch =
-              cuda::make_launch(v.problem, input, view, v.problem.fuse_w1 ? *fused_ws : ws, dev.num_sms, v.gemms);
+          r.ws.emplace(plan_layer(v.problem, entry, 1), *memory);
+          r.launch = cuda::make_launch(v.problem, input, view, *r.ws, dev.num_sms, v.gemms);
           const cuda::BatchedExpertsLaunch& l = r.launch;
-          r.ms = median_ms(
-              quick ? 5 : 20,
-              [&] {
-                cuda::clear_status_words(l.status, stream);
-                cuda::launch_batched_experts(l, stream);
-              },
-              stream);
-          cuda::check_status_words(l.status, "bench", M, p.E, stream);
+          r.act = plan::runs_activation_kernel(v.gemms);
+          auto eager = [&](std::function<void(void*)> enqueue) {
+            r.timed.push_back({[enqueue, &stream] { enqueue(stream); }, nullptr, {}});
+          };
           // What `enqueue` puts on a stream, captured once and replayed: no host launch work in the time.
-          auto replay_ms = [&](const std::function<void(void*)>& enqueue) {
-            cuda::Graph graph(enqueue, stream);
-            return median_ms(
-                quick ? 5 : 20, [&] { graph.replay(stream); }, stream);
+          auto graph = [&](const std::function<void(void*)>& enqueue) {
+            auto g = std::make_unique<cuda::Graph>(enqueue, stream);
+            cuda::Graph* raw = g.get();
+            r.timed.push_back({[raw, &stream] { raw->replay(stream); }, std::move(g), {}});
           };
-          // Stage times of every config: each grouped GEMM alone (the rest is the prepare and
-          // activation kernels and launch gaps), so that W1 and W2 can be judged apart.
-          cuda::launch_experts_prepare(l, stream);
-          auto time_gemm = [&](int which) {
-            return median_ms(
-                quick ? 5 : 20, [&] { cuda::launch_experts_gemm(l, which, stream); }, stream);
+          const cuda::BatchedExpertsLaunch* lp = &r.launch;
+          auto step = [lp](void* s) {
+            cuda::clear_status_words(lp->status, s);
+            cuda::launch_batched_experts(*lp, s);
           };
-          r.g1_ms = time_gemm(1);
-          r.g2_ms = time_gemm(2);
-          r.r1_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 1, s); });
-          r.r2_ms = replay_ms([&](void* s) { cuda::launch_experts_gemm(l, 2, s); });
+          // Each grouped GEMM alone (the rest is the prepare and activation kernels and launch gaps), so
+          // that W1 and W2 can be judged apart; the prepare kernel's arguments stay in r.ws.
+          auto gemm = [lp](int which) { return [lp, which](void* s) { cuda::launch_experts_gemm(*lp, which, s); }; };
+          auto activation = [lp, act = r.act](void* s) {
+            if (act) cuda::launch_activation_quant(*lp, cuda::ActivationKernel::kAuto, s);
+          };
+          eager(step);
+          eager(gemm(1));
+          eager(gemm(2));
+          graph(step);
+          graph(gemm(1));
+          graph(gemm(2));
           if (graph_parts) {
             // As launch_batched_experts runs them, without the prepare kernel (its arguments stay).
-            const bool act = plan::runs_activation_kernel(v.gemms);
-            auto activation = [&](void* s) {
-              if (act) cuda::launch_activation_quant(l, cuda::ActivationKernel::kAuto, s);
-            };
-            const double w1_act = replay_ms([&](void* s) {
-              cuda::launch_experts_gemm(l, 1, s);
+            graph([&](void* s) {
+              gemm(1)(s);
               activation(s);
             });
-            const double act_w2 = replay_ms([&](void* s) {
+            graph([&](void* s) {
               activation(s);
-              cuda::launch_experts_gemm(l, 2, s);
+              gemm(2)(s);
             });
-            const double w1_w2 = replay_ms([&](void* s) {
-              cuda::launch_experts_gemm(l, 1, s);
-              cuda::launch_experts_gemm(l, 2, s);
+            graph([&](void* s) {
+              gemm(1)(s);
+              gemm(2)(s);
             });
-            const double w1_act_w2 = replay_ms([&](void* s) {
-              cuda::launch_experts_gemm(l, 1, s);
+            graph([&](void* s) {
+              gemm(1)(s);
               activation(s);
-              cuda::launch_experts_gemm(l, 2, s);
+              gemm(2)(s);
             });
-            char line[200];
-            std::snprintf(line, sizeof(line),
-                          "       graph parts: W1+act %.4f, act+W2 %.4f, W1+W2 %.4f, W1+act+W2 %.4f ms%s\n", w1_act,
-                          act_w2, w1_w2, w1_act_w2, act ? "" : " (no activation kernel: fused)");
-            r.notes += line;
           }
-          if (v.selected && !v.gemms.fused_w1) {
+          for (Timed& t : r.timed) t.run();  // warm-up (the eager step runs the prepare kernel first)
+          if (v.selected && r.act) {
             // The activation stage alone, per kernel variant (w1_out holds real values now).
             const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
             for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
@@ -329,43 +343,45 @@ int main(int argc, char** argv) {
               r.notes += line;
             }
           }
-          r.step = std::make_unique<cuda::Graph>(
-              [&](void* s) {
-                cuda::clear_status_words(l.status, s);
-                cuda::launch_batched_experts(l, s);
-              },
-              stream);
-          r.step->replay(stream);  // warm-up
         }
         {
           cuda::Event a, b;
           for (int round = 0; round < (quick ? 9 : 21); ++round)
             for (Measured& r : measured) {
-              a.record(stream);
-              r.step->replay(stream);
-              b.record(stream);
-              r.replays.push_back(b.ms_since(a));
+              for (Timed& t : r.timed) {
+                a.record(stream);
+                t.run();
+                b.record(stream);
+                t.samples.push_back(b.ms_since(a));
+              }
             }
         }
         for (std::size_t i = 0; i < sweep.size(); ++i) {
           const Variant& v = sweep[i];
           Measured& r = measured[i];
-          cuda::check_status_words(r.launch.status, "bench (graph)", M, p.E, stream);
-          std::sort(r.replays.begin(), r.replays.end());
-          const double graph_ms = r.replays[r.replays.size() / 2];
+          cuda::check_status_words(r.launch.status, "bench", M, p.E, stream);
+          const double ms = r.timed[kEagerStep].median(), g1_ms = r.timed[kEagerW1].median(),
+                       g2_ms = r.timed[kEagerW2].median();
+          const double graph_ms = r.timed[kGraphStep].median();
+          if (graph_parts)
+            r.notes += "       graph parts: W1+act " + fixed4(r.timed[kParts].median()) + ", act+W2 " +
+                       fixed4(r.timed[kParts + 1].median()) + ", W1+W2 " + fixed4(r.timed[kParts + 2].median()) +
+                       ", W1+act+W2 " + fixed4(r.timed[kParts + 3].median()) + " ms" +
+                       (r.act ? "" : " (no activation kernel: fused)") + "\n";
           const auto& name = v.name;
           const bool chosen = v.selected;
-          const double ms = r.ms, g1_ms = r.g1_ms, g2_ms = r.g2_ms;
-          std::printf(
-              "       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms; "
-              "replayed alone: W1 %.4f, W2 %.4f ms\n",
-              g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
-              2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.r1_ms, r.r2_ms);
-          std::printf("%s", r.notes.c_str());
+          // The variant's row, then its stage lines.
           std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f %7.2f%s\n",
                       std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
                       name.c_str(), ms, graph_ms, flops / (graph_ms * 1e-3) / 1e12, floor_ms, graph_ms / floor_ms,
                       weights_ms, graph_ms / weights_ms, graph_ms / read_ms, chosen ? "  <- selected" : "");
+          std::printf(
+              "       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms; "
+              "replayed alone: W1 %.4f, W2 %.4f ms\n",
+              g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
+              2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.timed[kGraphW1].median(),
+              r.timed[kGraphW2].median());
+          std::printf("%s", r.notes.c_str());
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
