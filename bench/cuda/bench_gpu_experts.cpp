@@ -17,7 +17,8 @@
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
-//      M: the launches of the ranges above m_e run empty) [--experts E_local] (default 16: DeepSeek-V3
+//      M: the launches of the ranges above m_e run empty; beside them the "declared" rules, planned
+//      for m_e rows, as a step declared with max_tokens_any_rank plans) [--experts E_local] (default 16: DeepSeek-V3
 //      at DP 16; 8 is DP 32) [--graph-parts] (each variant's step in parts, each part replayed from
 //      its own graph: W1 + activation, activation + W2, W1 + W2, W1 + activation + W2; where a
 //      step's graph time exceeds its GEMMs alone plus the rest, which adjacency costs it)
@@ -248,6 +249,16 @@ int main(int argc, char** argv) {
         if (fused_p.fuse_w1) {
           const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
           sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
+        }
+        if (rows > m_e) {
+          // What a step declared with its most tokens of any rank plans (ExpertsInput::
+          // max_tokens_any_rank): the rules for m_e rows, beside the rules for --max-rows.
+          const plan::ExpertsGemmPlan declared = plan::plan_experts_gemms(p, m_e);
+          sweep.push_back({"declared rule: " + plan::describe(declared.w1), declared, false, p});
+          if (fused_p.fuse_w1) {
+            const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
+            sweep.push_back({"declared fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
+          }
         }
         sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
         // Every time below is taken in rounds, one sample of each measurement of each variant a round

@@ -33,6 +33,11 @@ struct ExpertsInput {
   // themselves stay on the device).
   std::int64_t num_tokens = 0;
   std::uint16_t* output = nullptr;  // batched
+  // Batched, several dispatchers: the most tokens any of them fed this step, when the caller knows it
+  // (0: not known, max_tokens_per_rank). It bounds the rows an expert can hold, and so the GEMM
+  // launches, as num_tokens does with one dispatcher (plan::step_tokens_per_rank). An expert holding
+  // more rows than the bound allows is skipped and raised as an error (check_status; the CPU at once).
+  std::int64_t max_tokens_any_rank = 0;
 };
 
 // Where the finalize finds each (token, slot)'s expert output row of K bf16 values.
@@ -60,8 +65,9 @@ class Experts {
   virtual ExpertsOutput run(const MoeProblem& problem, const ExpertsInput& input, const ExpertWeightsView& weights,
                             Workspace& workspace, Stream stream) = 0;
   // After a step: raises moekit::Error for what the device flagged during it (an expert_num_tokens
-  // outside [0, M]: that expert ran with 0 rows, nothing was written past M). Synchronizes the
-  // stream. The CPU raises the same error at the end of run().
+  // outside [0, M], or past the rows the step's tokens allow (ExpertsInput::max_tokens_any_rank):
+  // that expert ran with 0 rows, nothing was written past them). Synchronizes the stream. The CPU
+  // records the same errors in run() and raises them here too (the first one until read).
   virtual void check_status(Workspace& workspace, Stream stream) = 0;
 };
 

@@ -76,9 +76,16 @@ class MoeLayer {
   // a check after several replays reports the first error any of them raised.
   // `observer` (optional) is called on the host as each stage is enqueued: "start" before the
   // router, then "route", "prepare", "experts", "finalize" after each (a benchmark records events).
+  // `max_tokens_any_rank` (optional, expert parallelism): the most tokens any rank feeds this step,
+  // the same on every rank (data-parallel engines that pad their ranks to one batch size know it).
+  // It bounds the rows an expert can receive, so a decode step launches only the GEMMs of small
+  // experts (at DP 32 planned for max_tokens_per_rank, 4 empty launches: 12-14 us a step). 0: not
+  // known (max_tokens_per_rank). A rank that feeds more raises an error here; an expert that
+  // receives more rows than the bound allows is skipped and raised by check_status(). forward()
+  // finds it itself (one all-reduce of the ranks' token counts, which it does anyway).
   using StageObserver = std::function<void(std::string_view stage, Stream stream)>;
   void enqueue(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens, std::uint16_t* output,
-               Stream stream = nullptr, const StageObserver& observer = {});
+               Stream stream = nullptr, const StageObserver& observer = {}, std::int64_t max_tokens_any_rank = 0);
   // Synchronizes `stream` and raises moekit::Error for the first thing the kernels flagged since the
   // last check (a NaN logit, an expert id out of range, a count over capacity), naming the token,
   // expert and limit; the flags are cleared when read.

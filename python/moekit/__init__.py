@@ -312,12 +312,22 @@ class MoeLayer:
 
     __call__ = forward
 
-    def enqueue(self, hidden, router_logits, out, stream=None):
+    def enqueue(self, hidden, router_logits, out, stream=None, max_tokens_any_rank=0):
         """One step of at most max_tokens_per_rank tokens, enqueued with no host synchronization
         (capturable in a CUDA graph: the inputs and `out` must stay at the captured addresses).
         Follow it, or each replay, or every few, with check_status(): the device flags persist until
-        read, so a check after several replays reports the first error any of them raised."""
-        self._layer.enqueue(ops._plain(hidden), ops._plain(router_logits), ops._plain(out), ops._stream(hidden, stream))
+        read, so a check after several replays reports the first error any of them raised.
+        `max_tokens_any_rank` (expert parallelism; 0: not known): the most tokens any rank of the group
+        feeds this step, the same on every rank, e.g. the batch size data-parallel ranks are padded to.
+        It bounds the rows an expert can receive, so a decode step skips the GEMM launches of large
+        experts; an expert that receives more than the bound allows is raised by check_status()."""
+        self._layer.enqueue(
+            ops._plain(hidden),
+            ops._plain(router_logits),
+            ops._plain(out),
+            ops._stream(hidden, stream),
+            int(max_tokens_any_rank),
+        )
         return out
 
     def check_status(self, stream=None):

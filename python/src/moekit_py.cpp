@@ -397,13 +397,14 @@ class Layer {
 
   // One step of at most max_tokens_per_rank tokens enqueued on `stream` with no host synchronization
   // (capturable in a CUDA graph); check_status() raises for what its kernels flagged.
-  void enqueue(Array hidden, Array logits, Array out, std::uintptr_t stream) {
+  // max_tokens_any_rank: MoeLayer::enqueue's (0: not known).
+  void enqueue(Array hidden, Array logits, Array out, std::uintptr_t stream, std::int64_t max_tokens_any_rank) {
     const std::int64_t T = check_step(hidden, logits, out);
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
     std::lock_guard lock(mu_);
     layer_->enqueue(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
-                    static_cast<std::uint16_t*>(out.data()), stream_of(stream));
+                    static_cast<std::uint16_t*>(out.data()), stream_of(stream), {}, max_tokens_any_rank);
   }
 
   void check_status(std::uintptr_t stream) {
@@ -821,7 +822,8 @@ NB_MODULE(_moekit, m) {
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
            nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
-      .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
+      .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"),
+           nb::arg("max_tokens_any_rank"))
       .def("check_status", &Layer::check_status, nb::arg("stream"))
       .def_prop_ro("workspace_bytes", &Layer::workspace_bytes)
       .def_prop_ro("K", &Layer::K)

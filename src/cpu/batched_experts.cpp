@@ -47,8 +47,12 @@ class CpuBatchedExperts final : public Experts {
     auto* w1_rows = fused ? ws.get<float>("w1_rows") : nullptr;
     auto* act_q = ws.get<fp8_t>("act_q");
     auto* act_scale = ws.get<float>("act_scale");
-    // One read of each count, one behaviour: a count outside [0, M] runs that expert with 0 rows
-    // (nothing is read or written past its M rows) and is raised after the step.
+    // One read of each count, one behaviour (the CUDA experts'): a count outside [0, M], or past the
+    // rows the step's tokens allow (plan::step_tokens_per_rank), runs that expert with 0 rows (nothing
+    // is read or written past its M rows) and is raised by check_status(), not mid-step: the step's
+    // collective finalize still runs on every rank.
+    const std::int64_t max_rows =
+        plan::max_rows_per_expert(p, plan::step_tokens_per_rank(p, in.num_tokens, in.max_tokens_any_rank));
     std::string bad;
     for (std::int64_t e = 0; e < p.E_local; ++e) {
       std::int64_t m = in.expert_num_tokens[e];
@@ -59,6 +63,9 @@ class CpuBatchedExperts final : public Experts {
               "buffer); fix the dispatch's counts",
               e, m, M);
         m = 0;
+      } else if (m > max_rows) {
+        if (bad.empty()) bad = plan::over_step_bound_message("batched-fp8 (cpu)", e, m, max_rows);
+        m = 0;
       }
       // Per-tensor: one scale per expert; otherwise the expert's rows' scales.
       const float* a_scale = p.quant == QuantScheme::kPerTensor ? in.a1q_scale + e : in.a1q_scale + e * M * a_spr;
@@ -66,14 +73,20 @@ class CpuBatchedExperts final : public Experts {
       expert_rows(p, w, e, m, in.a1q + e * M * K, a_scale, fused ? nullptr : w1_out + e * M * N, w1_rows,
                   act_q + e * M * I, e_act_scale, in.output + e * M * K, *pool_);
     }
-    MOEKIT_CHECK(bad.empty(), "{}", bad);
+    if (pending_.empty()) pending_ = std::move(bad);  // the first error stays until read
     return {in.output, nullptr};
   }
 
-  void check_status(Workspace&, Stream) override {}
+  void check_status(Workspace&, Stream) override {
+    if (pending_.empty()) return;
+    const std::string why = std::move(pending_);
+    pending_.clear();
+    MOEKIT_FAIL("{}", why);
+  }
 
  private:
   ThreadPool* pool_;
+  std::string pending_;
 };
 
 }  // namespace

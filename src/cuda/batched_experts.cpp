@@ -73,7 +73,8 @@ class CudaBatchedExperts final : public Experts {
                  device_name(ws.device()));
     validate_weights(w, p, Device::kCuda);
     if (num_sms_ == 0) num_sms_ = current_device_num_sms();
-    const BatchedExpertsLaunch l = make_launch(p, in, w, ws, num_sms_, gemms(p, in.num_tokens));
+    const BatchedExpertsLaunch l = make_launch(
+        p, in, w, ws, num_sms_, gemms(p, plan::step_tokens_per_rank(p, in.num_tokens, in.max_tokens_any_rank)));
     launch_batched_experts(l, stream);
     return {in.output, nullptr};
   }
@@ -83,12 +84,10 @@ class CudaBatchedExperts final : public Experts {
                        stream);
   }
 
+  // The launches for steps of tokens_per_rank tokens on every dispatcher (plan::step_tokens_per_rank).
   plan::ExpertsGemmPlan gemms(const MoeProblem& p, std::int64_t tokens_per_rank) const {
     if (forced_) return plan::single_config(*forced_, p);
-    // Every dispatcher may send up to max_tokens_per_rank: this rank's T bounds the others only
-    // when it is the only dispatcher.
-    return plan::plan_experts_gemms(
-        p, p.num_dispatchers == 1 && tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
+    return plan::plan_experts_gemms(p, tokens_per_rank > 0 ? tokens_per_rank : p.max_tokens_per_rank);
   }
 
  private:
@@ -157,6 +156,7 @@ BatchedExpertsLaunch make_launch(const MoeProblem& p, const ExpertsInput& in, co
   l.row_offsets = ws.get<std::int32_t>("row_offsets");
   l.status = ws.get<std::int32_t>("experts_status");
   l.gemms = gemms;
+  l.max_rows = plan::max_rows_per_expert(p, plan::step_tokens_per_rank(p, in.num_tokens, in.max_tokens_any_rank));
   l.num_sms = num_sms;
   return l;
 }

@@ -109,13 +109,14 @@ __device__ void write_group_args(const GemmOperands& op, int groups, int g, int 
   }
 }
 
-// The one read of the counts. A count outside [0, capacity] sets the status flag (first one wins),
-// and that expert runs with 0 rows in both GEMMs and the activation: nothing past its rows is
-// touched. row_offsets is the exclusive prefix of the valid counts (the activation's row index).
+// The one read of the counts. A count outside [0, capacity], or past the step's bound max_rows (no
+// launch covers it), sets the status flag (first one wins), and that expert runs with 0 rows in both
+// GEMMs and the activation: nothing past its rows is touched. row_offsets is the exclusive prefix of
+// the valid counts (the activation's row index).
 __global__ void __launch_bounds__(kPrepareThreads)
-    prepare_kernel(const std::int32_t* __restrict__ counts, int E, std::int64_t capacity, bool contiguous, bool per_row,
-                   GemmOperands w1, GemmOperands w2, std::int32_t* __restrict__ row_offsets,
-                   std::int32_t* __restrict__ status) {
+    prepare_kernel(const std::int32_t* __restrict__ counts, int E, std::int64_t capacity, std::int64_t max_rows,
+                   bool contiguous, bool per_row, GemmOperands w1, GemmOperands w2,
+                   std::int32_t* __restrict__ row_offsets, std::int32_t* __restrict__ status) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   using Scan = cub::BlockScan<int, kPrepareThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -129,6 +130,9 @@ __global__ void __launch_bounds__(kPrepareThreads)
       m = counts[g];
       if (m < 0 || m > capacity) {
         flag_status(status, kStatusBadCount, g, m);
+        m = 0;
+      } else if (m > max_rows) {
+        flag_status(status, kStatusOverStepBound, g, m, static_cast<int>(max_rows));
         m = 0;
       }
     }
@@ -390,7 +394,8 @@ void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   const MoeProblem& p = l.problem;
   const std::int64_t capacity = expert_capacity(l);
   launch_pdl(prepare_kernel, 1, kPrepareThreads, 0, stream, l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
-             l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1), operands(l, 2), l.row_offsets, l.status);
+             std::min(l.max_rows, capacity), l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1),
+             operands(l, 2), l.row_offsets, l.status);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 
 #include "moekit/problem.h"
 #include "moekit/router.h"
@@ -30,13 +31,14 @@ inline constexpr std::int64_t kGemmScratchBytes = std::int64_t{1} << 20;
 inline constexpr std::int64_t kStatusWords = 8;
 enum StatusCode : std::int32_t {
   kStatusOk = 0,
-  kStatusBadCount = 1,      // expert, expert_num_tokens[expert]: outside [0, M]
-  kStatusBadExpertId = 2,   // token, slot, id: outside [0, E) (and not -1)
-  kStatusNanLogit = 3,      // token, expert
-  kStatusNoFiniteMax = 4,   // token: every logit -inf, or one +inf, under softmax
-  kStatusOverCapacity = 5,  // expert, its rows: more than M (a token chose the expert twice)
-  kStatusPeerTimeout = 6,   // phase (0 dispatch, 1 combine), peer rank, CTA: a peer never signalled
-  kStatusBadRecord = 7,     // source rank, record (-1: its count), value: a received record is corrupt
+  kStatusBadCount = 1,       // expert, expert_num_tokens[expert]: outside [0, M]
+  kStatusBadExpertId = 2,    // token, slot, id: outside [0, E) (and not -1)
+  kStatusNanLogit = 3,       // token, expert
+  kStatusNoFiniteMax = 4,    // token: every logit -inf, or one +inf, under softmax
+  kStatusOverCapacity = 5,   // expert, its rows: more than M (a token chose the expert twice)
+  kStatusPeerTimeout = 6,    // phase (0 dispatch, 1 combine), peer rank, CTA: a peer never signalled
+  kStatusBadRecord = 7,      // source rank, record (-1: its count), value: a received record is corrupt
+  kStatusOverStepBound = 8,  // expert, its rows, the step's bound: more rows than the step was planned for
 };
 // Synchronizes `stream`, reads the status words at `device_status` and raises moekit::Error for the
 // first error they hold, naming `who` and the limits (M rows per expert, E experts); the words are
@@ -66,6 +68,10 @@ struct BatchedExpertsLaunch {
   std::int32_t* row_offsets = nullptr;  // (E_local + 1): first valid row of each expert, over valid rows only
   std::int32_t* status = nullptr;
   plan::ExpertsGemmPlan gemms{};
+  // The most rows an expert may hold in this step (plan::max_rows_per_expert of the step's tokens):
+  // the launches of `gemms` cover no more. An expert past it runs with 0 rows and is flagged
+  // (kStatusOverStepBound). Default: no bound past the expert's capacity.
+  std::int64_t max_rows = std::numeric_limits<std::int64_t>::max();
   int num_sms = 0;
 };
 

@@ -82,6 +82,7 @@ class CudaStandardExperts final : public Experts {
     l.row_offsets = ws.get<std::int32_t>("expert_offsets");
     l.status = status;
     l.gemms = plan::plan_experts_gemms(p, in.num_tokens);
+    l.max_rows = plan::max_rows_per_expert(p, in.num_tokens);  // each token picks an expert at most once
     l.num_sms = num_sms_;
     launch_batched_experts(l, stream);
     return {l.output, pair_row};

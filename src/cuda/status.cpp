@@ -3,6 +3,7 @@
 
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "plan/gemm_config.h"
 
 namespace moekit::cuda {
 
@@ -51,6 +52,7 @@ void check_status_words(std::int32_t* device_status, const char* who, std::int64
           "{}: a record received from rank {} is corrupt (record {}, value {}): it was dropped. Every rank must run "
           "the same moekit build and problem",
           who, w[1], w[2], w[3]);
+    case kStatusOverStepBound: MOEKIT_FAIL("{}", plan::over_step_bound_message(who, w[1], w[2], w[3]));
     default: MOEKIT_FAIL("{}: unknown device status code {} ({}, {}, {})", who, w[0], w[1], w[2], w[3]);
   }
 }

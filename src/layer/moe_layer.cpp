@@ -126,8 +126,9 @@ struct MoeLayer::Impl {
                  comm.rank(), problem.describe(), p.total_bytes, p.guards.empty() ? "" : ", guard bands");
   }
 
+  // max_tokens_any_rank: the most tokens any rank feeds this step (0: not known), for the experts.
   void run_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t tc, std::uint16_t* out, Stream stream,
-                 const MoeLayer::StageObserver& observe = {}) {
+                 const MoeLayer::StageObserver& observe, std::int64_t max_tokens_any_rank) {
     Workspace& ws = *workspace;
     if (options.checked) ws.poison(stream);  // padding rows and every region NaN
     auto stage = [&](std::string_view name, double& ms, auto&& fn) {
@@ -141,9 +142,10 @@ struct MoeLayer::Impl {
     const RouterOutput routed = stage("route", stats.route_ms, [&] {
       return router->route(problem, logits, tc, weights.e_score_correction_bias, ws, stream);
     });
-    const ExpertsInput in = stage("prepare", stats.prepare_ms, [&] {
+    ExpertsInput in = stage("prepare", stats.prepare_ms, [&] {
       return prepare_finalize->prepare(problem, {hidden, routed.topk_ids, routed.topk_weights, tc}, ws, stream);
     });
+    in.max_tokens_any_rank = max_tokens_any_rank;
     const ExpertsOutput rows =
         stage("experts", stats.experts_ms, [&] { return experts->run(problem, in, weights.experts, ws, stream); });
     stage("finalize", stats.finalize_ms, [&] {
@@ -190,15 +192,17 @@ void MoeLayer::forward(const std::uint16_t* hidden, const float* router_logits, 
   s.stats = StepStats{};
   s.stats.tokens = num_tokens;
   const std::int64_t chunk = s.parallel.max_tokens_per_rank, K = s.problem.K, E = s.problem.E;
-  // A collective prepare/finalize needs every rank in every chunk, however many tokens it has.
-  const std::int64_t my_chunks = (num_tokens + chunk - 1) / chunk;
-  const std::int64_t chunks = s.collective_chunks ? s.comm.all_reduce_max(my_chunks) : my_chunks;
+  // A collective prepare/finalize needs every rank in every chunk, however many tokens it has; the
+  // most tokens of any rank also bounds each chunk's rows an expert can hold (its GEMM launches).
+  const std::int64_t most = s.collective_chunks ? s.comm.all_reduce_max(num_tokens) : num_tokens;
+  const std::int64_t chunks = (most + chunk - 1) / chunk;
   s.stats.chunks = chunks;
   if (s.options.checked && num_tokens > 0) s.memory->fill(output, 0xFF, num_tokens * K * 2, stream);
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t t0 = std::min(num_tokens, c * chunk);
     const std::int64_t tc = std::min(chunk, num_tokens - t0);
-    s.run_chunk(hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream);
+    s.run_chunk(hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
+                std::max<std::int64_t>(std::min(chunk, most - c * chunk), tc));
     s.check_status(stream);
   }
   if (s.options.checked && num_tokens > 0) {
@@ -214,14 +218,20 @@ void MoeLayer::forward(const std::uint16_t* hidden, const float* router_logits, 
 }
 
 void MoeLayer::enqueue(const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
-                       std::uint16_t* output, Stream stream, const StageObserver& observer) {
+                       std::uint16_t* output, Stream stream, const StageObserver& observer,
+                       std::int64_t max_tokens_any_rank) {
   Impl& s = *impl_;
   MOEKIT_CHECK(num_tokens >= 0 && num_tokens <= s.problem.max_tokens_per_rank,
                "enqueue: {} tokens; one step holds 0 to max_tokens_per_rank = {}: use forward() to chunk larger steps",
                num_tokens, s.problem.max_tokens_per_rank);
   MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
                "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
-  s.run_chunk(hidden, router_logits, num_tokens, output, stream, observer);
+  MOEKIT_CHECK(max_tokens_any_rank == 0 ||
+                   (max_tokens_any_rank >= num_tokens && max_tokens_any_rank <= s.problem.max_tokens_per_rank),
+               "enqueue: max_tokens_any_rank = {} (the most tokens any rank feeds this step) must be 0 (not known) or "
+               "within [this rank's {} tokens, max_tokens_per_rank = {}]",
+               max_tokens_any_rank, num_tokens, s.problem.max_tokens_per_rank);
+  s.run_chunk(hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank);
 }
 
 void MoeLayer::check_status(Stream stream) {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "moekit/check.h"
 
 namespace moekit::plan {
@@ -74,6 +76,27 @@ std::string describe(const GemmLaunches& l) {
 std::int64_t max_rows_per_expert(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t dispatchers = p.format == ActivationFormat::kBatchedExperts ? p.num_dispatchers : 1;
   return std::min(p.M, tokens_per_rank * dispatchers);
+}
+
+std::int64_t step_tokens_per_rank(const MoeProblem& p, std::int64_t num_tokens, std::int64_t max_tokens_any_rank) {
+  MOEKIT_CHECK(
+      max_tokens_any_rank == 0 || (max_tokens_any_rank >= num_tokens && max_tokens_any_rank <= p.max_tokens_per_rank),
+      "max_tokens_any_rank = {} (the most tokens any rank feeds this step) must be 0 (not known) or within "
+      "[this rank's {} tokens, max_tokens_per_rank = {}]",
+      max_tokens_any_rank, num_tokens, p.max_tokens_per_rank);
+  const bool one = p.format == ActivationFormat::kStandard || p.num_dispatchers == 1;
+  if (one && num_tokens > 0) return std::min(num_tokens, p.max_tokens_per_rank);
+  return max_tokens_any_rank > 0 ? max_tokens_any_rank : p.max_tokens_per_rank;
+}
+
+std::string over_step_bound_message(std::string_view who, std::int64_t expert, std::int64_t rows,
+                                    std::int64_t max_rows) {
+  return fmt::format(
+      "{}: expert {} received {} rows, more than the {} its step was planned for (the step's tokens per rank, "
+      "max_tokens_any_rank when declared, times the dispatchers): that expert was skipped (nothing written past "
+      "its rows). Declare the most tokens any rank feeds the step, or 0 (max_tokens_per_rank); with one "
+      "dispatcher, num_tokens must count the tokens this rank fed",
+      who, expert, rows, max_rows);
 }
 
 std::int64_t w1_small_rows(const MoeProblem& p) {

@@ -173,6 +173,18 @@ std::int64_t w1_small_rows(const MoeProblem& problem);
 // The most rows one local expert can receive in a step of tokens_per_rank tokens on every
 // dispatcher (each token picks an expert at most once), at most its capacity.
 std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_per_rank);
+// The tokens per dispatcher a batched step is planned for (its GEMM launches, the rows an expert may
+// hold): with one dispatcher the step's own num_tokens; with several, max_tokens_any_rank when the
+// caller declared it (the most tokens any rank fed this step: engines that pad data-parallel ranks to
+// one batch size know it), else max_tokens_per_rank. 0 means not known for either. Planned for
+// max_tokens_per_rank, a decode step at DP 32 launched every row range's GEMMs, 4 of them empty
+// (12-14 us, docs/PERF.md). Raises moekit::Error for a max_tokens_any_rank outside [num_tokens,
+// max_tokens_per_rank] (0 aside).
+std::int64_t step_tokens_per_rank(const MoeProblem& problem, std::int64_t num_tokens, std::int64_t max_tokens_any_rank);
+// The error of an expert that received more rows than its step was planned for (after the step: the
+// expert ran with 0 rows, nothing past them was written). One text for the CPU and the CUDA experts.
+std::string over_step_bound_message(std::string_view who, std::int64_t expert, std::int64_t rows,
+                                    std::int64_t max_rows);
 // The fused recipe when fuses_w1(problem): the experts of <= fused_w1_small_rows() rows on the
 // w1_fp32 configs + the activation kernel, the others on the fused W1; W1 GEMM + the activation
 // kernel otherwise.

@@ -630,6 +630,88 @@ TEST_P(DispatchErrors, BadIdsAndOverCapacityAreReported) {
 INSTANTIATE_TEST_SUITE_P(Devices, DispatchErrors, ::testing::Values(Device::kCpu, Device::kCuda),
                          [](const auto& param_info) { return std::string(device_name(param_info.param)); });
 
+// ExpertsInput::max_tokens_any_rank on the batched experts of 4 dispatchers (M = 32 x 4): a step
+// declared at 8 tokens a rank is planned for experts of <= 32 rows (on a GPU, the launches of the
+// larger ranges are not made) and computes exactly what the undeclared step does; an expert holding
+// more rows than the declaration allows is skipped (its rows untouched, the others' exact) and raised
+// by check_status on every device, not mid-step; a declaration outside [the rank's tokens,
+// max_tokens_per_rank] is an error at once.
+class ExpertsStepBound : public ::testing::TestWithParam<Device> {};
+
+TEST_P(ExpertsStepBound, TheDeclaredTokensPlanTheStepAndAnExpertPastThemIsReported) {
+  const Device device = GetParam();
+  if (!device_present(device)) GTEST_SKIP() << "no " << device_name(device) << " device";
+  OpCase c;
+  c.op = "experts";
+  c.counts = "uniform";  // 64 valid token rows generated per expert
+  c.M = 128;
+  ExpertsData d = experts_data(c);
+  d.problem.num_dispatchers = 4;
+  d.problem.max_tokens_per_rank = 32;
+  validate_problem(d.problem);
+  const MoeProblem& p = d.problem;
+  const ExpertsEntry& entry = find_experts("batched-fp8", device);
+  struct Step {
+    std::vector<bf16_t> out;  // (E_local, M, K), padding as poisoned
+    std::string error;        // what check_status raised
+  };
+  auto run = [&](const std::vector<std::int32_t>& counts, std::int64_t declared) {
+    const auto memory = make_memory(device);
+    cpu::ThreadPool pool(2);
+    const auto experts = entry.make({&pool, nullptr});
+    Workspace ws(plan_layer(p, entry, p.E / p.E_local, kGuardBytes), *memory);
+    ws.poison(nullptr);
+    DeviceCopies copies(*memory);
+    ExpertsInput in{copies.put(d.a1q, "a1q"),
+                    copies.put(d.a1q_scale, "a1q scales"),
+                    copies.put(counts, "expert_num_tokens"),
+                    nullptr,
+                    8,
+                    ws.get<bf16_t>("expert_output")};
+    in.max_tokens_any_rank = declared;
+    Step s;
+    const ExpertsOutput out = experts->run(p, in, d.weights.view(copies), ws, nullptr);
+    try {
+      experts->check_status(ws, nullptr);
+    } catch (const Error& e) {
+      s.error = e.what();
+    }
+    ws.verify_guards(nullptr);
+    s.out = to_host(*memory, out.rows, p.E_local * p.M * p.K);
+    return s;
+  };
+  const Step undeclared = run({5, 32, 0, 20}, 0), declared = run({5, 32, 0, 20}, 8);
+  EXPECT_EQ(undeclared.error, "");
+  EXPECT_EQ(declared.error, "");
+  EXPECT_TRUE(undeclared.out == declared.out) << "the declared step computed something else";
+  // Expert 1 holds 33 rows: more than 8 tokens x 4 dispatchers.
+  const Step over = run({5, 33, 0, 20}, 8);
+  EXPECT_NE(over.error.find("expert 1 received 33 rows, more than the 32"), std::string::npos) << over.error;
+  const std::int64_t slab = p.M * p.K;
+  for (std::int64_t e = 0; e < p.E_local; ++e) {
+    const auto first = over.out.begin() + e * slab;
+    if (e == 1) {
+      EXPECT_TRUE(std::all_of(first, first + slab, [](bf16_t v) { return v == 0xFFFF; }))
+          << "the skipped expert's rows were written";
+    } else {
+      EXPECT_TRUE(std::equal(first, first + slab, undeclared.out.begin() + e * slab)) << "expert " << e;
+    }
+  }
+  // This rank fed 8 tokens: a declared most of 7 (or over max_tokens_per_rank) is refused at once.
+  for (const std::int64_t bad : {7, 33}) {
+    try {
+      run({5, 32, 0, 20}, bad);
+      ADD_FAILURE() << "max_tokens_any_rank = " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("max_tokens_any_rank = " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ExpertsStepBound, ::testing::Values(Device::kCpu, Device::kCuda),
+                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
+
 // Over 2 ranks the CPU all-to-all flags and drops bad data as the NCCL transports do: both ranks
 // finish the step's exchanges (no peer is left in a collective) and only the rank whose data was bad
 // raises, from check_status, once.

@@ -253,6 +253,52 @@ TEST(LayerBadInput, Construction) {
   expect_error([&] { build({2, 2, 8, 0}, unknown, 2, lw); }, "no experts 'magic-fp8'");
 }
 
+// enqueue's max_tokens_any_rank over 2 ranks of 3 and 8 tokens: declared as 8 on both, the step's
+// outputs are forward()'s exactly; declared as 3 on rank 0 only (less than rank 1 feeds), rank 0's
+// expert 0 (every token's first choice) receives 11 rows where it planned for 3 x 2: the step still
+// completes on both ranks (no rank left in the collective finalize) and rank 0's check_status raises,
+// naming the expert and the bound; a declaration under the rank's own tokens is refused at once.
+TEST(LayerBadInput, MaxTokensAnyRankBoundsTheStep) {
+  const ModelConfig m = tiny_model(false);
+  const std::int64_t K = m.hidden_size, E = m.num_experts;
+  synthetic::Tokens g = tokens(m, 11, 5);
+  for (std::int64_t t = 0; t < 11; ++t) g.logits[static_cast<std::size_t>(t * E)] = 30.0f;  // expert 0 first
+  const std::vector<std::int64_t> offset = {0, 3}, count = {3, 8};
+  const std::vector<std::uint16_t> expected =
+      run_layout(m, g, {3, 8}, 2, 8, options(QuantScheme::kBlock128), kSeed).output;
+  std::vector<std::uint16_t> declared(expected.size()), under(expected.size());
+  std::vector<std::string> raised(2);
+  std::atomic<int> refused{0};
+  run_in_process(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const ParallelConfig par{2, 2, 8, 0};
+    const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
+    cpu::ThreadPool pool(1);
+    const auto w = synthetic::make_expert_weights(p, first_local_expert(par, p, r), kSeed, pool);
+    MoeLayer layer(m, par, options(QuantScheme::kBlock128), {w.view(), nullptr}, comm);
+    const std::int64_t o = offset[static_cast<std::size_t>(r)], n = count[static_cast<std::size_t>(r)];
+    const std::uint16_t* h = g.hidden.data() + o * K;
+    const float* l = g.logits.data() + o * E;
+    layer.enqueue(h, l, n, declared.data() + o * K, nullptr, {}, 8);
+    layer.check_status();
+    layer.enqueue(h, l, n, under.data() + o * K, nullptr, {}, r == 0 ? 3 : 8);
+    try {
+      layer.check_status();
+    } catch (const Error& e) {
+      raised[static_cast<std::size_t>(r)] = e.what();
+    }
+    try {
+      layer.enqueue(h, l, n, under.data() + o * K, nullptr, {}, n - 1);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("max_tokens_any_rank = " + std::to_string(n - 1)) != std::string::npos) ++refused;
+    }
+  });
+  EXPECT_TRUE(declared == expected) << "declaring the step's most tokens changed its outputs";
+  EXPECT_NE(raised[0].find("expert 0 received 11 rows, more than the 6"), std::string::npos) << raised[0];
+  EXPECT_EQ(raised[1], "");
+  EXPECT_EQ(refused.load(), 2);
+}
+
 TEST(LayerBadInput, NaNLogitNamesTheToken) {
   const ModelConfig m = tiny_model(false);
   synthetic::Tokens g = tokens(m, 4, 1);

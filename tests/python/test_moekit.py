@@ -99,6 +99,11 @@ def test_forward_equals_the_cli(tmp_path, quant):
     assert np.array_equal(again, out)
     chunked = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4, quant=quant)
     assert np.array_equal(chunked.forward(w["hidden"], w["router_logits"]), out)
+    # enqueue with the step's most tokens of any rank declared (one rank: its own T).
+    declared = np.full_like(out, 0xFFFF)
+    layer.enqueue(w["hidden"], w["router_logits"], declared, max_tokens_any_rank=T)
+    layer.check_status()
+    assert np.array_equal(declared, out)
 
 
 def test_bad_inputs_raise_moekit_error(tmp_path):
@@ -120,6 +125,10 @@ def test_bad_inputs_raise_moekit_error(tmp_path):
             continue
         with pytest.raises(moekit.Error, match=message):
             layer.forward(*args)
+    out = np.empty_like(h)
+    for most in (3, 5):  # under the rank's 4 tokens, over max_tokens_per_rank
+        with pytest.raises(moekit.Error, match=f"max_tokens_any_rank = {most}"):
+            layer.enqueue(h, g, out, max_tokens_any_rank=most)
     with pytest.raises(moekit.Error, match="tokens .* exceed|max_tokens_per_rank|must be"):
         moekit.MoeLayer(model, weights=w, max_tokens_per_rank=0)
     bad = dict(w)
