@@ -36,7 +36,7 @@ struct ExpertsInput {
   // Batched, several dispatchers: the most tokens any of them fed this step, when the caller knows it
   // (0: not known, max_tokens_per_rank). It bounds the rows an expert can hold, and so the GEMM
   // launches, as num_tokens does with one dispatcher (plan::step_tokens_per_rank). An expert holding
-  // more rows than the bound allows is skipped and raised as an error (check_status; the CPU at once).
+  // more rows than the bound allows is skipped and raised as an error by check_status (on every device).
   std::int64_t max_tokens_any_rank = 0;
 };
 

@@ -14,6 +14,7 @@
 #include "moekit/check.h"
 #include "moekit/registry.h"
 #include "numerics/fp8.h"
+#include "plan/gemm_config.h"
 
 namespace moekit {
 namespace {
@@ -226,11 +227,7 @@ void MoeLayer::enqueue(const std::uint16_t* hidden, const float* router_logits, 
                num_tokens, s.problem.max_tokens_per_rank);
   MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
                "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
-  MOEKIT_CHECK(max_tokens_any_rank == 0 ||
-                   (max_tokens_any_rank >= num_tokens && max_tokens_any_rank <= s.problem.max_tokens_per_rank),
-               "enqueue: max_tokens_any_rank = {} (the most tokens any rank feeds this step) must be 0 (not known) or "
-               "within [this rank's {} tokens, max_tokens_per_rank = {}]",
-               max_tokens_any_rank, num_tokens, s.problem.max_tokens_per_rank);
+  plan::step_tokens_per_rank(s.problem, num_tokens, max_tokens_any_rank);  // raises for a bad declaration
   s.run_chunk(hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank);
 }
 
