@@ -3,6 +3,9 @@ replay: per tokens-per-rank T, the layer step (router, dispatch, experts, combin
 alone on the same local work (moekit.ops.batched_experts, E_local experts, the rows uniform routing
 sends each), and the transport's dispatch + combine as `moekit bench dispatch` measured them in the
 same round (its JSON): issue 9's target is layer <= 1.25 x (experts + dispatch + combine) at T = 128.
+Then the same steps on a layer built for BIG = 1024 tokens per rank (as an engine builds one for
+prefill and decodes on it), undeclared and declared (enqueue's max_tokens_any_rank = T): what the
+declaration saves there (the GEMM launches of experts larger than P x T rows).
 
     torchrun --nproc-per-node 2 bench/ep_layer.py DISPATCH_JSON OUT_JSON COMMIT [T ...]
 
@@ -71,6 +74,8 @@ def main():
         "e_score_correction_bias": torch.zeros(E, device="cuda"),
     }
     transport = {(r["routing"], r["T"]): r for r in json.load(open(dispatch_json))["rows"]}
+    BIG = max(1024, *Ts)
+    big = moekit.MoeLayer("deepseek-v3", weights=w, max_tokens_per_rank=BIG, quant="block128", group=dist.group.WORLD)
     rows = []
     for T in Ts:
         layer = moekit.MoeLayer("deepseek-v3", weights=w, max_tokens_per_rank=T, quant="block128",
@@ -80,6 +85,9 @@ def main():
         out = torch.empty_like(hidden)
         layer_us = graph_times(lambda: layer.enqueue(hidden, logits, out), 50)
         layer.check_status()
+        big_us = graph_times(lambda: big.enqueue(hidden, logits, out), 50)
+        declared_us = graph_times(lambda: big.enqueue(hidden, logits, out, max_tokens_any_rank=T), 50)
+        big.check_status()
         # The experts alone on the local work uniform routing gives this rank: P*T*TOPK/E rows per
         # expert on average, drawn multinomially, in a buffer of M = P*T rows per expert.
         M = P * T
@@ -97,6 +105,7 @@ def main():
         disp, comb = (t["dispatch_us"][0], t["combine_us"][0]) if t else (float("nan"), float("nan"))
         budget = experts_med + disp + comb
         rows.append({"T": T, "layer_us": layer_med, "layer_p99_us": layer_p99, "experts_us": experts_med,
+                     "big_layer_us": max_over_ranks(big_us[0]), "big_declared_us": max_over_ranks(declared_us[0]),
                      "dispatch_us": disp, "combine_us": comb, "ratio": layer_med / budget,
                      "workspace_bytes": layer.workspace_bytes, "mean_rows_per_expert": float(counts.mean())})
         del layer
@@ -106,10 +115,13 @@ def main():
         print(f"moekit layer on {P} x {torch.cuda.get_device_name()} (DeepSeek-V3, 256 experts, {E_local} per GPU, "
               f"block128, nccl), graph replay, max over ranks of each rank's median")
         print(f"{'T':>5} {'layer us':>9} {'p99':>7} {'experts us':>10} {'disp us':>8} {'comb us':>8} "
-              f"{'layer / (experts+disp+comb)':>28}")
+              f"{'layer / (experts+disp+comb)':>28} {'BIG undeclared':>14} {'BIG declared':>12}")
         for r in rows:
             print(f"{r['T']:>5} {r['layer_us']:>9.1f} {r['layer_p99_us']:>7.1f} {r['experts_us']:>10.1f} "
-                  f"{r['dispatch_us']:>8.1f} {r['combine_us']:>8.1f} {r['ratio']:>28.2f}")
+                  f"{r['dispatch_us']:>8.1f} {r['combine_us']:>8.1f} {r['ratio']:>28.2f} "
+                  f"{r['big_layer_us']:>14.1f} {r['big_declared_us']:>12.1f}")
+        print(f"(BIG: a layer built for {BIG} tokens per rank, the step undeclared and declared with "
+              f"max_tokens_any_rank = T)")
         json.dump({"commit": commit, "device": f"{P} x {torch.cuda.get_device_name()}", "rows": rows},
                   open(out_json, "w"), indent=1)
     dist.destroy_process_group()
