@@ -1,7 +1,7 @@
 """Low-level ops in the conventions an inference engine's fused-MoE path already uses.
 
 batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                quant=None, stream=None, fuse_w1=None)
+                quant=None, stream=None, fuse_w1=None, max_rows=0)
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
       a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
@@ -11,6 +11,10 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
       (w_scale (E_local, 1) per-tensor, (E_local, rows) per-channel, (E_local, ceil(rows/128) *
       ceil(cols/128)) 128x128 blocks)
       out (E_local, M, K) bfloat16 (or its uint16 bits), written for the valid rows only
+      max_rows: the most rows any expert holds in this call, when the caller knows it (e.g. the
+      step's tokens per rank x dispatchers; 0: not known, M). On a GPU the GEMM launches of larger
+      experts are then not made (a decode step planned for M launches them empty, ~3 us each); an
+      expert holding more is skipped and raised as an error, never computed wrong.
     W1 -> activation -> FP8 -> W2, fp32 accumulation.
 
 standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
@@ -90,11 +94,12 @@ def _stream(x, stream) -> int:
 
 
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
-                    quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None):
+                    quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None,
+                    max_rows: int = 0):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
                             _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "", fuse_w1, _THREADS,
-                            _stream(a1q, stream))
+                            _stream(a1q, stream), int(max_rows))
     return out
 
 
@@ -127,7 +132,8 @@ torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
 # (CPU and CUDA tensors alike), fake kernels for torch.compile. Lighter per call than
 # torch.library.custom_op's Python wrapper.
 _BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
-            "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None) -> ()")
+            "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None, "
+            "int max_rows=0) -> ()")
 _STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
              "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
              "str? quant=None, bool? fuse_w1=None) -> ()")
@@ -140,9 +146,9 @@ else:
         _lib.define(_STANDARD)
 
         def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                            quant=None, fuse_w1=None):
+                            quant=None, fuse_w1=None, max_rows=0):
             batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant,
-                            fuse_w1=fuse_w1)
+                            fuse_w1=fuse_w1, max_rows=max_rows)
 
         def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                              activation="silu", quant=None, fuse_w1=None):
@@ -154,7 +160,7 @@ else:
 
         @_torch.library.register_fake("moekit::batched_experts")
         def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None,
-              fuse_w1=None):
+              fuse_w1=None, max_rows=0):
             return None
 
         @_torch.library.register_fake("moekit::standard_experts")

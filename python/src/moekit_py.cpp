@@ -513,7 +513,7 @@ class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
                const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
-               int num_threads, std::uintptr_t stream) {
+               int num_threads, std::uintptr_t stream, std::int64_t max_rows) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -537,11 +537,16 @@ class ExpertsOp {
     require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32", where);
     const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
     require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)", where);
+    MOEKIT_CHECK(max_rows >= 0 && max_rows <= p.M,
+                 "batched_experts: max_rows = {} (the most rows any expert holds in this call) must be 0 (not known: "
+                 "M) or within [1, M = {}]",
+                 max_rows, p.M);
+    // One dispatcher: the rows it fed bound every expert's (plan::step_tokens_per_rank).
     const ExpertsInput in{static_cast<const std::uint8_t*>(a1q.data()),
                           static_cast<const float*>(a1q_scale.data()),
                           static_cast<const std::int32_t*>(counts.data()),
                           nullptr,
-                          p.M,
+                          max_rows > 0 ? max_rows : p.M,
                           static_cast<std::uint16_t*>(out.data())};
     DeviceScope scope(where);
     const std::shared_ptr<Runner> r = runner("batched-fp8", p, where, num_threads, stream);
@@ -769,13 +774,13 @@ NB_MODULE(_moekit, m) {
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, std::int64_t max_rows) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
-                             num_threads, stream);
+                             num_threads, stream, max_rows);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
       nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"));
+      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"));
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,

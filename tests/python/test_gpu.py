@@ -206,6 +206,24 @@ def test_first_call_inside_a_capture_and_bad_counts_raise():
     moekit.ops.check_status()  # read and cleared
 
 
+def test_max_rows_on_cuda_plans_the_call_and_an_expert_past_it_is_raised():
+    """max_rows on a GPU (M = 96, three GEMM ranges planned without it, one with max_rows = 9): the same
+    bits as undeclared; an expert past it skipped (rows untouched, the others' the same bits) and raised
+    by check_status."""
+    t = to_cuda(experts_case("block128", M=96, counts=(5, 9, 0, 7)))
+    undeclared, declared, under = (poisoned(tuple(t["a1q"].shape)) for _ in range(3))
+    moekit.ops.batched_experts(**t, out=undeclared)
+    moekit.ops.batched_experts(**t, out=declared, max_rows=9)
+    moekit.ops.check_status()
+    assert np.array_equal(bits(declared), bits(undeclared))
+    moekit.ops.batched_experts(**t, out=under, max_rows=8)
+    with pytest.raises(moekit.Error, match="expert 1 received 9 rows, more than the 8"):
+        moekit.ops.check_status()
+    got, ref = bits(under), bits(undeclared)
+    assert (got[1] == 0xFFFF).all(), "the skipped expert's rows were written"
+    assert all(np.array_equal(got[e], ref[e]) for e in (0, 2, 3))
+
+
 def test_same_shape_calls_on_two_streams_give_the_one_stream_bits():
     cases = [to_cuda(experts_case("block128", seed=s)) for s in (21, 22)]
     E, M, K = cases[0]["a1q"].shape

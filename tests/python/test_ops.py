@@ -114,6 +114,28 @@ def test_bad_input_is_moekit_error():
         moekit.ops.batched_experts(**{**args, "w2": args["w2"][:, :, :64]})
     with pytest.raises(moekit.Error, match="out: not C-contiguous"):
         moekit.ops.batched_experts(**{**args, "out": np.zeros((K, M, E), np.uint16).T})
+    for bad in (-1, M + 1):
+        with pytest.raises(moekit.Error, match=f"max_rows = {bad}"):
+            moekit.ops.batched_experts(**args, max_rows=bad)
+
+
+def test_max_rows_bounds_the_call_and_an_expert_past_it_is_an_error():
+    """max_rows: declared at the largest count, the same bits as undeclared; one under it, the expert
+    past it is skipped (its rows untouched, the others' the same bits) and raised."""
+    rng = np.random.default_rng(3)
+    E, M, K, I = 3, 16, 128, 128
+    args = dict(a1q=random_codes(rng, (E, M, K)), a1q_scale=np.full((E, M), 1 / 64, np.float32),
+                expert_num_tokens=np.array([5, 9, 0], np.int32), w1=random_codes(rng, (E, 2 * I, K)),
+                w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32), w2=random_codes(rng, (E, K, I)),
+                w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    undeclared, declared, under = (np.full((E, M, K), 0xFFFF, np.uint16) for _ in range(3))
+    moekit.ops.batched_experts(**args, out=undeclared)
+    moekit.ops.batched_experts(**args, out=declared, max_rows=9)
+    assert np.array_equal(declared, undeclared)
+    with pytest.raises(moekit.Error, match="expert 1 received 9 rows, more than the 8"):
+        moekit.ops.batched_experts(**args, out=under, max_rows=8)
+    assert (under[1] == 0xFFFF).all(), "the skipped expert's rows were written"
+    assert np.array_equal(under[0], undeclared[0]) and np.array_equal(under[2], undeclared[2])
 
 
 def test_torch_custom_op_and_compile():
