@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
         // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no
         // measurement gains from its place in the sweep or from the machine's state at the time: taken
         // one after another, the same config's W1 alone moved by up to 8% between two variants of one
-        // sweep (docs/PERF.md, "Graph replay"). Each variant runs on its own workspace (the prepare
+        // sweep (docs/PERF.md, the "graph gap" section). Each variant runs on its own workspace (the prepare
         // kernel's arguments of one stay while the others run), reading the tokens of `ws`.
         struct Timed {
           std::function<void()> run;
