@@ -33,6 +33,9 @@ struct PlanRequest {
   std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
   std::string gpu_memory;            // empty: not shown
   std::string format = "table";
+  // The GEMM configs shown for a step declared at this many tokens per rank (max_tokens_any_rank;
+  // 0: max_tokens_per_rank, an undeclared step). The workspace is the same either way.
+  std::int64_t step_tokens = 0;
 };
 
 struct PlanEntry {

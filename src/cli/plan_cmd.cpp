@@ -13,6 +13,7 @@
 #include "moekit/check.h"
 #include "moekit/registry.h"
 #include "moekit/weights.h"
+#include "plan/gemm_config.h"
 #include "plan/upstream.h"
 
 namespace moekit::cli {
@@ -88,6 +89,10 @@ PlanReport make_plan_report(const PlanRequest& req) {
   report.quant = choice.quant;
   report.quant_note = choice.note;
   if (!req.gpu_memory.empty()) report.gpu_memory = parse_bytes(req.gpu_memory);
+  MOEKIT_CHECK(req.step_tokens >= 0 && req.step_tokens <= req.parallel.max_tokens_per_rank,
+               "--step-tokens {}: a step holds 0 to --max-tokens-per-rank = {} tokens a rank (0: show the undeclared "
+               "step)",
+               req.step_tokens, req.parallel.max_tokens_per_rank);
   std::vector<std::string> known;
   bool used_dispatch = false;
   auto wanted = [&](std::string_view name) {
@@ -117,7 +122,7 @@ PlanReport make_plan_report(const PlanRequest& req) {
         !req.dispatch.empty() && find_prepare_finalize(device, entry.format, req.parallel.ep, req.dispatch) != nullptr;
     used_dispatch = used_dispatch || has_dispatch;
     add(plan_layer(problem, entry, req.parallel.ep, 0, has_dispatch ? std::string_view(req.dispatch) : ""),
-        experts->describe_config(problem, req.parallel.max_tokens_per_rank));
+        experts->describe_config(problem, plan::step_tokens_per_rank(problem, 0, req.step_tokens)));
   }
   for (const auto& ref : plan::upstream_references()) {
     if (!wanted(ref.name)) continue;
@@ -165,7 +170,8 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
   out["parallel"] = {{"dp", req.parallel.dp},
                      {"ep", req.parallel.ep},
                      {"max_tokens_per_rank", req.parallel.max_tokens_per_rank},
-                     {"num_dispatchers", req.parallel.dp}};
+                     {"num_dispatchers", req.parallel.dp},
+                     {"step_tokens", req.step_tokens}};
   out["plans"] = nlohmann::json::array();
   for (const PlanEntry& e : report.entries) {
     const WorkspacePlan& plan = e.plan;
@@ -295,6 +301,11 @@ std::function<int()> add_plan_command(CLI::App& app) {
                   "Plan this prepare/finalize where it runs the format (e.g. nccl, nccl-reference; default: the "
                   "first that runs the layout)");
   cmd->add_option("--gpu-memory", req->gpu_memory, "GPU memory, e.g. 141GiB: adds what is left per plan");
+  cmd->add_option("--step-tokens", req->step_tokens,
+                  "Show the GEMM configs of a step declared at this many tokens per rank (enqueue's "
+                  "max_tokens_any_rank: a decode step launches only what its experts can reach; 0: "
+                  "max_tokens_per_rank)")
+      ->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

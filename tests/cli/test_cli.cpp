@@ -73,6 +73,17 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
               "cooperative-128x128 (m_e > 64)");
     EXPECT_EQ(f["plans"][0]["fuse_w1"], false);
     EXPECT_NE(plan_table(unfused, u).find("w1_out"), std::string::npos);
+    // --step-tokens 1: a decode step declared at 1 token a rank (DP 32): experts of <= 32 rows, one
+    // launch a GEMM; the workspace is the one planned for capacity.
+    PlanRequest decode = req;
+    decode.step_tokens = 1;
+    const nlohmann::json d = plan_json(decode, make_plan_report(decode));
+    EXPECT_EQ(d["plans"][0]["config"],
+              "GEMMs by each expert's rows (<= 32 in a step): W1 swapab-128x32; W2 swapab-128x32");
+    EXPECT_EQ(d["plans"][0]["workspace_bytes"], j["plans"][0]["workspace_bytes"]);
+    EXPECT_EQ(d["parallel"]["step_tokens"], 1);
+    decode.step_tokens = 257;
+    EXPECT_THROW(make_plan_report(decode), Error);
     // --fuse-w1 where it cannot run: an error naming the fix; not asked, per-token simply is unfused.
     PlanRequest fused = req;
     fused.fuse_w1 = true;
