@@ -2,8 +2,6 @@
 // activation + FP8 -> W2 -> (E_local, M, K) bf16, valid rows only; the oracle of the CUDA twin
 // (src/cuda/batched_experts.cpp). Workspace (DeepSeek-V3 DP 32, 16 local experts, M = 8192):
 // w1_out 16 x 8192 x 4096 bf16 = 1 GiB, act_q 256 MiB, act_scale 512 KiB.
-#include <fmt/format.h>
-
 #include "cpu/backend.h"
 #include "cpu/expert_pipeline.h"
 #include "moekit/check.h"
@@ -57,11 +55,7 @@ class CpuBatchedExperts final : public Experts {
     for (std::int64_t e = 0; e < p.E_local; ++e) {
       std::int64_t m = in.expert_num_tokens[e];
       if (m < 0 || m > M) {
-        if (bad.empty())
-          bad = fmt::format(
-              "expert_num_tokens[{}] = {} is outside [0, M = {}]: that expert was skipped (nothing written past its "
-              "buffer); fix the dispatch's counts",
-              e, m, M);
+        if (bad.empty()) bad = plan::bad_count_message("batched-fp8 (cpu)", e, m, M);
         m = 0;
       } else if (m > max_rows) {
         if (bad.empty()) bad = plan::over_step_bound_message("batched-fp8 (cpu)", e, m, max_rows);

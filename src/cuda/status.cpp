@@ -17,11 +17,7 @@ void check_status_words(std::int32_t* device_status, const char* who, std::int64
   read_status_words(device_status, cleared, stream);  // waits for the clear
   switch (w[0]) {
     case kStatusOk: return;
-    case kStatusBadCount:
-      MOEKIT_FAIL(
-          "{}: expert_num_tokens[{}] = {} is outside [0, M = {}]: that expert was skipped (nothing written past its "
-          "buffer); fix the dispatch's counts",
-          who, w[1], w[2], M);
+    case kStatusBadCount: MOEKIT_FAIL("{}", plan::bad_count_message(who, w[1], w[2], M));
     case kStatusBadExpertId:
       MOEKIT_FAIL(
           "{}: topk_ids[{}][{}] = {} is outside [0, E = {}): that pair was dropped; the router or the caller "

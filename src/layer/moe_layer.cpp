@@ -203,7 +203,7 @@ void MoeLayer::forward(const std::uint16_t* hidden, const float* router_logits, 
     const std::int64_t t0 = std::min(num_tokens, c * chunk);
     const std::int64_t tc = std::min(chunk, num_tokens - t0);
     s.run_chunk(hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
-                std::max<std::int64_t>(std::min(chunk, most - c * chunk), tc));
+                std::min(chunk, most - c * chunk));
     s.check_status(stream);
   }
   if (s.options.checked && num_tokens > 0) {

@@ -89,6 +89,13 @@ std::int64_t step_tokens_per_rank(const MoeProblem& p, std::int64_t num_tokens, 
   return max_tokens_any_rank > 0 ? max_tokens_any_rank : p.max_tokens_per_rank;
 }
 
+std::string bad_count_message(std::string_view who, std::int64_t expert, std::int64_t count, std::int64_t M) {
+  return fmt::format(
+      "{}: expert_num_tokens[{}] = {} is outside [0, M = {}]: that expert was skipped (nothing written past its "
+      "buffer); fix the dispatch's counts",
+      who, expert, count, M);
+}
+
 std::string over_step_bound_message(std::string_view who, std::int64_t expert, std::int64_t rows,
                                     std::int64_t max_rows) {
   return fmt::format(

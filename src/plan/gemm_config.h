@@ -181,8 +181,10 @@ std::int64_t max_rows_per_expert(const MoeProblem& problem, std::int64_t tokens_
 // (12-14 us, docs/PERF.md). Raises moekit::Error for a max_tokens_any_rank outside [num_tokens,
 // max_tokens_per_rank] (0 aside).
 std::int64_t step_tokens_per_rank(const MoeProblem& problem, std::int64_t num_tokens, std::int64_t max_tokens_any_rank);
-// The error of an expert that received more rows than its step was planned for (after the step: the
-// expert ran with 0 rows, nothing past them was written). One text for the CPU and the CUDA experts.
+// The errors of an expert's count, after the step (the expert ran with 0 rows, nothing past them
+// was written); one text each for the CPU and the CUDA experts. A count outside [0, M]:
+std::string bad_count_message(std::string_view who, std::int64_t expert, std::int64_t count, std::int64_t M);
+// More rows than its step was planned for:
 std::string over_step_bound_message(std::string_view who, std::int64_t expert, std::int64_t rows,
                                     std::int64_t max_rows);
 // The fused recipe when fuses_w1(problem): the experts of <= fused_w1_small_rows() rows on the

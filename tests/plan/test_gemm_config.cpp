@@ -181,12 +181,18 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_THROW(validate_problem(p), Error);
 }
 
-TEST(GemmConfig, MaxRowsPerExpert) {
+// A batched problem of `dispatchers` x `max_tokens_per_rank` rows an expert (M), for the row rules.
+MoeProblem batched(std::int64_t dispatchers, std::int64_t max_tokens_per_rank) {
   MoeProblem p;
   p.format = ActivationFormat::kBatchedExperts;
-  p.num_dispatchers = 8;
-  p.max_tokens_per_rank = 256;
-  p.M = 2048;
+  p.num_dispatchers = dispatchers;
+  p.max_tokens_per_rank = max_tokens_per_rank;
+  p.M = dispatchers * max_tokens_per_rank;
+  return p;
+}
+
+TEST(GemmConfig, MaxRowsPerExpert) {
+  MoeProblem p = batched(8, 256);
   // Each token picks an expert at most once: 8 dispatchers x T tokens, at most M.
   EXPECT_EQ(max_rows_per_expert(p, 4), 32);
   EXPECT_EQ(max_rows_per_expert(p, 256), 2048);
@@ -198,11 +204,7 @@ TEST(GemmConfig, MaxRowsPerExpert) {
 // The tokens per dispatcher a step is planned for: one dispatcher's own; with several, the declared
 // most of any rank, else max_tokens_per_rank; a declaration outside [own tokens, max] is an error.
 TEST(GemmConfig, StepTokensPerRank) {
-  MoeProblem p;
-  p.format = ActivationFormat::kBatchedExperts;
-  p.num_dispatchers = 32;
-  p.max_tokens_per_rank = 256;
-  p.M = 8192;
+  MoeProblem p = batched(32, 256);
   EXPECT_EQ(step_tokens_per_rank(p, 1, 0), 256);  // not known: every rank may feed max_tokens_per_rank
   EXPECT_EQ(step_tokens_per_rank(p, 1, 2), 2);
   EXPECT_EQ(step_tokens_per_rank(p, 0, 2), 2);
