@@ -64,6 +64,14 @@ class CpuStandardExperts final : public Experts {
     std::vector<std::int64_t> count(static_cast<std::size_t>(E_local), 0);
     for (std::int64_t i = 0; i < T * topk; ++i)
       if (in.topk_ids[i] >= 0) ++count[static_cast<std::size_t>(in.topk_ids[i])];
+    // Each token picks an expert at most once, so an expert holds at most T rows: the CUDA experts plan
+    // their GEMM launches on that bound and refuse more (plan::max_rows_per_expert). Refused here too,
+    // before anything is computed: the two devices agree on duplicated top-k ids.
+    const std::int64_t max_rows = plan::max_rows_per_expert(p, T);
+    for (std::int64_t e = 0; e < E_local; ++e)
+      MOEKIT_CHECK(
+          count[static_cast<std::size_t>(e)] <= max_rows, "{}",
+          plan::over_step_bound_message("standard-fp8 (cpu)", e, count[static_cast<std::size_t>(e)], max_rows));
     offsets[0] = 0;
     for (std::int64_t e = 0; e < E_local; ++e)
       offsets[e + 1] = offsets[e] + static_cast<std::int32_t>(count[static_cast<std::size_t>(e)]);

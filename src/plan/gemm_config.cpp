@@ -102,7 +102,8 @@ std::string over_step_bound_message(std::string_view who, std::int64_t expert, s
       "{}: expert {} received {} rows, more than the {} its step was planned for (the step's tokens per rank, "
       "max_tokens_any_rank when declared, times the dispatchers): that expert was skipped (nothing written past "
       "its rows). Declare the most tokens any rank feeds the step, or 0 (max_tokens_per_rank); with one "
-      "dispatcher, num_tokens must count the tokens this rank fed",
+      "dispatcher, num_tokens must count the tokens this rank fed. A token whose top-k ids name the expert twice "
+      "counts twice",
       who, expert, rows, max_rows);
 }
 

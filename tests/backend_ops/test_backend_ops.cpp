@@ -712,6 +712,75 @@ TEST_P(ExpertsStepBound, TheDeclaredTokensPlanTheStepAndAnExpertPastThemIsReport
 INSTANTIATE_TEST_SUITE_P(Devices, ExpertsStepBound, ::testing::Values(Device::kCpu, Device::kCuda),
                          [](const auto& param_info) { return std::string(device_name(param_info.param)); });
 
+// The standard experts plan for experts of at most T rows (each token picks an expert once). Top-k
+// ids that name one expert twice in every token give it 2 T rows: every device refuses the step with
+// the same message (the CPU's computed it before, the GPU's refused: the two disagreed), and the
+// guards hold. A token naming an expert twice without pushing it past T rows is computed as two
+// pairs on both.
+class StandardExpertsDuplicateIds : public ::testing::TestWithParam<Device> {};
+
+TEST_P(StandardExpertsDuplicateIds, AnExpertPastTRowsIsRefusedOnEveryDevice) {
+  const Device device = GetParam();
+  if (!device_present(device)) GTEST_SKIP() << "no " << device_name(device) << " device";
+  OpCase c;
+  c.op = "experts";
+  c.format = ActivationFormat::kStandard;
+  c.tokens = 6;
+  ExpertsData d = experts_data(c);
+  const MoeProblem& p = d.problem;
+  const std::int64_t T = c.tokens, topk = p.topk;
+  const ExpertsEntry& entry = find_experts("standard-fp8", device);
+  auto run = [&](const std::vector<std::int32_t>& ids) {
+    const auto memory = make_memory(device);
+    cpu::ThreadPool pool(2);
+    const auto experts = entry.make({&pool, nullptr});
+    Workspace ws(plan_layer(p, entry, 1, kGuardBytes), *memory);
+    ws.poison(nullptr);
+    DeviceCopies copies(*memory);
+    const ExpertsInput in{copies.put(d.a1q, "a1q"),
+                          copies.put(d.a1q_scale, "a1q scales"),
+                          nullptr,
+                          copies.put(ids, "topk_ids"),
+                          T,
+                          nullptr};
+    std::string error;
+    try {
+      experts->run(p, in, d.weights.view(copies), ws, nullptr);
+      experts->check_status(ws, nullptr);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    ws.verify_guards(nullptr);
+    return error;
+  };
+  ASSERT_GE(p.E_local, topk + 1);
+  // Slot k of every token names expert k + 1 (distinct experts 1 .. topk: no duplicate), except:
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
+  auto distinct = [&] {
+    for (std::int64_t i = 0; i < T * topk; ++i)
+      ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % topk + 1);
+  };
+  // every token's slots 0 and 1 name expert 0: 2 T rows;
+  distinct();
+  for (std::int64_t t = 0; t < T; ++t)
+    ids[static_cast<std::size_t>(t * topk)] = ids[static_cast<std::size_t>(t * topk + 1)] = 0;
+  const std::string over = run(ids);
+  EXPECT_NE(over.find(fmt::format("expert 0 received {} rows, more than the {}", 2 * T, T)), std::string::npos) << over;
+  EXPECT_NE(over.find("name the expert twice"), std::string::npos) << over;
+  // token 0's slots 0 and 1 and every other token's slot 0 name expert 0: T + 1 rows;
+  distinct();
+  for (std::int64_t t = 0; t < T; ++t) ids[static_cast<std::size_t>(t * topk)] = 0;
+  ids[1] = 0;
+  EXPECT_NE(run(ids).find(fmt::format("expert 0 received {} rows", T + 1)), std::string::npos);
+  // token 0's slots 0 and 1 alone name expert 0: 2 rows, computed as two pairs.
+  distinct();
+  ids[0] = ids[1] = 0;
+  EXPECT_EQ(run(ids), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, StandardExpertsDuplicateIds, ::testing::Values(Device::kCpu, Device::kCuda),
+                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
+
 // Over 2 ranks the CPU all-to-all flags and drops bad data as the NCCL transports do: both ranks
 // finish the step's exchanges (no peer is left in a collective) and only the rank whose data was bad
 // raises, from check_status, once.
