@@ -397,10 +397,17 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         nb1 = __ldg(sb1 + kb + 1);
       }
       TxBarrier::wait(&s.full[stage], phase);
-      const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
+      // Full tiles only (the fused W1): the stage's descriptors warp-uniform as far as ptxas can see (a
+      // shuffle from lane 0), so they are built in uniform registers, not in vector ones moved there
+      // for every wgmma (the k-loop: 258 -> 235 instructions; the fused W1 -1..-4%). With half pairs
+      // the same measured 2-4% slower (docs/PERF.md).
+      const std::uint32_t da = kPairs ? a_desc0 + stage * (BG::kABytes >> 4)
+                                      : __shfl_sync(0xFFFFFFFFu, a_desc0 + stage * (BG::kABytes >> 4), 0);
+      const std::uint32_t db0 = kPairs ? b_desc0 + stage * (BG::kBBytes >> 4)
+                                       : __shfl_sync(0xFFFFFFFFu, b_desc0 + stage * (BG::kBBytes >> 4), 0);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const std::uint32_t db = b_desc0 + stage * (BG::kBBytes >> 4) + h * (BG::kHalfN * BG::kTileK >> 4);
+        const std::uint32_t db = db0 + h * (BG::kHalfN * BG::kTileK >> 4);
 #pragma unroll
         for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
         cute::warpgroup_arrive();
