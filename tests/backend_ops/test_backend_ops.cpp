@@ -715,8 +715,7 @@ INSTANTIATE_TEST_SUITE_P(Devices, ExpertsStepBound, ::testing::Values(Device::kC
 // The standard experts plan for experts of at most T rows (each token picks an expert once). Top-k
 // ids that name one expert twice in every token give it 2 T rows: every device refuses the step with
 // the same message (the CPU's computed it before, the GPU's refused: the two disagreed), and the
-// guards hold. A token naming an expert twice without pushing it past T rows is computed as two
-// pairs on both.
+// guards hold. A token naming an expert twice without pushing it past T rows is not refused.
 class StandardExpertsDuplicateIds : public ::testing::TestWithParam<Device> {};
 
 TEST_P(StandardExpertsDuplicateIds, AnExpertPastTRowsIsRefusedOnEveryDevice) {
@@ -772,7 +771,7 @@ TEST_P(StandardExpertsDuplicateIds, AnExpertPastTRowsIsRefusedOnEveryDevice) {
   for (std::int64_t t = 0; t < T; ++t) ids[static_cast<std::size_t>(t * topk)] = 0;
   ids[1] = 0;
   EXPECT_NE(run(ids).find(fmt::format("expert 0 received {} rows", T + 1)), std::string::npos);
-  // token 0's slots 0 and 1 alone name expert 0: 2 rows, computed as two pairs.
+  // token 0's slots 0 and 1 alone name expert 0: 2 rows, not refused.
   distinct();
   ids[0] = ids[1] = 0;
   EXPECT_EQ(run(ids), "");
