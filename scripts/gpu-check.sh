@@ -16,7 +16,9 @@
 #   configs: the experts' GPU tests, then bench_gpu_experts on the configs $CONFIGS (comma-separated
 #          names of plan/gemm_config.h) and the rule, scaling $QUANT, cases $CASES ("M:m_e ..."),
 #          E_local $EXPERTS, $ROUNDS rounds; GRAPH_PARTS=1 adds each step's parts replayed from their
-#          own graphs (--graph-parts); the SM clock and power meanwhile in configs_clocks.csv.
+#          own graphs (--graph-parts); BASELINE=config prints every variant as ratios to that config
+#          measured in the same rounds (--baseline: compare builds by these, not by raw ms); the SM
+#          clock and power meanwhile in configs_clocks.csv.
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
@@ -226,8 +228,8 @@ if [[ $part == configs ]]; then
     for c in ${CASES:-8192:256}; do
       echo "-- round $round M m_e $c" | tee -a "$OUT/configs.txt"
       run timeout 120 $BIN/bench_gpu_experts /tmp/configs.json --experts ${EXPERTS:-16} --quant ${QUANT:-per-token} \
-        --case ${c%%:*} ${c#*:} --configs $CONFIGS ${GRAPH_PARTS:+--graph-parts} 2>&1 | tee -a "$OUT/configs.txt" \
-        | grep -E "^(per-token|block128|per-tensor|ceilings)|replayed alone|graph parts"
+        --case ${c%%:*} ${c#*:} --configs $CONFIGS ${GRAPH_PARTS:+--graph-parts} ${BASELINE:+--baseline $BASELINE} 2>&1 \
+        | tee -a "$OUT/configs.txt" | grep -E "^(per-token|block128|per-tensor|ceilings)|replayed alone|graph parts| vs "
     done
   done
   kill $smi_pid 2>/dev/null

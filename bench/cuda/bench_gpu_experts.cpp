@@ -22,11 +22,15 @@
 //      at DP 16; 8 is DP 32) [--graph-parts] (each variant's step in parts, each part replayed from
 //      its own graph: W1 + activation, activation + W2, W1 + W2, W1 + activation + W2; where a
 //      step's graph time exceeds its GEMMs alone plus the rest, which adjacency costs it)
+//      [--baseline CONFIG] (a config of the table, run too: every variant's graph step and GEMMs
+//      replayed alone as ratios to its, measured in the same rounds. Compare builds or machines by
+//      these ratios: the SM clock of a power-capped GPU moves 5-10% between processes)
 // (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -60,6 +64,17 @@ std::string fixed4(double v) {
 
 using cuda::median_ms;
 
+// An unknown config name: the Error lists the valid ones.
+bool known_config(const std::string& name) {
+  try {
+    plan::parse_gemm_config(name);
+    return true;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpu_experts: %s\n", e.what());
+    return false;
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
@@ -70,6 +85,7 @@ int main(int argc, char** argv) {
   std::int64_t E_local = 16;  // DeepSeek-V3's local experts at DP 16 (8 at DP 32)
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
   std::vector<std::string> only_configs;  // empty: every config of the table (unless quick)
+  std::string baseline;                   // --baseline: the config every variant is a ratio to
   auto split = [](const std::string& list) {
     std::vector<std::string> items;
     for (std::size_t pos = 0; pos <= list.size();) {
@@ -98,7 +114,12 @@ int main(int argc, char** argv) {
     }
     if (std::string(argv[a]) == "--configs" && a + 1 < argc) {
       only_configs = split(argv[a + 1]);
-      for (const std::string& c : only_configs) plan::parse_gemm_config(c);  // an unknown name: an Error listing them
+      for (const std::string& c : only_configs)
+        if (!known_config(c)) return 2;
+    }
+    if (std::string(argv[a]) == "--baseline" && a + 1 < argc) {
+      baseline = argv[a + 1];
+      if (!known_config(baseline)) return 2;
     }
     if (std::string(argv[a]) == "--case" && a + 2 < argc) {
       only_M = std::stoll(argv[a + 1]);
@@ -111,6 +132,9 @@ int main(int argc, char** argv) {
       quick = true;
     }
   }
+  if (!baseline.empty() && std::find(only_configs.begin(), only_configs.end(), baseline) == only_configs.end() &&
+      (quick || !only_configs.empty()))
+    only_configs.push_back(baseline);
   if (cuda::device_count() == 0) {
     std::printf("bench_gpu_experts: no CUDA device, nothing to measure\n");
     return 0;
@@ -367,10 +391,23 @@ int main(int argc, char** argv) {
               }
             }
         }
+        // The baseline's medians (--baseline), when it runs this case.
+        std::optional<std::array<double, 3>> base;  // graph step, W1 and W2 replayed alone
+        for (std::size_t i = 0; i < sweep.size() && !baseline.empty(); ++i)
+          if (sweep[i].name == baseline)
+            base = std::array<double, 3>{measured[i].timed[kGraphStep].median(), measured[i].timed[kGraphW1].median(),
+                                         measured[i].timed[kGraphW2].median()};
+        if (!baseline.empty() && !base)
+          std::printf("       (--baseline %s does not run this case: no ratios)\n", baseline.c_str());
         for (std::size_t i = 0; i < sweep.size(); ++i) {
           const Variant& v = sweep[i];
           Measured& r = measured[i];
           cuda::check_status_words(r.launch.status, "bench", M, p.E, stream);
+          if (base)
+            r.notes += "       vs " + baseline + " (same rounds): step " +
+                       fixed4(r.timed[kGraphStep].median() / (*base)[0]) + ", W1 " +
+                       fixed4(r.timed[kGraphW1].median() / (*base)[1]) + ", W2 " +
+                       fixed4(r.timed[kGraphW2].median() / (*base)[2]) + "\n";
           const double ms = r.timed[kEagerStep].median(), g1_ms = r.timed[kEagerW1].median(),
                        g2_ms = r.timed[kEagerW2].median();
           const double graph_ms = r.timed[kGraphStep].median();
@@ -399,7 +436,13 @@ int main(int argc, char** argv) {
                   ", \"graph_ms\": " + std::to_string(graph_ms) + ", \"floor_ms\": " + std::to_string(floor_ms) +
                   ", \"weights_read_ms\": " + std::to_string(weights_ms) +
                   ", \"tflops\": " + std::to_string(flops / (graph_ms * 1e-3) / 1e12) +
-                  ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) + "}";
+                  ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) +
+                  (base ? ", \"baseline\": \"" + baseline + "\", \"vs_baseline\": [" +
+                              std::to_string(graph_ms / (*base)[0]) + ", " +
+                              std::to_string(r.timed[kGraphW1].median() / (*base)[1]) + ", " +
+                              std::to_string(r.timed[kGraphW2].median() / (*base)[2]) + "]"
+                        : std::string()) +
+                  "}";
           first = false;
         }
       }
