@@ -40,6 +40,11 @@ constexpr double kCpuVsFloat64 = 1e-2;
 constexpr double kDeviceVsCpu = 3e-2;
 constexpr std::int64_t kGuardBytes = 4096;
 
+// A device-parametrized test's name suffix: cpu, cuda.
+std::string device_param_name(const ::testing::TestParamInfo<Device>& info) {
+  return std::string(device_name(info.param));
+}
+
 bool device_present(Device d) {
   return d == Device::kCpu || cuda::available();
 }
@@ -427,16 +432,29 @@ ExpertsData experts_data(const OpCase& c) {
   return d;
 }
 
+// What one experts run needs: the entry's experts on its device's memory, a poisoned workspace with
+// guard bands planned for the problem, and the inputs' device copies.
+struct ExpertsRig {
+  ExpertsRig(const ExpertsEntry& entry, const MoeProblem& p)
+      : memory(make_memory(entry.device)),
+        experts(entry.make({&pool, nullptr})),
+        ws(plan_layer(p, entry, p.E / p.E_local, kGuardBytes), *memory),
+        copies(*memory) {
+    ws.poison(nullptr);
+  }
+  std::unique_ptr<Memory> memory;
+  cpu::ThreadPool pool{2};
+  std::unique_ptr<Experts> experts;
+  Workspace ws;
+  DeviceCopies copies;
+};
+
 // Runs an experts implementation; returns its rows (batched: valid rows of every expert in order;
 // standard: (token, slot) rows, none for -1) as doubles, after checking padding and guards.
 std::vector<double> run_experts(const ExpertsEntry& entry, const ExpertsData& d, const std::string& ctx) {
   const MoeProblem& p = d.problem;
-  const auto memory = make_memory(entry.device);
-  cpu::ThreadPool pool(2);
-  const auto experts = entry.make({&pool, nullptr});
-  Workspace ws(plan_layer(p, entry, p.E / p.E_local, kGuardBytes), *memory);
-  ws.poison(nullptr);
-  DeviceCopies copies(*memory);
+  ExpertsRig rig(entry, p);
+  auto& [memory, pool, experts, ws, copies] = rig;  // pool: the experts' own
   const ExpertWeightsView view = d.weights.view(copies);
   ExpertsInput in{copies.put(d.a1q, "a1q"),
                   copies.put(d.a1q_scale, "a1q scales"),
@@ -627,8 +645,7 @@ TEST_P(DispatchErrors, BadIdsAndOverCapacityAreReported) {
   expect_reported(twice, {"expert 0", "M = 5"});
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, DispatchErrors, ::testing::Values(Device::kCpu, Device::kCuda),
-                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
+INSTANTIATE_TEST_SUITE_P(Devices, DispatchErrors, ::testing::Values(Device::kCpu, Device::kCuda), device_param_name);
 
 // ExpertsInput::max_tokens_any_rank on the batched experts of 4 dispatchers (M = 32 x 4): a step
 // declared at 8 tokens a rank is planned for experts of <= 32 rows (on a GPU, the launches of the
@@ -656,28 +673,23 @@ TEST_P(ExpertsStepBound, TheDeclaredTokensPlanTheStepAndAnExpertPastThemIsReport
     std::string error;        // what check_status raised
   };
   auto run = [&](const std::vector<std::int32_t>& counts, std::int64_t declared) {
-    const auto memory = make_memory(device);
-    cpu::ThreadPool pool(2);
-    const auto experts = entry.make({&pool, nullptr});
-    Workspace ws(plan_layer(p, entry, p.E / p.E_local, kGuardBytes), *memory);
-    ws.poison(nullptr);
-    DeviceCopies copies(*memory);
-    ExpertsInput in{copies.put(d.a1q, "a1q"),
-                    copies.put(d.a1q_scale, "a1q scales"),
-                    copies.put(counts, "expert_num_tokens"),
+    ExpertsRig rig(entry, p);
+    ExpertsInput in{rig.copies.put(d.a1q, "a1q"),
+                    rig.copies.put(d.a1q_scale, "a1q scales"),
+                    rig.copies.put(counts, "expert_num_tokens"),
                     nullptr,
                     8,
-                    ws.get<bf16_t>("expert_output")};
+                    rig.ws.get<bf16_t>("expert_output")};
     in.max_tokens_any_rank = declared;
     Step s;
-    const ExpertsOutput out = experts->run(p, in, d.weights.view(copies), ws, nullptr);
+    const ExpertsOutput out = rig.experts->run(p, in, d.weights.view(rig.copies), rig.ws, nullptr);
     try {
-      experts->check_status(ws, nullptr);
+      rig.experts->check_status(rig.ws, nullptr);
     } catch (const Error& e) {
       s.error = e.what();
     }
-    ws.verify_guards(nullptr);
-    s.out = to_host(*memory, out.rows, p.E_local * p.M * p.K);
+    rig.ws.verify_guards(nullptr);
+    s.out = to_host(*rig.memory, out.rows, p.E_local * p.M * p.K);
     return s;
   };
   const Step undeclared = run({5, 32, 0, 20}, 0), declared = run({5, 32, 0, 20}, 8);
@@ -709,8 +721,7 @@ TEST_P(ExpertsStepBound, TheDeclaredTokensPlanTheStepAndAnExpertPastThemIsReport
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, ExpertsStepBound, ::testing::Values(Device::kCpu, Device::kCuda),
-                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
+INSTANTIATE_TEST_SUITE_P(Devices, ExpertsStepBound, ::testing::Values(Device::kCpu, Device::kCuda), device_param_name);
 
 // The standard experts plan for experts of at most T rows (each token picks an expert once). Top-k
 // ids that name one expert twice in every token give it 2 T rows: every device refuses the step with
@@ -729,27 +740,23 @@ TEST_P(StandardExpertsDuplicateIds, AnExpertPastTRowsIsRefusedOnEveryDevice) {
   const MoeProblem& p = d.problem;
   const std::int64_t T = c.tokens, topk = p.topk;
   const ExpertsEntry& entry = find_experts("standard-fp8", device);
+  ASSERT_EQ(p.E / p.E_local, 1) << "the standard format: one rank holds every expert";
   auto run = [&](const std::vector<std::int32_t>& ids) {
-    const auto memory = make_memory(device);
-    cpu::ThreadPool pool(2);
-    const auto experts = entry.make({&pool, nullptr});
-    Workspace ws(plan_layer(p, entry, 1, kGuardBytes), *memory);
-    ws.poison(nullptr);
-    DeviceCopies copies(*memory);
-    const ExpertsInput in{copies.put(d.a1q, "a1q"),
-                          copies.put(d.a1q_scale, "a1q scales"),
+    ExpertsRig rig(entry, p);
+    const ExpertsInput in{rig.copies.put(d.a1q, "a1q"),
+                          rig.copies.put(d.a1q_scale, "a1q scales"),
                           nullptr,
-                          copies.put(ids, "topk_ids"),
+                          rig.copies.put(ids, "topk_ids"),
                           T,
                           nullptr};
     std::string error;
     try {
-      experts->run(p, in, d.weights.view(copies), ws, nullptr);
-      experts->check_status(ws, nullptr);
+      rig.experts->run(p, in, d.weights.view(rig.copies), rig.ws, nullptr);
+      rig.experts->check_status(rig.ws, nullptr);
     } catch (const Error& e) {
       error = e.what();
     }
-    ws.verify_guards(nullptr);
+    rig.ws.verify_guards(nullptr);
     return error;
   };
   ASSERT_GE(p.E_local, topk + 1);
@@ -778,7 +785,7 @@ TEST_P(StandardExpertsDuplicateIds, AnExpertPastTRowsIsRefusedOnEveryDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, StandardExpertsDuplicateIds, ::testing::Values(Device::kCpu, Device::kCuda),
-                         [](const auto& param_info) { return std::string(device_name(param_info.param)); });
+                         device_param_name);
 
 // Over 2 ranks the CPU all-to-all flags and drops bad data as the NCCL transports do: both ranks
 // finish the step's exchanges (no peer is left in a collective) and only the rank whose data was bad
