@@ -15,13 +15,15 @@
 // temporaries, wait, then acc += tmp * sa[row] * sb[half]. The two consumer warpgroups interleave,
 // one promoting while the other's wgmmas run. Tiles: expert by expert, the token tiles of one
 // weight tile adjacent (CTAs that read the same weights run together and share them through L2).
-// Half pairs (kPairs: block-128x256, not the fused W1): a half tile (a group's last token tile when
-// it holds 1-64 of its rows: a ragged expert's, or a whole expert of <= 64 rows) runs pingpong with
-// its neighbour: the half tiles of weight tiles nt and nt + 1 make one work item, warpgroup w
-// computing the 64 rows x 256 columns of nt + w on every other stage (A loaded as 64 rows), so an
-// item costs about one full tile. Without them an expert of 257-320 rows runs three full tiles' time
-// for its 2.0-2.5 tiles of rows (docs/PERF.md). The fused W1 keeps full tiles: its consumers have no
-// register to spare, and every variant of its loop's state that carried pairs measured 6-19% slower.
+// Half pairs: a half tile (a group's last token tile when it holds 1-64 of its rows: a ragged
+// expert's, or a whole expert of <= 64 rows) runs pingpong with its neighbour: the half tiles of
+// weight tiles nt and nt + 1 make one work item, warpgroup w computing the 64 rows x 256 columns of
+// nt + w on every other stage (A loaded as 64 rows), so an item costs about one full tile. Without
+// them an expert of 257-320 rows runs three full tiles' time for its 2.0-2.5 tiles of rows
+// (docs/PERF.md). The fused W1 is one kernel an activation (kAct): with every activation's epilogue
+// in one kernel its consumers spilled inside the k-loop once it carried pairs (full tiles 14-18%
+// slower); with one they do not, and pairs took its W1 -19% / -11% at m_e = 150 / 300 (+5% at 1000,
+// where every tile is full).
 // Operands are addressed through one 2-D TMA descriptor each over the tensor every group lies in
 // (GroupedGemmLaunch::tensors): a group's first row is its pointer's offset in that tensor. Rows a
 // tile reads past its group are never written (the epilogue masks rows >= m and columns >= n).
@@ -277,7 +279,8 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
   }
 }
 
-template <bool kFused, bool kPairs>
+// kAct: the fused W1's activation (its epilogue's only one); unused without kFused.
+template <bool kFused, Activation kAct>
 __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a64,
                       const __grid_constant__ CUtensorMap tma_b, const BlockGemm::Params p) {
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 
   // --- the tile table (warp 0) and the barriers (thread 0) ---
   block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
-    return block_gemm_items_of<kPairs>(p.args.shapes[3 * g], n_tiles);
+    return block_gemm_items_of<true>(p.args.shapes[3 * g], n_tiles);
   });
   __syncthreads();
   const int total = s.tile_start[p.groups];
@@ -305,8 +308,8 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     int stage = 0;
     std::uint32_t phase = 0;
     for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-      const BlockGemmItem it = block_gemm_item<kPairs>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
-      const bool half = kPairs && it.half;
+      const BlockGemmItem it = block_gemm_item<true>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+      const bool half = it.half;
       const auto a_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
                          it.mt * BG::kTileM;
       const auto b_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[it.g]) - p.b_base) / p.k) +
@@ -333,28 +336,25 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 
   // --- consumers: 64 token rows x 256 columns each ---
   cutlass::arch::warpgroup_reg_alloc<BG::kConsumerRegs>();
-  // Warp-uniform as far as the compiler can see (a shuffle from lane 0), so the wgmma descriptors
-  // below are computed in uniform registers, not moved there for every instruction.
-  const int wg = __shfl_sync(0xFFFFFFFFu, warp_group - 1, 0);
+  const int wg = __shfl_sync(0xFFFFFFFFu, warp_group - 1, 0);  // warp-uniform to the compiler
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int n_blocks = (p.n + BG::kHalfN - 1) / BG::kHalfN;
-  // The ring's position. Full tiles only (the fused W1): stage and phase carried from tile to tile,
-  // the loop state it measured fastest with. With half pairs: ring, the k-blocks the ring has carried
-  // before the item (ring_slot), each tile's start from it.
+  // The ring's position: ring, the k-blocks the ring has carried before the item (ring_slot), each
+  // tile's start from it.
   int ring = 0, stage = 0;
   std::uint32_t phase = 0;
   float acc[2][64];
   float tmp[64];
   const std::uint32_t a_desc_base = block_gemm_desc_lo(s.a[0]), b_desc0 = block_gemm_desc_lo(s.b[0]);
   for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-    const BlockGemmItem it = block_gemm_item<kPairs>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+    const BlockGemmItem it = block_gemm_item<true>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
     const int m = p.args.shapes[3 * it.g];
     // A full tile: the warpgroup's 64 rows of it, every stage. A half pair: warpgroup wg runs the
     // half tile of weight tile nt + wg alone (the tile's 64 rows) on the item's stages wg, wg + 2,
     // ..., and hands each back for both warpgroups (step = 2 arrivals a warp). A lone half tile
     // (tiles = 1): warpgroup 1 only waits for each of its stages and hands it back.
-    const bool half = kPairs && __shfl_sync(0xFFFFFFFFu, static_cast<int>(it.half), 0) != 0;
+    const bool half = __shfl_sync(0xFFFFFFFFu, static_cast<int>(it.half), 0) != 0;
     const int base = ring, first = base + (half ? wg : 0), step = half ? it.tiles : 1;
     ring += it.tiles * p.k_blocks;
     if (half && wg >= it.tiles) {
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     const float* sa1 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
     const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt, n_blocks - 1)) * p.k_blocks;
     const float* sb1 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt + 1, n_blocks - 1)) * p.k_blocks;
-    if constexpr (kPairs) {
+    {
       const RingSlot slot = ring_slot<BG::kStages>(first);
       stage = slot.stage;
       phase = slot.phase;
@@ -397,14 +397,11 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         nb1 = __ldg(sb1 + kb + 1);
       }
       TxBarrier::wait(&s.full[stage], phase);
-      // Full tiles only (the fused W1): the stage's descriptors warp-uniform as far as ptxas can see (a
-      // shuffle from lane 0), so they are built in uniform registers, not in vector ones moved there
-      // for every wgmma (the k-loop: 258 -> 235 instructions; the fused W1 -1..-4%). With half pairs
-      // the same measured 2-4% slower (docs/PERF.md).
-      const std::uint32_t da = kPairs ? a_desc0 + stage * (BG::kABytes >> 4)
-                                      : __shfl_sync(0xFFFFFFFFu, a_desc0 + stage * (BG::kABytes >> 4), 0);
-      const std::uint32_t db0 = kPairs ? b_desc0 + stage * (BG::kBBytes >> 4)
-                                       : __shfl_sync(0xFFFFFFFFu, b_desc0 + stage * (BG::kBBytes >> 4), 0);
+      // NOTES: ptxas builds these descriptors in vector registers and moves them to uniform ones for
+      // every wgmma (32 R2UR a k-block). Shuffled from lane 0 they are built uniform, which took a
+      // full-tile-only loop -1..-4%, but this loop with half pairs 2-4% slower (docs/PERF.md).
+      const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
+      const std::uint32_t db0 = b_desc0 + stage * (BG::kBBytes >> 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const std::uint32_t db = db0 + h * (BG::kHalfN * BG::kTileK >> 4);
@@ -436,14 +433,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
           acc[h][4 * i + 3] += tmp[4 * i + 3] * s1;
         }
       }
-      if constexpr (kPairs) {
-        stage += step;  // step <= 2 < kStages: one wrap at most
-        if (stage >= BG::kStages) {
-          stage -= BG::kStages;
-          phase ^= 1u;
-        }
-      } else if (++stage == BG::kStages) {
-        stage = 0;
+      stage += step;  // step <= 2 < kStages: one wrap at most
+      if (stage >= BG::kStages) {
+        stage -= BG::kStages;
         phase ^= 1u;
       }
     }
@@ -456,10 +448,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       const GroupedGemmLaunch::FusedW1& f = p.fused;
       const std::int64_t act_row0 =
           f.row_offsets != nullptr ? f.row_offsets[it.g] : static_cast<std::int64_t>(it.g) * f.M;
-      numerics::with_activation(f.activation, [&]<Activation kAct>() {
-        if constexpr (kAct != Activation::kSwigluOai)  // its interleaved rows are refused at launch
-          block_gemm_fused_epilogue<kAct>(acc, lane, r0, m, warp_row0, staged, act_row0, nt, f);
-      });
+      block_gemm_fused_epilogue<kAct>(acc, lane, r0, m, warp_row0, staged, act_row0, nt, f);
     } else {
       // bf16 D a quarter tile (64 columns = 128 bytes a row) at a time; n % 128 == 0 (n_multiple).
       auto* D = static_cast<std::uint8_t*>(p.args.ptr_D[it.g]);
@@ -583,16 +572,23 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   BG::Params p = block_gemm_params(l);
   if constexpr (kFused) p.fused = l.fused;
   const CUtensorMap ta = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kTileM, "the tokens");
-  // Half pairs on block-128x256 only (the fused W1's consumers have no register for them: see the top).
-  constexpr bool kPairs = !kFused;
   const CUtensorMap ta64 =
-      kPairs ? block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kHalfTileRows, "the tokens") : ta;
+      block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kHalfTileRows, "the tokens");
   const CUtensorMap tb =
       block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileN, "the weights");
-  const auto kernel = block_gemm_kernel<kFused, kPairs>;
-  MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
-  kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, ta64, tb, p);
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  const auto launch = [&](auto kernel) {
+    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
+    kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, ta64, tb, p);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  };
+  if constexpr (kFused) {
+    // One kernel an activation (see the top); swigluoai was refused above.
+    numerics::with_activation(l.fused.activation, [&]<Activation kAct>() {
+      if constexpr (kAct != Activation::kSwigluOai) launch(block_gemm_kernel<true, kAct>);
+    });
+  } else {
+    launch(block_gemm_kernel<false, Activation::kSilu>);  // (the activation is unused)
+  }
 }
 
 #endif  // __CUDACC__
