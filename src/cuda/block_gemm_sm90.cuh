@@ -184,11 +184,10 @@ __device__ __forceinline__ RingSlot ring_slot(int q) {
 }
 
 // Item `item` of the tile table (block_gemm_items.h).
-template <bool kPairs>
 __device__ __forceinline__ BlockGemmItem block_gemm_item(const int* tile_start, const int* shapes, int groups,
                                                          int n_tiles, int item) {
   const int g = block_gemm_group_of(tile_start, groups, item);
-  return block_gemm_group_item<kPairs>(g, shapes[3 * g], n_tiles, item - tile_start[g]);
+  return block_gemm_group_item(g, shapes[3 * g], n_tiles, item - tile_start[g]);
 }
 
 // Writes a warp's staged rows (BlockGemm::Smem::out) to dst + row * ld_bytes, 128 bytes a row, the
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 
   // --- the tile table (warp 0) and the barriers (thread 0) ---
   block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
-    return block_gemm_items_of<true>(p.args.shapes[3 * g], n_tiles);
+    return block_gemm_items_of(p.args.shapes[3 * g], n_tiles);
   });
   __syncthreads();
   const int total = s.tile_start[p.groups];
@@ -308,7 +307,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     int stage = 0;
     std::uint32_t phase = 0;
     for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-      const BlockGemmItem it = block_gemm_item<true>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+      const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
       const bool half = it.half;
       const auto a_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
                          it.mt * BG::kTileM;
@@ -348,7 +347,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   float tmp[64];
   const std::uint32_t a_desc_base = block_gemm_desc_lo(s.a[0]), b_desc0 = block_gemm_desc_lo(s.b[0]);
   for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-    const BlockGemmItem it = block_gemm_item<true>(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+    const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
     const int m = p.args.shapes[3 * it.g];
     // A full tile: the warpgroup's 64 rows of it, every stage. A half pair: warpgroup wg runs the
     // half tile of weight tile nt + wg alone (the tile's 64 rows) on the item's stages wg, wg + 2,

@@ -1,7 +1,7 @@
 // The block GEMM's work items (src/cuda/block_gemm_items.h), on the CPU: for every group size and
 // weight-tile count, the items of a group deal each of its tiles exactly once; a two-tile item holds
-// the half tiles of adjacent weight tiles; with pairs, the half tiles of a group are half as many
-// items, so every item costs about one full tile.
+// the half tiles of adjacent weight tiles; the half tiles of a group are half as many items, so
+// every item costs about one full tile.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -12,19 +12,18 @@
 namespace moekit::cuda::detail {
 namespace {
 
-template <bool kPairs>
 void check_group(int m, int n_tiles) {
   const int m_tiles = (m + kBlockTileM - 1) / kBlockTileM;
-  const int items = block_gemm_items_of<kPairs>(m, n_tiles);
+  const int items = block_gemm_items_of(m, n_tiles);
   std::map<std::pair<int, int>, int> dealt;  // (mt, nt) -> times
   int lone_halves = 0;
   for (int local = 0; local < items; ++local) {
-    const BlockGemmItem it = block_gemm_group_item<kPairs>(7, m, n_tiles, local);
+    const BlockGemmItem it = block_gemm_group_item(7, m, n_tiles, local);
     ASSERT_EQ(it.g, 7);
     ASSERT_TRUE(it.tiles == 1 || it.tiles == 2) << "m " << m << " n_tiles " << n_tiles << " item " << local;
     const bool half = block_gemm_is_half(m, it.mt);
-    EXPECT_EQ(it.half, kPairs && half) << "m " << m << " item " << local << ": the kernel runs it.half as 64 rows";
-    if (it.tiles == 2 || (kPairs && half)) {
+    EXPECT_EQ(it.half, half) << "m " << m << " item " << local << ": the kernel runs it.half as 64 rows";
+    if (it.tiles == 2 || half) {
       // Half tiles only in half items: the last token tile, holding 1-64 of the group's rows.
       EXPECT_TRUE(half) << "m " << m << " item " << local;
       EXPECT_EQ(it.mt, m_tiles - 1);
@@ -41,7 +40,7 @@ void check_group(int m, int n_tiles) {
     EXPECT_LT(tile.first, m_tiles);
     EXPECT_LT(tile.second, n_tiles);
   }
-  if (kPairs && m > 0 && block_gemm_is_half(m, m_tiles - 1)) {
+  if (m > 0 && block_gemm_is_half(m, m_tiles - 1)) {
     EXPECT_EQ(items, (m_tiles - 1) * n_tiles + (n_tiles + 1) / 2);
     EXPECT_EQ(lone_halves, n_tiles % 2);
   } else {
@@ -49,11 +48,10 @@ void check_group(int m, int n_tiles) {
   }
 }
 
-TEST(BlockGemmItems, EveryTileOnceWithAndWithoutPairs) {
+TEST(BlockGemmItems, EveryTileOnce) {
   for (int n_tiles = 1; n_tiles <= 9; ++n_tiles)
     for (int m = 0; m <= 700; ++m) {
-      check_group<false>(m, n_tiles);
-      check_group<true>(m, n_tiles);
+      check_group(m, n_tiles);
       if (::testing::Test::HasFailure()) return;
     }
 }
@@ -65,14 +63,15 @@ TEST(BlockGemmItems, HalfTileEdges) {
   EXPECT_FALSE(block_gemm_is_half(65, 0));
   EXPECT_TRUE(block_gemm_is_half(192, 1));
   EXPECT_FALSE(block_gemm_is_half(193, 1));
-  EXPECT_EQ(block_gemm_items_of<true>(300, 16), 2 * 16 + 8);
-  EXPECT_EQ(block_gemm_items_of<false>(300, 16), 3 * 16);
+  EXPECT_EQ(block_gemm_items_of(300, 16), 2 * 16 + 8);
+  EXPECT_EQ(block_gemm_items_of(320, 16), 2 * 16 + 8);  // its last tile holds 64 rows: a half tile
+  EXPECT_EQ(block_gemm_items_of(321, 16), 3 * 16);      // 65 rows: a full one
   // Weight tiles 0 and 1 of a 300-row group: full (0, 0), (1, 0); the pair (2, 0 + 1); full (0, 1), (1, 1).
-  const BlockGemmItem pair = block_gemm_group_item<true>(0, 300, 16, 2);
+  const BlockGemmItem pair = block_gemm_group_item(0, 300, 16, 2);
   EXPECT_EQ(pair.mt, 2);
   EXPECT_EQ(pair.nt, 0);
   EXPECT_EQ(pair.tiles, 2);
-  EXPECT_EQ(block_gemm_group_item<true>(0, 300, 16, 3).nt, 1);
+  EXPECT_EQ(block_gemm_group_item(0, 300, 16, 3).nt, 1);
 }
 
 }  // namespace
