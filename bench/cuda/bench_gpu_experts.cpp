@@ -403,11 +403,13 @@ int main(int argc, char** argv) {
           const Variant& v = sweep[i];
           Measured& r = measured[i];
           cuda::check_status_words(r.launch.status, "bench", M, p.E, stream);
-          if (base)
-            r.notes += "       vs " + baseline + " (same rounds): step " +
-                       fixed4(r.timed[kGraphStep].median() / (*base)[0]) + ", W1 " +
-                       fixed4(r.timed[kGraphW1].median() / (*base)[1]) + ", W2 " +
-                       fixed4(r.timed[kGraphW2].median() / (*base)[2]) + "\n";
+          std::array<double, 3> vs{};  // graph step, W1, W2 over the baseline's
+          if (base) {
+            vs = {r.timed[kGraphStep].median() / (*base)[0], r.timed[kGraphW1].median() / (*base)[1],
+                  r.timed[kGraphW2].median() / (*base)[2]};
+            r.notes += "       vs " + baseline + " (same rounds): step " + fixed4(vs[0]) + ", W1 " + fixed4(vs[1]) +
+                       ", W2 " + fixed4(vs[2]) + "\n";
+          }
           const double ms = r.timed[kEagerStep].median(), g1_ms = r.timed[kEagerW1].median(),
                        g2_ms = r.timed[kEagerW2].median();
           const double graph_ms = r.timed[kGraphStep].median();
@@ -437,10 +439,8 @@ int main(int argc, char** argv) {
                   ", \"weights_read_ms\": " + std::to_string(weights_ms) +
                   ", \"tflops\": " + std::to_string(flops / (graph_ms * 1e-3) / 1e12) +
                   ", \"gemm1_ms\": " + std::to_string(g1_ms) + ", \"gemm2_ms\": " + std::to_string(g2_ms) +
-                  (base ? ", \"baseline\": \"" + baseline + "\", \"vs_baseline\": [" +
-                              std::to_string(graph_ms / (*base)[0]) + ", " +
-                              std::to_string(r.timed[kGraphW1].median() / (*base)[1]) + ", " +
-                              std::to_string(r.timed[kGraphW2].median() / (*base)[2]) + "]"
+                  (base ? ", \"baseline\": \"" + baseline + "\", \"vs_baseline\": [" + std::to_string(vs[0]) + ", " +
+                              std::to_string(vs[1]) + ", " + std::to_string(vs[2]) + "]"
                         : std::string()) +
                   "}";
           first = false;

@@ -374,11 +374,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     const float* sa1 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
     const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt, n_blocks - 1)) * p.k_blocks;
     const float* sb1 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt + 1, n_blocks - 1)) * p.k_blocks;
-    {
-      const RingSlot slot = ring_slot<BG::kStages>(first);
-      stage = slot.stage;
-      phase = slot.phase;
-    }
+    const RingSlot slot = ring_slot<BG::kStages>(first);
+    stage = slot.stage;
+    phase = slot.phase;
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     float na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = __ldg(sb1);
