@@ -1,7 +1,7 @@
 // Benchmark of the Hopper batched FP8 experts through the Experts seam (DeepSeek-V3 shapes,
 // E_local = 16 unless --experts), over a Workspace from plan_layer. Measures the machine's ceilings first
 // (device-to-device copy bandwidth; cuBLASLt FP8 GEMM 8192^3), then for M in {2048, 8192} and m_e in
-// {8, 64, 256, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
+// {8, 64, 256, 300, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
 // quantization, W2 GEMM) per config of the table (both GEMMs on it) and for the pair the runtime's
 // rule selects, TFLOP/s on valid rows, the floor max(flops / FP8 peak, (weight + activation bytes) /
 // bandwidth), the ratio to it, the weights' bytes over the copy ceiling ("weights") and one read of
@@ -12,7 +12,9 @@
 // first call runs) and replayed from a CUDA graph (as decode runs it); every time of a case (the
 // step eager and replayed, each GEMM alone, the parts) is taken in rounds, one sample of each
 // measurement of each variant a round, each variant on its own workspace (neither the sweep's order
-// nor the machine's state at one moment favors any); the ratios are the graph's.
+// nor the machine's state at one moment favors any); the ratios are the graph's. m_e = 300 is a ragged
+// expert (two 128-row token tiles and 44 rows), as uniform routing gives DeepSeek-V3's 256 experts
+// 210-311 rows at 8192 tokens.
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
@@ -235,7 +237,7 @@ int main(int argc, char** argv) {
                                ws.get<std::uint16_t>("expert_output")};
       const double weight_bytes = double(E_local) * double(N * K + K * I);
       for (std::int64_t m_e :
-           only_m_e != 0 ? std::vector<std::int64_t>{only_m_e} : std::vector<std::int64_t>{8, 64, 256, 1024}) {
+           only_m_e != 0 ? std::vector<std::int64_t>{only_m_e} : std::vector<std::int64_t>{8, 64, 256, 300, 1024}) {
         if (m_e > M) continue;
         std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
         memory->from_host(ws.get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
