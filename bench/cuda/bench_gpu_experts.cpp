@@ -7,15 +7,17 @@
 // bandwidth), the ratio to it, the weights' bytes over the copy ceiling ("weights") and one read of
 // the local experts' weights measured in the same process (TMA streaming W1 and W2 the way the
 // GEMMs read them, cuda::measure_weight_stream_ms: "read", the small-m_e floor); for each
-// quantization scheme asked for (per-token and block128 by default, in the same process, so the
-// two are compared on the same machine state). Each step is timed eagerly (launch by launch, as a
-// first call runs) and replayed from a CUDA graph (as decode runs it); every time of a case (the
-// step eager and replayed, each GEMM alone, the parts) is taken in rounds, one sample of each
-// measurement of each variant a round, each variant on its own workspace (neither the sweep's order
-// nor the machine's state at one moment favors any); the ratios are the graph's. m_e = 300 is a ragged
-// expert (two 128-row token tiles and 44 rows), as uniform routing gives DeepSeek-V3's 256 experts
-// 210-311 rows at 8192 tokens.
+// quantization scheme asked for (per-token and block128 by default, a case's variants of both in
+// the same rounds, so the two are compared on the same machine state; block128 over per-token at
+// the end). Each step is timed eagerly (launch by launch, as a first call runs) and replayed from a
+// CUDA graph (as decode runs it); every time of a case (the step eager and replayed, each GEMM
+// alone, the parts) is taken in rounds, one sample of each measurement of each variant a round,
+// each variant on its own workspace (neither the sweep's order nor the machine's state at one
+// moment favors any); the ratios are the graph's. m_e = 300 is a ragged expert (two 128-row token
+// tiles and 44 rows), as uniform routing gives DeepSeek-V3's 256 experts 210-311 rows at 8192 tokens.
+//
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
+//
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
 //      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
@@ -25,7 +27,7 @@
 //      its own graph: W1 + activation, activation + W2, W1 + W2, W1 + activation + W2; where a
 //      step's graph time exceeds its GEMMs alone plus the rest, which adjacency costs it)
 //      [--baseline CONFIG] (a config of the table, run too: every variant's graph step and GEMMs
-//      replayed alone as ratios to its, measured in the same rounds. Compare builds or machines by
+//      replayed alone as ratios to its of the same scheme, measured in the same rounds. Compare builds or machines by
 //      these ratios: the SM clock of a power-capped GPU moves 5-10% between processes)
 // (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
@@ -39,6 +41,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -181,13 +184,28 @@ int main(int argc, char** argv) {
   std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s %7s\n", "quant", "M", "m_e", "config", "eager ms",
               "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights", "x read");
   bool first = true;
+  // Each case's rules (graph step), for block128 over per-token at the end: (M, m_e) -> variant.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::string, double>> rules_ms;
   const auto memory = make_memory(Device::kCuda);
   // The workspace every variant runs in: the default (unfused) plan, w1_out included; the fused W1
   // (fuse_w1) ignores w1_out, its own plan is printed beside.
   const ExpertsEntry& entry = find_experts("batched-fp8", Device::kCuda);
-  for (const QuantScheme quant : quants)
-    for (std::int64_t M : only_M != 0 ? std::vector<std::int64_t>{only_M} : std::vector<std::int64_t>{2048, 8192}) {
-      MoeProblem p;
+  // A case's variants of every scheme run in the same rounds (below), so that block128 and per-token
+  // are compared on the same machine state: each scheme's problem, weights and tokens, per M.
+  struct Scheme {
+    QuantScheme quant;
+    MoeProblem p, fused_p;  // fused_p: the same with fuse_w1 where it runs (block128)
+    DeviceBuffer w1, w2, w1s, w2s;
+    std::optional<Workspace> ws;  // the tokens, scales and counts every variant reads
+    std::optional<ExpertWeightsView> view;
+    std::optional<ExpertsInput> input;
+  };
+  for (std::int64_t M : only_M != 0 ? std::vector<std::int64_t>{only_M} : std::vector<std::int64_t>{2048, 8192}) {
+    std::vector<std::unique_ptr<Scheme>> schemes;
+    for (const QuantScheme quant : quants) {
+      auto sc = std::make_unique<Scheme>();
+      sc->quant = quant;
+      MoeProblem& p = sc->p;
       p.format = ActivationFormat::kBatchedExperts;
       p.M = M;
       p.K = model.hidden_size;
@@ -200,47 +218,53 @@ int main(int argc, char** argv) {
       p.max_tokens_per_rank = M;
       p.num_dispatchers = 1;
       validate_problem(p);
+      sc->fused_p = p;
+      sc->fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
       const std::int64_t K = p.K, N = p.N, I = p.I();
       // Weights: random FP8 codes and scales of the right magnitude (timing does not need a
       // quantizer pass over 704 MiB on the host).
-      DeviceBuffer w1(*memory, E_local * N * K, "W1"), w2(*memory, E_local * K * I, "W2");
+      sc->w1 = DeviceBuffer(*memory, E_local * N * K, "W1");
+      sc->w2 = DeviceBuffer(*memory, E_local * K * I, "W2");
       const std::int64_t s1_count = E_local * numerics::weight_scale_count(quant, N, K),
                          s2_count = E_local * numerics::weight_scale_count(quant, K, I),
                          sa_count = numerics::activation_scale_count(quant, E_local * M, K);
-      DeviceBuffer w1s(*memory, s1_count * 4, "W1 scales"), w2s(*memory, s2_count * 4, "W2 scales");
-      cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
-      cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
-      Workspace ws(plan_layer(p, entry, 1), *memory);
-      // The tokens, scales and counts every variant reads (each runs on a workspace of its own, below).
-      if (quant == QuantScheme::kBlock128) {
-        MoeProblem fused = p;
-        fused.fuse_w1 = true;
+      sc->w1s = DeviceBuffer(*memory, s1_count * 4, "W1 scales");
+      sc->w2s = DeviceBuffer(*memory, s2_count * 4, "W2 scales");
+      cuda::fill_random_bytes(sc->w1.get(), static_cast<std::size_t>(sc->w1.bytes()), 11, true);
+      cuda::fill_random_bytes(sc->w2.get(), static_cast<std::size_t>(sc->w2.bytes()), 12, true);
+      Workspace& ws = sc->ws.emplace(plan_layer(p, entry, 1), *memory);
+      if (quant == QuantScheme::kBlock128)
         std::printf("block128 M = %lld: experts' workspace %.3f GiB, %.3f GiB with fuse_w1 (no w1_out)\n",
                     static_cast<long long>(M), double(ws.plan().section_bytes("experts")) / double(1 << 30),
-                    double(plan_layer(fused, entry, 1).section_bytes("experts")) / double(1 << 30));
-      }
+                    double(plan_layer(sc->fused_p, entry, 1).section_bytes("experts")) / double(1 << 30));
       cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
                               true);
       {
         std::vector<float> s1(s1_count, 1.0f / 448.0f), s2(s2_count, 1.0f / 448.0f), sa(sa_count, 1.0f / 16.0f);
-        memory->from_host(w1s.get(), s1.data(), w1s.bytes(), nullptr);
-        memory->from_host(w2s.get(), s2.data(), w2s.bytes(), nullptr);
+        memory->from_host(sc->w1s.get(), s1.data(), sc->w1s.bytes(), nullptr);
+        memory->from_host(sc->w2s.get(), s2.data(), sc->w2s.bytes(), nullptr);
         memory->from_host(ws.get<float>("a1q_scale"), sa.data(), static_cast<std::int64_t>(sa.size() * 4), nullptr);
       }
-      const ExpertWeightsView view = ExpertWeightsView::of(p, Device::kCuda, w1.as<std::uint8_t>(), w1s.as<float>(),
-                                                           w2.as<std::uint8_t>(), w2s.as<float>());
-      const ExpertsInput input{ws.get<std::uint8_t>("a1q"),
+      sc->view = ExpertWeightsView::of(p, Device::kCuda, sc->w1.as<std::uint8_t>(), sc->w1s.as<float>(),
+                                       sc->w2.as<std::uint8_t>(), sc->w2s.as<float>());
+      sc->input = ExpertsInput{ws.get<std::uint8_t>("a1q"),
                                ws.get<float>("a1q_scale"),
                                ws.get<std::int32_t>("expert_num_tokens"),
                                nullptr,
                                M,
                                ws.get<std::uint16_t>("expert_output")};
+      schemes.push_back(std::move(sc));
+    }
+    {
+      const MoeProblem& p = schemes.front()->p;  // the shapes every scheme shares
+      const std::int64_t K = p.K, N = p.N, I = p.I();
       const double weight_bytes = double(E_local) * double(N * K + K * I);
       for (std::int64_t m_e :
            only_m_e != 0 ? std::vector<std::int64_t>{only_m_e} : std::vector<std::int64_t>{8, 64, 256, 300, 1024}) {
         if (m_e > M) continue;
         std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
-        memory->from_host(ws.get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
+        for (const auto& sc : schemes)
+          memory->from_host(sc->ws->get<std::int32_t>("expert_num_tokens"), c.data(), E_local * 4, nullptr);
         const double flops = 2.0 * double(E_local) * double(m_e) * double(N * K + K * I);
         const double act_bytes = double(E_local) * double(m_e) * double(K + 2 * K);
         const double floor_ms = std::max(flops / (peak * 1e12), (weight_bytes + act_bytes) / (bw * 1e9)) * 1e3;
@@ -253,40 +277,44 @@ int main(int argc, char** argv) {
           plan::ExpertsGemmPlan gemms;
           bool selected;
           MoeProblem problem;
+          const Scheme* scheme;  // its weights and tokens
         };
-        MoeProblem fused_p = p;
-        fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
         std::vector<Variant> sweep;
         // The rules planned for steps of up to --max-rows rows an expert (default m_e), as the runtime
         // plans for M: the launches of the ranges above m_e then run empty.
         const std::int64_t rows = std::max(m_e, max_rows);
-        const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(p, rows);
-        if (rule_first) sweep.push_back({"rule, run first: " + plan::describe(rule.w1), rule, false, p});
-        for (const auto& cfg : plan::kGemmConfigs) {
-          if (only_configs.empty()
-                  ? quick
-                  : std::find(only_configs.begin(), only_configs.end(), cfg.name) == only_configs.end())
-            continue;
-          if (cfg.fused_w1 ? fused_p.fuse_w1 && plan::supports(cfg, N, K, quant, true)
-                           : plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant))
-            sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : p), false,
-                             cfg.fused_w1 ? fused_p : p});
-        }
-        if (fused_p.fuse_w1) {
-          const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
-          sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
-        }
-        if (rows > m_e) {
-          // What a step declared with its most tokens of any rank plans (ExpertsInput::
-          // max_tokens_any_rank): the rules for m_e rows, beside the rules for --max-rows.
-          const plan::ExpertsGemmPlan declared = plan::plan_experts_gemms(p, m_e);
-          sweep.push_back({"declared rule: " + plan::describe(declared.w1), declared, false, p});
-          if (fused_p.fuse_w1) {
-            const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
-            sweep.push_back({"declared fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p});
+        for (const auto& sc_owned : schemes) {
+          const Scheme* sc = sc_owned.get();
+          const QuantScheme quant = sc->quant;
+          const MoeProblem &sp = sc->p, &fused_p = sc->fused_p;
+          const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(sp, rows);
+          if (rule_first) sweep.push_back({"rule, run first: " + plan::describe(rule.w1), rule, false, sp, sc});
+          for (const auto& cfg : plan::kGemmConfigs) {
+            if (only_configs.empty()
+                    ? quick
+                    : std::find(only_configs.begin(), only_configs.end(), cfg.name) == only_configs.end())
+              continue;
+            if (cfg.fused_w1 ? fused_p.fuse_w1 && plan::supports(cfg, N, K, quant, true)
+                             : plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant))
+              sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : sp), false,
+                               cfg.fused_w1 ? fused_p : sp, sc});
           }
+          if (fused_p.fuse_w1) {
+            const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
+            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p, sc});
+          }
+          if (rows > m_e) {
+            // What a step declared with its most tokens of any rank plans (ExpertsInput::
+            // max_tokens_any_rank): the rules for m_e rows, beside the rules for --max-rows.
+            const plan::ExpertsGemmPlan declared = plan::plan_experts_gemms(sp, m_e);
+            sweep.push_back({"declared rule: " + plan::describe(declared.w1), declared, false, sp, sc});
+            if (fused_p.fuse_w1) {
+              const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
+              sweep.push_back({"declared fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p, sc});
+            }
+          }
+          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, sp, sc});
         }
-        sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, p});
         // Every time below is taken in rounds, one sample of each measurement of each variant a round
         // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no
         // measurement gains from its place in the sweep or from the machine's state at the time: taken
@@ -316,7 +344,7 @@ int main(int argc, char** argv) {
           const Variant& v = sweep[i];
           Measured& r = measured[i];
           r.ws.emplace(plan_layer(v.problem, entry, 1), *memory);
-          r.launch = cuda::make_launch(v.problem, input, view, *r.ws, dev.num_sms, v.gemms);
+          r.launch = cuda::make_launch(v.problem, *v.scheme->input, *v.scheme->view, *r.ws, dev.num_sms, v.gemms);
           const cuda::BatchedExpertsLaunch& l = r.launch;
           r.act = plan::runs_activation_kernel(v.gemms);
           auto eager = [&](std::function<void(void*)> enqueue) {
@@ -393,22 +421,28 @@ int main(int argc, char** argv) {
               }
             }
         }
-        // The baseline's medians (--baseline), when it runs this case.
-        std::optional<std::array<double, 3>> base;  // graph step, W1 and W2 replayed alone
+        // The baseline's medians (--baseline), each scheme's own, where it runs this case.
+        std::map<const Scheme*, std::array<double, 3>> bases;  // graph step, W1 and W2 replayed alone
         for (std::size_t i = 0; i < sweep.size() && !baseline.empty(); ++i)
           if (sweep[i].name == baseline)
-            base = std::array<double, 3>{measured[i].timed[kGraphStep].median(), measured[i].timed[kGraphW1].median(),
-                                         measured[i].timed[kGraphW2].median()};
-        if (!baseline.empty() && !base)
-          std::printf("       (--baseline %s does not run this case: no ratios)\n", baseline.c_str());
+            bases[sweep[i].scheme] = {measured[i].timed[kGraphStep].median(), measured[i].timed[kGraphW1].median(),
+                                      measured[i].timed[kGraphW2].median()};
+        for (const auto& sc : schemes)
+          if (!baseline.empty() && !bases.contains(sc.get()))
+            std::printf("       (--baseline %s does not run this case with %s: no ratios)\n", baseline.c_str(),
+                        std::string(quant_name(sc->quant)).c_str());
         for (std::size_t i = 0; i < sweep.size(); ++i) {
           const Variant& v = sweep[i];
+          const QuantScheme quant = v.scheme->quant;
           Measured& r = measured[i];
           cuda::check_status_words(r.launch.status, "bench", M, p.E, stream);
           std::array<double, 3> vs{};  // graph step, W1, W2 over the baseline's
+          const auto base_it = bases.find(v.scheme);
+          const bool base = base_it != bases.end();
           if (base) {
-            vs = {r.timed[kGraphStep].median() / (*base)[0], r.timed[kGraphW1].median() / (*base)[1],
-                  r.timed[kGraphW2].median() / (*base)[2]};
+            const std::array<double, 3>& b = base_it->second;
+            vs = {r.timed[kGraphStep].median() / b[0], r.timed[kGraphW1].median() / b[1],
+                  r.timed[kGraphW2].median() / b[2]};
             r.notes += "       vs " + baseline + " (same rounds): step " + fixed4(vs[0]) + ", W1 " + fixed4(vs[1]) +
                        ", W2 " + fixed4(vs[2]) + "\n";
           }
@@ -434,6 +468,8 @@ int main(int argc, char** argv) {
               2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.timed[kGraphW1].median(),
               r.timed[kGraphW2].median());
           std::printf("%s", r.notes.c_str());
+          if (chosen || name.starts_with("fuse_w1 rule"))
+            rules_ms[{M, m_e}][std::string(quant_name(quant)) + (chosen ? " rule" : " fused rule")] = graph_ms;
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
@@ -449,6 +485,28 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+  // Issue 10's target: block128 (the fused recipe, its default, and unfused) within 1.05x of
+  // per-token's step at every m_e, both measured in the same rounds.
+  bool header = false;
+  for (const auto& [c, v] : rules_ms) {
+    const auto pt = v.find("per-token rule");
+    if (pt == v.end()) continue;
+    for (const char* b : {"block128 fused rule", "block128 rule"}) {
+      const auto bq = v.find(b);
+      if (bq == v.end()) continue;
+      if (!header)
+        std::printf(
+            "block128 over per-token (graph step, each scheme's rule, same rounds; target <= 1.05):\n"
+            "%6s %6s %-20s %9s %9s %7s\n",
+            "M", "m_e", "block128", "ms", "per-token", "ratio");
+      header = true;
+      std::printf("%6lld %6lld %-20s %9.4f %9.4f %7.3f\n", static_cast<long long>(c.first),
+                  static_cast<long long>(c.second),
+                  bq->first == "block128 rule" ? "rule (unfused)" : "fused rule (default)", bq->second, pt->second,
+                  bq->second / pt->second);
+    }
+  }
   json += "\n  ]\n}\n";
   std::ofstream(out_path) << json;
   std::printf("wrote %s\n", out_path.c_str());
