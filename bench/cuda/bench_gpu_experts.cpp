@@ -80,6 +80,28 @@ bool known_config(const std::string& name) {
   }
 }
 
+// A scheme's name, or nothing (the valid names printed).
+std::optional<QuantScheme> quant_arg(const std::string& name) {
+  try {
+    return parse_quant(name);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpu_experts: %s\n", e.what());
+    return std::nullopt;
+  }
+}
+
+// An integer argument, or nothing (what was wrong printed).
+std::optional<std::int64_t> int_arg(const char* text, const char* flag) {
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == std::strlen(text)) return v;
+  } catch (const std::exception&) {
+  }
+  std::fprintf(stderr, "bench_gpu_experts: %s takes an integer, got '%s'\n", flag, text);
+  return std::nullopt;
+}
+
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
@@ -104,9 +126,15 @@ int main(int argc, char** argv) {
     if (std::string(argv[a]) == "--quick") quick = true;
     if (std::string(argv[a]) == "--rule-first") rule_first = true;
     if (std::string(argv[a]) == "--graph-parts") graph_parts = true;
-    if (std::string(argv[a]) == "--max-rows" && a + 1 < argc) max_rows = std::stoll(argv[a + 1]);
+    if (std::string(argv[a]) == "--max-rows" && a + 1 < argc) {
+      const auto v = int_arg(argv[a + 1], "--max-rows");
+      if (!v) return 2;
+      max_rows = *v;
+    }
     if (std::string(argv[a]) == "--experts" && a + 1 < argc) {
-      E_local = std::stoll(argv[a + 1]);
+      const auto v = int_arg(argv[a + 1], "--experts");
+      if (!v) return 2;
+      E_local = *v;
       if (E_local < 1 || E_local > 256) {
         std::fprintf(stderr, "bench_gpu_experts: --experts takes 1 to 256 local experts, got %lld\n",
                      static_cast<long long>(E_local));
@@ -115,7 +143,11 @@ int main(int argc, char** argv) {
     }
     if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
       quants.clear();
-      for (const std::string& q : split(argv[a + 1])) quants.push_back(parse_quant(q));
+      for (const std::string& q : split(argv[a + 1])) {
+        const auto v = quant_arg(q);
+        if (!v) return 2;
+        quants.push_back(*v);
+      }
     }
     if (std::string(argv[a]) == "--configs" && a + 1 < argc) {
       only_configs = split(argv[a + 1]);
@@ -127,8 +159,10 @@ int main(int argc, char** argv) {
       if (!known_config(baseline)) return 2;
     }
     if (std::string(argv[a]) == "--case" && a + 2 < argc) {
-      only_M = std::stoll(argv[a + 1]);
-      only_m_e = std::stoll(argv[a + 2]);
+      const auto m = int_arg(argv[a + 1], "--case M"), me = int_arg(argv[a + 2], "--case m_e");
+      if (!m || !me) return 2;
+      only_M = *m;
+      only_m_e = *me;
       if (only_M < 1 || only_m_e < 1 || only_m_e > only_M) {
         std::fprintf(stderr, "bench_gpu_experts: --case M m_e needs 1 <= m_e <= M, got M = %lld, m_e = %lld\n",
                      static_cast<long long>(only_M), static_cast<long long>(only_m_e));
