@@ -119,10 +119,10 @@ constexpr std::int64_t fused_w1_small_rows() {
 // or the activation kernel over w1_small's fp32 rows, the CPU's fp32 rows, the float64 reference):
 // the problem's fuse_w1 where fuse_w1_runs (block128 with an activation whose W1 rows pair whole
 // output groups in a 256-row tile, numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved
-// rows cannot). make_problem's default there: on the H200 (DeepSeek-V3, M = 8192) the
-// fused rule measured 1.01-1.02x / 1.02x / 1.03-1.06x / 0.99-1.02x the unfused rule's time at
-// m_e = 8 / 64 / 256 / 1024 (21656d6, 2dc0691) at 0.274 GiB of workspace instead of 1.259
-// (docs/PERF.md).
+// rows cannot). make_problem's default there: on the H200 (DeepSeek-V3, M = 8192, the schemes'
+// variants in the same rounds, 0dff20e: c653f06's kernels) the fused rule measured 1.01 / 1.03 /
+// 1.01 / 0.91 / 1.05x the unfused rule's time at m_e = 8 / 64 / 256 / 300 / 1024 at 0.274 GiB of
+// workspace instead of 1.259 (docs/PERF.md).
 bool fuses_w1(const MoeProblem& problem);
 
 GemmConfig parse_gemm_config(std::string_view name);
