@@ -335,7 +335,8 @@ int main(int argc, char** argv) {
           }
           if (fused_p.fuse_w1) {
             const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
-            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p, sc});
+            // What the runtime runs by default (make_problem fuses W1 where it runs): the selected row.
+            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, true, fused_p, sc});
           }
           if (rows > m_e) {
             // What a step declared with its most tokens of any rank plans (ExpertsInput::
@@ -347,7 +348,7 @@ int main(int argc, char** argv) {
               sweep.push_back({"declared fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p, sc});
             }
           }
-          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, true, sp, sc});
+          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, !fused_p.fuse_w1, sp, sc});
         }
         // Every time below is taken in rounds, one sample of each measurement of each variant a round
         // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no
@@ -428,8 +429,8 @@ int main(int argc, char** argv) {
             });
           }
           for (Timed& t : r.timed) t.run();  // warm-up (the eager step runs the prepare kernel first)
-          if (v.selected && r.act) {
-            // The activation stage alone, per kernel variant (w1_out holds real values now).
+          if (v.name.starts_with("rule:") && r.act) {
+            // The unfused rule's activation stage alone, per kernel variant (w1_out holds real values now).
             const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
             for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
                                          std::pair{cuda::ActivationKernel::kRowPerBlock, "row/block"}}) {
@@ -502,8 +503,9 @@ int main(int argc, char** argv) {
               2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.timed[kGraphW1].median(),
               r.timed[kGraphW2].median());
           std::printf("%s", r.notes.c_str());
-          if (chosen || name.starts_with("fuse_w1 rule"))
-            rules_ms[{M, m_e}][std::string(quant_name(quant)) + (chosen ? " rule" : " fused rule")] = graph_ms;
+          if (name.starts_with("rule:") || name.starts_with("fuse_w1 rule"))
+            rules_ms[{M, m_e}][std::string(quant_name(quant)) + (name.starts_with("rule:") ? " rule" : " fused rule")] =
+                graph_ms;
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
