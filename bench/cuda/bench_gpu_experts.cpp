@@ -69,25 +69,19 @@ std::string fixed4(double v) {
 
 using cuda::median_ms;
 
-// An unknown config name: the Error lists the valid ones.
-bool known_config(const std::string& name) {
+// A name parsed by moekit's parser, or nothing: its Error (which lists the valid names) printed.
+template <class Parse>
+auto parsed(Parse parse, const std::string& name) -> std::optional<decltype(parse(name))> {
   try {
-    plan::parse_gemm_config(name);
-    return true;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "bench_gpu_experts: %s\n", e.what());
-    return false;
-  }
-}
-
-// A scheme's name, or nothing (the valid names printed).
-std::optional<QuantScheme> quant_arg(const std::string& name) {
-  try {
-    return parse_quant(name);
+    return parse(name);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_gpu_experts: %s\n", e.what());
     return std::nullopt;
   }
+}
+
+bool known_config(const std::string& name) {
+  return parsed(plan::parse_gemm_config, name).has_value();
 }
 
 // An integer argument, or nothing (what was wrong printed).
@@ -144,7 +138,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
       quants.clear();
       for (const std::string& q : split(argv[a + 1])) {
-        const auto v = quant_arg(q);
+        const auto v = parsed(parse_quant, q);
         if (!v) return 2;
         quants.push_back(*v);
       }
@@ -218,8 +212,9 @@ int main(int argc, char** argv) {
   std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s %7s\n", "quant", "M", "m_e", "config", "eager ms",
               "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights", "x read");
   bool first = true;
-  // Each case's rules (graph step), for block128 over per-token at the end: (M, m_e) -> variant.
-  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::string, double>> rules_ms;
+  // Each case's rules (graph step), for block128 over per-token at the end: (M, m_e) -> (scheme,
+  // fused rule) -> ms.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::map<std::pair<QuantScheme, bool>, double>> rules_ms;
   const auto memory = make_memory(Device::kCuda);
   // The workspace every variant runs in: the default (unfused) plan, w1_out included; the fused W1
   // (fuse_w1) ignores w1_out, its own plan is printed beside.
@@ -306,12 +301,14 @@ int main(int argc, char** argv) {
         // Each config of the table on every expert of both GEMMs, then what the runtime runs: its
         // launches for experts of up to m_e rows (here all of them hold m_e).
         // Block128 also runs the fused W1 (fuse_w1: no w1_out), the same problem otherwise.
+        enum class Rule { kNone, kUnfused, kFused };  // the runtime's rule planned for `rows`, or neither
         struct Variant {
           std::string name;
           plan::ExpertsGemmPlan gemms;
           bool selected;
           MoeProblem problem;
           const Scheme* scheme;  // its weights and tokens
+          Rule rule = Rule::kNone;
         };
         std::vector<Variant> sweep;
         // The rules planned for steps of up to --max-rows rows an expert (default m_e), as the runtime
@@ -336,7 +333,7 @@ int main(int argc, char** argv) {
           if (fused_p.fuse_w1) {
             const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
             // What the runtime runs by default (make_problem fuses W1 where it runs): the selected row.
-            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, true, fused_p, sc});
+            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, true, fused_p, sc, Rule::kFused});
           }
           if (rows > m_e) {
             // What a step declared with its most tokens of any rank plans (ExpertsInput::
@@ -348,7 +345,7 @@ int main(int argc, char** argv) {
               sweep.push_back({"declared fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p, sc});
             }
           }
-          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, !fused_p.fuse_w1, sp, sc});
+          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, !fused_p.fuse_w1, sp, sc, Rule::kUnfused});
         }
         // Every time below is taken in rounds, one sample of each measurement of each variant a round
         // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no
@@ -429,7 +426,7 @@ int main(int argc, char** argv) {
             });
           }
           for (Timed& t : r.timed) t.run();  // warm-up (the eager step runs the prepare kernel first)
-          if (v.name.starts_with("rule:") && r.act) {
+          if (v.rule == Rule::kUnfused && r.act) {
             // The unfused rule's activation stage alone, per kernel variant (w1_out holds real values now).
             const double act_bytes_moved = double(E_local * m_e) * double(N * 2 + I + 4);
             for (auto [kernel, kname] : {std::pair{cuda::ActivationKernel::kGeneric, "generic"},
@@ -503,9 +500,7 @@ int main(int argc, char** argv) {
               2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.timed[kGraphW1].median(),
               r.timed[kGraphW2].median());
           std::printf("%s", r.notes.c_str());
-          if (name.starts_with("rule:") || name.starts_with("fuse_w1 rule"))
-            rules_ms[{M, m_e}][std::string(quant_name(quant)) + (name.starts_with("rule:") ? " rule" : " fused rule")] =
-                graph_ms;
+          if (v.rule != Rule::kNone) rules_ms[{M, m_e}][{quant, v.rule == Rule::kFused}] = graph_ms;
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +
                   "\", \"M\": " + std::to_string(M) + ", \"m_e\": " + std::to_string(m_e) + ", \"config\": \"" + name +
                   "\", \"selected\": " + (chosen ? "true" : "false") + ", \"ms\": " + std::to_string(ms) +
@@ -526,10 +521,10 @@ int main(int argc, char** argv) {
   // per-token's step at every m_e, both measured in the same rounds.
   bool header = false;
   for (const auto& [c, v] : rules_ms) {
-    const auto pt = v.find("per-token rule");
+    const auto pt = v.find({QuantScheme::kPerTokenPerChannel, false});
     if (pt == v.end()) continue;
-    for (const char* b : {"block128 fused rule", "block128 rule"}) {
-      const auto bq = v.find(b);
+    for (const bool fused : {true, false}) {
+      const auto bq = v.find({QuantScheme::kBlock128, fused});
       if (bq == v.end()) continue;
       if (!header)
         std::printf(
@@ -538,9 +533,8 @@ int main(int argc, char** argv) {
             "M", "m_e", "block128", "ms", "per-token", "ratio");
       header = true;
       std::printf("%6lld %6lld %-20s %9.4f %9.4f %7.3f\n", static_cast<long long>(c.first),
-                  static_cast<long long>(c.second),
-                  bq->first == "block128 rule" ? "rule (unfused)" : "fused rule (default)", bq->second, pt->second,
-                  bq->second / pt->second);
+                  static_cast<long long>(c.second), fused ? "fused rule (default)" : "rule (unfused)", bq->second,
+                  pt->second, bq->second / pt->second);
     }
   }
   json += "\n  ]\n}\n";
