@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       TxBarrier::wait(&s.full[stage], phase);
       // NOTES: ptxas builds these descriptors in vector registers and moves them to uniform ones for
       // every wgmma (32 R2UR a k-block). Shuffled from lane 0 they are built uniform, which took a
-      // full-tile-only loop -1..-4%, but this loop with half pairs 2-4% slower (docs/PERF.md).
+      // full-tile-only loop -1..-4%, this loop with half pairs 2-4% slower before one kernel an
+      // activation and within +-2.5% (both signs) since (docs/PERF.md, thirteenth session).
       const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
       const std::uint32_t db0 = b_desc0 + stage * (BG::kBBytes >> 4);
 #pragma unroll
