@@ -83,6 +83,7 @@ struct BlockGemm {
     std::uint8_t b[kStages][kBBytes];
     std::uint64_t full[kStages];   // TMA bytes landed
     std::uint64_t empty[kStages];  // the 8 consumer warps are done reading
+    std::uint64_t staged;          // a full tile's D is staged for its TMA store (8 consumer warps)
     int tile_start[kMaxGroups + 1];
     alignas(16) std::uint8_t out[kConsumerWarps][kStageRows * kStageRowBytes];  // each warp's own
   };
@@ -95,7 +96,14 @@ struct BlockGemm {
     const std::uint8_t* a_base = nullptr;  // the tensors the groups' A and B lie in
     const std::uint8_t* b_base = nullptr;
     GroupedGemmLaunch::FusedW1 fused{};  // act_q null: write D
+    bool tma_store = false;              // D by TMA where block_gemm_tma_rows says
   };
+  // A full tile's D stored by TMA: 4 quarters of 128 rows x 64 columns (128-byte swizzled boxes) in the
+  // shared memory of its last two k-blocks' stages, quarter q at kQuarterAt[q] (stage 0 = the last
+  // k-block's: its A, then its B's two halves; stage 1 = the one before: its A).
+  static constexpr int kQuarterBytes = kTileM * 128;
+  static_assert(kABytes == kQuarterBytes && kBBytes == 2 * kQuarterBytes, "a stage holds three D quarters");
+  static constexpr int kMinKBlocksForTmaStore = kStages;  // see block_gemm_tma_rows
 };
 
 #if defined(__CUDACC__)
@@ -190,6 +198,27 @@ __device__ __forceinline__ BlockGemmItem block_gemm_item(const int* tile_start, 
   return block_gemm_group_item(g, shapes[3 * g], n_tiles, item - tile_start[g]);
 }
 
+// The rows of item `it` (a group of m rows) whose D is stored by TMA: 128 for a full tile, 64 for a
+// tile holding 65-127 of the group's rows (the first warpgroup's rows; the second writes its own by
+// the regular epilogue, masked), 0 otherwise (half tiles, and when the launch gave no D tensor:
+// Params::tma_store; k_blocks >= kStages). The tile's consumers keep the stages of its last two
+// k-blocks (no arrive on `empty`), stage those rows of bf16 D there as the store's 128-byte-swizzled
+// boxes (block_gemm_quarter) and arrive on `staged`; warp 1 of the producer warpgroup issues the
+// stores, waits until TMA has read the boxes and hands both stages back (8 arrivals each, as the
+// consumers would have), while the consumers run the next item. The regular epilogue's 16-byte row
+// stores held the consumers ~6 K cycles a tile, 16-18% of W2's time (16 k-blocks a tile;
+// docs/PERF.md). k_blocks >= kStages: the next item cannot reach its epilogue before these stages are
+// back (it needs them), so `staged` completes one phase per such item, in item order.
+__device__ __forceinline__ int block_gemm_tma_rows(const BlockGemm::Params& p, const BlockGemmItem& it, int m) {
+  const int rows = m - it.mt * BlockGemm::kTileM;
+  return !p.tma_store || it.half ? 0 : rows >= BlockGemm::kTileM ? BlockGemm::kTileM : BlockGemm::kHalfTileRows;
+}
+// Quarter q (columns 64q .. 64q + 63 of the tile) of a TMA-stored D: the last k-block's stage s_last
+// (its A, then its B's two halves) and the A of the one before, s_prev.
+__device__ __forceinline__ std::uint8_t* block_gemm_quarter(BlockGemm::Smem& s, int s_last, int s_prev, int q) {
+  return q == 0 ? s.a[s_last] : q == 3 ? s.a[s_prev] : s.b[s_last] + (q - 1) * BlockGemm::kQuarterBytes;
+}
+
 // Writes a warp's staged rows (BlockGemm::Smem::out) to dst + row * ld_bytes, 128 bytes a row, the
 // first `rows` of 16: a lane copies 16 bytes, 8 lanes a row (whole 32-byte sectors, where the
 // uncoalesced 2- and 4-byte stores from the accumulator layout wrote half sectors). A destination
@@ -282,7 +311,8 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
 template <bool kFused, Activation kAct>
 __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a64,
-                      const __grid_constant__ CUtensorMap tma_b, const BlockGemm::Params p) {
+                      const __grid_constant__ CUtensorMap tma_b, const __grid_constant__ CUtensorMap tma_d,
+                      const __grid_constant__ CUtensorMap tma_d64, const BlockGemm::Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using BG = BlockGemm;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -295,6 +325,10 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
     return block_gemm_items_of(p.args.shapes[3 * g], n_tiles);
   });
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterBarrier::init(&s.staged, BG::kConsumerWarps);
+    cutlass::arch::fence_barrier_init();
+  }
   __syncthreads();
   const int total = s.tile_start[p.groups];
   const int warp_group = static_cast<int>(threadIdx.x) / 128;
@@ -302,6 +336,38 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   if (warp_group == 0) {
     // --- producer: one thread streams k-blocks by TMA ---
     cutlass::arch::warpgroup_reg_dealloc<BG::kProducerRegs>();
+    if (threadIdx.x == 32 && p.tma_store) {
+      // --- storer: the TMA stores of D (block_gemm_tma_rows), in item order ---
+      int ring = 0;
+      std::uint32_t staged_phase = 0;
+      for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
+        const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+        ring += it.tiles * p.k_blocks;
+        const int tma_rows = block_gemm_tma_rows(p, it, p.args.shapes[3 * it.g]);
+        if (tma_rows == 0) continue;
+        const int s_last = ring_slot<BG::kStages>(ring - 1).stage, s_prev = ring_slot<BG::kStages>(ring - 2).stage;
+        // D's rows are the tokens' (GroupedGemmLaunch::Tensors::output)
+        const auto row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
+                         it.mt * BG::kTileM;
+        Barrier::wait(&s.staged, staged_phase);
+        staged_phase ^= 1u;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int col = it.nt * BG::kTileN + q * 64;
+          if (col < p.n)
+            cute::SM90_TMA_STORE_2D::copy(tma_rows == BG::kTileM ? &tma_d : &tma_d64,
+                                          block_gemm_quarter(s, s_last, s_prev, q), col, row);
+        }
+        cute::tma_store_arrive();
+        cute::tma_store_wait<0>();  // the boxes are read: the stages are free
+        for (int w = 0; w < BG::kConsumerWarps; ++w) {
+          Barrier::arrive(&s.empty[s_prev]);
+          Barrier::arrive(&s.empty[s_last]);
+        }
+      }
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // written before the CTA exits
+      return;
+    }
     if (threadIdx.x != 0) return;
     constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     int stage = 0;
@@ -355,6 +421,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     // (tiles = 1): warpgroup 1 only waits for each of its stages and hands it back.
     const bool half = __shfl_sync(0xFFFFFFFFu, static_cast<int>(it.half), 0) != 0;
     const int base = ring, first = base + (half ? wg : 0), step = half ? it.tiles : 1;
+    const bool by_tma = !kFused && block_gemm_tma_rows(p, it, m) > 0;  // its last two stages kept
     ring += it.tiles * p.k_blocks;
     if (half && wg >= it.tiles) {
       for (int q = base; q < base + p.k_blocks; ++q) {
@@ -416,7 +483,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
         if (h == 1) {  // the stage is read: hand it back to the producer (for both warpgroups in a half pair)
           __syncwarp();
-          if (lane == 0) {
+          if (lane == 0 && !(by_tma && kb >= p.k_blocks - 2)) {
             Barrier::arrive(&s.empty[stage]);
             if (step == 2) Barrier::arrive(&s.empty[stage]);
           }
@@ -436,6 +503,37 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         stage -= BG::kStages;
         phase ^= 1u;
       }
+    }
+
+    if (by_tma) {
+      // --- epilogue by TMA: the rows staged in the tile's last two stages, the storer writes them ---
+      const int s_last = ring_slot<BG::kStages>(base + p.k_blocks - 1).stage;
+      const int s_prev = ring_slot<BG::kStages>(base + p.k_blocks - 2).stage;
+      asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' wgmmas have read the stages
+      // 65-127 rows: the first warpgroup's 64 go by TMA, the second's by the regular epilogue below.
+      const bool partial = m - it.mt * BG::kTileM < BG::kTileM;
+      if (!partial || wg == 0) {
+        // Row rt of the tile (and rt + 8; rt % 8 = lane / 4): 16-byte chunk c of a 128-byte box row at
+        // chunk c ^ (row % 8), the 128-byte swizzle; a thread's 4 bytes at 4 (lane % 4) in it.
+        // NOTES: the offsets are built here, per item (the empty asm keeps ptxas from hoisting the 8
+        // swizzled offsets out of the item loop, where they spilled into the k-loop).
+        int x16 = 16 * (lane / 4), off = (wg * 64 + warp * 16 + lane / 4) * 128 + 4 * (lane % 4);
+        asm volatile("" : "+r"(x16), "+r"(off));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            std::uint8_t* box = block_gemm_quarter(s, s_last, s_prev, 2 * h + i / 8) + (off ^ (16 * (i % 8)) ^ x16);
+            *reinterpret_cast<__nv_bfloat162*>(box) = __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
+            *reinterpret_cast<__nv_bfloat162*>(box + 8 * 128) =
+                __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
+          }
+        }
+        cute::tma_store_fence();  // the staged rows are visible to TMA
+      }
+      __syncwarp();
+      if (lane == 0) Barrier::arrive(&s.staged);
+      if (!partial || wg == 0) continue;
     }
 
     // --- epilogue: the warp's 16 rows (warp_row0 of the group on), staged, whole rows written ---
@@ -507,6 +605,24 @@ inline CUtensorMap block_gemm_tensor_map(const void* base, std::int64_t rows, st
   return map;
 }
 
+// D (rows x n bf16, row-major) as TMA store boxes of box_rows x 64 columns (128 bytes), 128-byte
+// swizzled: the D quarters of block_gemm_tma_rows.
+inline CUtensorMap block_gemm_output_map(void* base, std::int64_t rows, std::int64_t n, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * n)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box,
+                                          elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MOEKIT_CUDA_REQUIRE(r == CUDA_SUCCESS, "block GEMM: cuTensorMapEncodeTiled failed for D (" + std::to_string(rows) +
+                                             " x " + std::to_string(n) + " bf16, error " +
+                                             std::to_string(static_cast<int>(r)) +
+                                             "): the base must be 16-byte aligned and n a multiple of 8");
+  return map;
+}
+
 // What every moekit block-GEMM launch needs of the launch: at most max_groups groups (the tile
 // table lives in shared memory) and the tensors the groups lie in (one TMA descriptor each).
 inline void block_gemm_require_tensors(const GroupedGemmLaunch& l, const std::string& name, int max_groups) {
@@ -574,9 +690,15 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
       block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kHalfTileRows, "the tokens");
   const CUtensorMap tb =
       block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileN, "the weights");
+  // D by TMA (block_gemm_tma_rows) when the launch names D's tensor.
+  p.tma_store = !kFused && l.tensors.output != nullptr && p.k_blocks >= BG::kMinKBlocksForTmaStore;
+  const CUtensorMap td =
+      p.tma_store ? block_gemm_output_map(l.tensors.output, l.tensors.token_rows, l.n, BG::kTileM) : tb;
+  const CUtensorMap td64 =
+      p.tma_store ? block_gemm_output_map(l.tensors.output, l.tensors.token_rows, l.n, BG::kHalfTileRows) : tb;
   const auto launch = [&](auto kernel) {
     MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
-    kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, ta64, tb, p);
+    kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, ta64, tb, td, td64, p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   };
   if constexpr (kFused) {

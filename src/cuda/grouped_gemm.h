@@ -98,11 +98,15 @@ struct GroupedGemmLaunch {
   // The tensors every group's A (tokens) and B (weights) lie in, rows of k FP8 each: moekit's own
   // main loop (plan::GemmMainLoop::kMoekit) addresses them through one TMA descriptor each, a
   // group's first row being its pointer's offset there. CUTLASS's kernels take the pointers alone.
+  // output: the tensor D lies in, row for row with the tokens (group g's D row r at the token row of
+  // its A row r, n bf16 a row; the experts' w1_out and output), or null: moekit's main loop then
+  // writes D through the pointers only (without it, no TMA store).
   struct Tensors {
     const void* tokens = nullptr;
     std::int64_t token_rows = 0;
     const void* weights = nullptr;
     std::int64_t weight_rows = 0;
+    void* output = nullptr;
   };
   std::byte* args = nullptr;
   int groups = 0;
