@@ -80,6 +80,12 @@ auto parsed(Parse parse, const std::string& name) -> std::optional<decltype(pars
   }
 }
 
+// A rule's launches as a row label: one list when W1 and W2 take the same configs, else each GEMM's.
+std::string rule_name(const plan::ExpertsGemmPlan& g) {
+  const std::string w1 = plan::describe(g.w1), w2 = plan::describe(g.w2);
+  return w1 == w2 ? w1 : "W1 " + w1 + "; W2 " + w2;
+}
+
 bool known_config(const std::string& name) {
   return parsed(plan::parse_gemm_config, name).has_value();
 }
@@ -319,7 +325,7 @@ int main(int argc, char** argv) {
           const QuantScheme quant = sc->quant;
           const MoeProblem &sp = sc->p, &fused_p = sc->fused_p;
           const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(sp, rows);
-          if (rule_first) sweep.push_back({"rule, run first: " + plan::describe(rule.w1), rule, false, sp, sc});
+          if (rule_first) sweep.push_back({"rule, run first: " + rule_name(rule), rule, false, sp, sc});
           for (const auto& cfg : plan::kGemmConfigs) {
             if (only_configs.empty()
                     ? quick
@@ -333,19 +339,19 @@ int main(int argc, char** argv) {
           if (fused_p.fuse_w1) {
             const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
             // What the runtime runs by default (make_problem fuses W1 where it runs): the selected row.
-            sweep.push_back({"fuse_w1 rule: " + plan::describe(fused.w1), fused, true, fused_p, sc, Rule::kFused});
+            sweep.push_back({"fuse_w1 rule: " + rule_name(fused), fused, true, fused_p, sc, Rule::kFused});
           }
           if (rows > m_e) {
             // What a step declared with its most tokens of any rank plans (ExpertsInput::
             // max_tokens_any_rank): the rules for m_e rows, beside the rules for --max-rows.
             const plan::ExpertsGemmPlan declared = plan::plan_experts_gemms(sp, m_e);
-            sweep.push_back({"declared rule: " + plan::describe(declared.w1), declared, false, sp, sc});
+            sweep.push_back({"declared rule: " + rule_name(declared), declared, false, sp, sc});
             if (fused_p.fuse_w1) {
               const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
-              sweep.push_back({"declared fuse_w1 rule: " + plan::describe(fused.w1), fused, false, fused_p, sc});
+              sweep.push_back({"declared fuse_w1 rule: " + rule_name(fused), fused, false, fused_p, sc});
             }
           }
-          sweep.push_back({"rule: " + plan::describe(rule.w1), rule, !fused_p.fuse_w1, sp, sc, Rule::kUnfused});
+          sweep.push_back({"rule: " + rule_name(rule), rule, !fused_p.fuse_w1, sp, sc, Rule::kUnfused});
         }
         // Every time below is taken in rounds, one sample of each measurement of each variant a round
         // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no

@@ -17,8 +17,8 @@ enum class GemmConfig : std::uint8_t {
   kSwapAB128x32,
   kSwapAB128x64,
   kPingpong64x256,
-  kCooperative128x128,
   kBlock128x256,
+  kCooperative128x128,
   kFusedW1Block128x256,
   kBlockSwap128x32,
   kBlockSwap128x64
@@ -47,10 +47,11 @@ struct GemmConfigInfo {
   // an expert), the activation kernel then reading the fp32 rows (no bf16 rounding: the fused
   // recipe's numerics). The fused rule runs these rows on small experts, the fused W1 on the rest.
   bool w1_fp32 = false;
+  std::int64_t max_k = -1;  // chosen for GEMMs of k <= max_k (-1: any); it runs any k it supports
 };
 
-// In selection order: the first row that supports (n, k) and whose max_rows covers the expected
-// rows per expert is chosen. Measured on an H200 (docs/PERF.md, DeepSeek-V3 shapes, E_local = 16):
+// In selection order: the first row that supports (n, k) and whose max_rows and max_k cover the
+// expected rows per expert and k is chosen. Measured on an H200 (docs/PERF.md, DeepSeek-V3 shapes, E_local = 16):
 // pingpong-64x256 beat cooperative-128x128 at m_e = 64, 256 and 1024 (0.430 vs 0.436 ms at 256,
 // 1.49 vs 1.63 ms at 1024).
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
@@ -62,12 +63,10 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      GemmMainLoop::kCutlass, true},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
-    // must have same shape"); block128 takes cooperative-128x128 for m_e > 64 (a block-scaled
-    // pingpong-64x128 measured 1.3-1.4x slower than it: docs/PERF.md).
+    // must have same shape"); block128 takes block-128x256 (k <= 2048) or cooperative-128x128 for
+    // m_e > 64 (a block-scaled pingpong-64x128 measured 1.3-1.4x slower than the latter: docs/PERF.md).
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
      false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
-    {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
-     true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
     // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
     // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
@@ -75,8 +74,20 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // fused W1 runs here alone: CUTLASS's blockwise main loop holds whole 1x128 output groups only
     // swapped (256 weight rows on its M side, 64 or 96 tokens), and those kernels measured slower
     // than fused-w1-128x256 at every m_e (1.04-1.08x at m_e <= 64, 1.6x at 256; docs/PERF.md).
+    // Chosen for block128's short-K GEMMs (DeepSeek-V3's W2, k = 2048: 16 k-blocks a tile), where
+    // its two advantages over cooperative-128x128 count: a ragged expert's last token tile of <= 64
+    // rows runs as half a tile (half pairs), and D leaves by TMA while the next tile's main loop runs.
+    // H200, M = 8192, E_local = 16, same process (fourteenth session): W2 alone 0.98 / 0.99 / 0.87 /
+    // 1.03x cooperative's at m_e = 200 / 256 / 300 / 1024; the fused rule's step -5% at 300 and 320,
+    // +0.4-1.1% at 200 / 256 / 1024; the layer under uniform routing -5.4% at T = 4096 and -0.7% at
+    // 8192. W1 (k = 7168) stays on cooperative: its main loop is 5-10% faster on full tiles.
     {GemmConfig::kBlock128x256, "block-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1, false, true,
-     false, "block128, m_e > 64: a 256-wide tile (moekit's main loop)", GemmMainLoop::kMoekit},
+     false,
+     "block128, m_e > 64, k <= 2048: 256-wide tiles, half tiles for a ragged expert's last rows, D by TMA "
+     "(moekit's main loop)",
+     GemmMainLoop::kMoekit, false, 2048},
+    {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
+     true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
      GemmMainLoop::kMoekit},
@@ -105,6 +116,11 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
                    : !config.fused_w1 && (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
 }
 
+// Whether the rule may choose `config` for a GEMM of depth k (its max_k); supports() says whether it runs.
+constexpr bool chosen_for_k(const GemmConfigInfo& config, std::int64_t k) {
+  return config.max_k < 0 || k <= config.max_k;
+}
+
 // The most rows an expert runs on the w1_fp32 configs in the fused recipe: the most any w1_fp32
 // row of the table is chosen for.
 constexpr std::int64_t fused_w1_small_rows() {
@@ -128,7 +144,7 @@ bool fuses_w1(const MoeProblem& problem);
 GemmConfig parse_gemm_config(std::string_view name);
 
 // The config for a GEMM of (rows of one expert, n, k): the first row of the table that supports
-// (n, k) and whose max_rows covers the rows. Raises moekit::Error when no config supports (n, k).
+// (n, k) and whose max_rows and max_k cover the rows and k. Raises moekit::Error when no config supports (n, k).
 GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k,
                               QuantScheme quant = QuantScheme::kPerTokenPerChannel);
 

@@ -58,7 +58,7 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   EXPECT_EQ(j["plans"][0]["config"],
             "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
             "fused-w1-128x256 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
-            "cooperative-128x128 (m_e > 64)");
+            "block-128x256 (m_e > 64)");
   EXPECT_EQ(j["plans"][0]["fuse_w1"], true);
   EXPECT_EQ(j["plans"][0]["workspace_bytes"], 268435456 + 8388608 + 6144 + 6144 + 1048576 + 256 + 256 + 16777216);
   {
@@ -70,7 +70,7 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
     EXPECT_EQ(f["plans"][0]["config"],
               "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= "
               "64), cooperative-128x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
-              "cooperative-128x128 (m_e > 64)");
+              "block-128x256 (m_e > 64)");
     EXPECT_EQ(f["plans"][0]["fuse_w1"], false);
     EXPECT_NE(plan_table(unfused, u).find("w1_out"), std::string::npos);
     // --step-tokens 1: a decode step declared at 1 token a rank (DP 32): experts of <= 32 rows, one

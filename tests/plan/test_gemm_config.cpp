@@ -107,6 +107,16 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168, QuantScheme::kBlock128));
   EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168));
   EXPECT_EQ(select_gemm_config(65, 4096, 7168, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
+  // Block-scaled GEMMs of k <= 2048 (DeepSeek-V3's W2): block-128x256 takes m_e > 64; k = 2064 is
+  // past its max_k, cooperative-128x128 again. Per-token: it has no instance, pingpong as before.
+  EXPECT_EQ(describe(plan_gemm_launches(7168, 2048, 1000, QuantScheme::kBlock128)),
+            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), block-128x256 (m_e > 64)");
+  EXPECT_EQ(select_gemm_config(65, 7168, 2048, QuantScheme::kBlock128), GemmConfig::kBlock128x256);
+  EXPECT_EQ(select_gemm_config(65, 7168, 2064, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
+  EXPECT_EQ(select_gemm_config(64, 7168, 2048, QuantScheme::kBlock128), GemmConfig::kSwapAB128x64);
+  EXPECT_EQ(select_gemm_config(65, 7168, 2048), GemmConfig::kPingpong64x256);
+  EXPECT_TRUE(chosen_for_k(gemm_config_info(GemmConfig::kCooperative128x128), 1 << 20));
+  EXPECT_FALSE(chosen_for_k(gemm_config_info(GemmConfig::kBlock128x256), 2049));
   EXPECT_THROW(plan_gemm_launches(1000, 4096, 10), Error);
 }
 
@@ -138,8 +148,11 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_EQ(describe(g.w1), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), fused-w1-128x256 (m_e > 64)");
   // Steps of at most 64 rows an expert launch no fused W1 at all.
   EXPECT_EQ(describe(plan_experts_gemms(p, 2).w1), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64)");
-  EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
-  EXPECT_EQ(describe(unfused.w1), describe(g.w2));
+  // W2 (k = I = 2048) on block-128x256 past 64 rows in both recipes; the unfused W1 (k = 7168) on cooperative.
+  EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), block-128x256 (m_e > 64)");
+  EXPECT_EQ(describe(unfused.w2), describe(g.w2));
+  EXPECT_EQ(describe(unfused.w1),
+            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
   // A forced fused config runs W1 only; W2 keeps the rule.
   const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1Block128x256, p);
   EXPECT_TRUE(forced.fused_w1);
