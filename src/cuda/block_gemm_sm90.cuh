@@ -10,7 +10,8 @@
 // gate value (half 0) and its up value (half 1) at the same register index.
 //
 // Structure: a persistent grid of one CTA per SM, 384 threads. Warpgroup 0 (one thread) streams
-// the A (128 x 128 B) and B (256 x 128 B) k-blocks by TMA into a ring of kStages stages; warpgroups
+// the A (128 x 128 B) and B (256 x 128 B) k-blocks by TMA into a ring of kStages stages (and, bf16
+// D, a second thread stores D's whole 128- or 64-row boxes by TMA: block_gemm_tma_rows); warpgroups
 // 1 and 2 each own 64 token rows x 256 columns: per k-block and half, 4 wgmma m64n128k32 into 64
 // temporaries, wait, then acc += tmp * sa[row] * sb[half]. The two consumer warpgroups interleave,
 // one promoting while the other's wgmmas run. Tiles: expert by expert, the token tiles of one
@@ -83,7 +84,7 @@ struct BlockGemm {
     std::uint8_t b[kStages][kBBytes];
     std::uint64_t full[kStages];   // TMA bytes landed
     std::uint64_t empty[kStages];  // the 8 consumer warps are done reading
-    std::uint64_t staged;          // a full tile's D is staged for its TMA store (8 consumer warps)
+    std::uint64_t staged;          // a tile's D rows are staged for their TMA store (8 consumer warps)
     int tile_start[kMaxGroups + 1];
     alignas(16) std::uint8_t out[kConsumerWarps][kStageRows * kStageRowBytes];  // each warp's own
   };
@@ -98,9 +99,8 @@ struct BlockGemm {
     GroupedGemmLaunch::FusedW1 fused{};  // act_q null: write D
     bool tma_store = false;              // D by TMA where block_gemm_tma_rows says
   };
-  // A full tile's D stored by TMA: 4 quarters of 128 rows x 64 columns (128-byte swizzled boxes) in the
-  // shared memory of its last two k-blocks' stages, quarter q at kQuarterAt[q] (stage 0 = the last
-  // k-block's: its A, then its B's two halves; stage 1 = the one before: its A).
+  // D stored by TMA (block_gemm_tma_rows): 4 quarters of 128 rows x 64 columns (128-byte swizzled
+  // boxes) in the shared memory of the tile's last two k-block stages (block_gemm_quarter).
   static constexpr int kQuarterBytes = kTileM * 128;
   static_assert(kABytes == kQuarterBytes && kBBytes == 2 * kQuarterBytes, "a stage holds three D quarters");
   static constexpr int kMinKBlocksForTmaStore = kStages;  // see block_gemm_tma_rows
