@@ -48,4 +48,13 @@ MOEKIT_HD inline BlockGemmItem block_gemm_group_item(int g, int m, int n_tiles, 
   return {g, m_full, 2 * b, n_tiles - 2 * b < 2 ? 1 : 2, true};
 }
 
+// The rows of item `it` (of a group of m rows) whose D the unfused kernel stores by TMA where the
+// launch allows it (`allowed`): 128 for a full tile, 64 (its first warpgroup's) for a tile of 65-127
+// rows, none for a half item. A TMA box is written whole, so never a row past the group
+// (block_gemm_sm90.cuh).
+MOEKIT_HD inline int block_gemm_tma_rows(int m, const BlockGemmItem& it, bool allowed = true) {
+  const int rows = m - it.mt * kBlockTileM;
+  return !allowed || it.half ? 0 : rows >= kBlockTileM ? kBlockTileM : kBlockHalfTileRows;
+}
+
 }  // namespace moekit::cuda::detail

@@ -210,8 +210,7 @@ __device__ __forceinline__ BlockGemmItem block_gemm_item(const int* tile_start, 
 // docs/PERF.md). k_blocks >= kStages: the next item cannot reach its epilogue before these stages are
 // back (it needs them), so `staged` completes one phase per such item, in item order.
 __device__ __forceinline__ int block_gemm_tma_rows(const BlockGemm::Params& p, const BlockGemmItem& it, int m) {
-  const int rows = m - it.mt * BlockGemm::kTileM;
-  return !p.tma_store || it.half ? 0 : rows >= BlockGemm::kTileM ? BlockGemm::kTileM : BlockGemm::kHalfTileRows;
+  return block_gemm_tma_rows(m, it, p.tma_store);  // block_gemm_items.h
 }
 // Quarter q (columns 64q .. 64q + 63 of the tile) of a TMA-stored D: the last k-block's stage s_last
 // (its A, then its B's two halves) and the A of the one before, s_prev.

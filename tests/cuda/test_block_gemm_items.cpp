@@ -1,7 +1,7 @@
 // The block GEMM's work items (src/cuda/block_gemm_items.h), on the CPU: for every group size and
 // weight-tile count, the items of a group deal each of its tiles exactly once; a two-tile item holds
 // the half tiles of adjacent weight tiles; the half tiles of a group are half as many items, so
-// every item costs about one full tile.
+// every item costs about one full tile; D by TMA covers whole boxes inside the group only.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -33,6 +33,12 @@ void check_group(int m, int n_tiles) {
       }
     }
     for (int i = 0; i < it.tiles; ++i) ++dealt[{it.mt, it.nt + i}];
+    // D by TMA: whole boxes of 128 or 64 rows, never past the group's rows; none for half items.
+    const int tma = block_gemm_tma_rows(m, it), rows = m - it.mt * kBlockTileM;
+    EXPECT_TRUE(tma == 0 || tma == kBlockHalfTileRows || tma == kBlockTileM) << "m " << m << " item " << local;
+    EXPECT_LE(tma, rows) << "m " << m << " item " << local << ": a TMA box past the group";
+    EXPECT_EQ(tma == 0, it.half) << "m " << m << " item " << local;
+    if (rows >= kBlockTileM) EXPECT_EQ(tma, kBlockTileM) << "m " << m << " item " << local;
   }
   EXPECT_EQ(static_cast<int>(dealt.size()), m_tiles * n_tiles) << "m " << m << " n_tiles " << n_tiles;
   for (const auto& [tile, times] : dealt) {
