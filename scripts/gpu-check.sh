@@ -107,7 +107,9 @@ if [[ $part == experts ]]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/torch_baseline.py /tmp/experts.json "$OUT/experts_results.json" \
     "$OUT/experts_plot.png" "$commit" 2>&1 | tee "$OUT/experts_baseline.log"
   echo "== the rule planned for M = 8192 rows (its empty launches) against its one busy config alone"
-  for q in per-token:swapab-128x32,swapab-128x64,pingpong-64x256 block128:swapab-128x32,swapab-128x64,cooperative-128x128; do
+  # block128's busy configs past 64 rows: cooperative-128x128 (W1) and block-128x256 (W2, k <= 2048)
+  for q in per-token:swapab-128x32,swapab-128x64,pingpong-64x256 \
+    block128:swapab-128x32,swapab-128x64,cooperative-128x128,block-128x256; do
     for m_e in 8 64 128; do
       run timeout 120 $BIN/bench_gpu_experts /tmp/empty.json --case 8192 $m_e --max-rows 8192 --quant ${q%%:*} \
         --configs ${q#*:} 2>&1 | grep -E "^(per-token|block128) " | tee -a "$OUT/empty_launches.txt"
