@@ -212,6 +212,12 @@ __device__ __forceinline__ BlockGemmItem block_gemm_item(const int* tile_start, 
 __device__ __forceinline__ int block_gemm_tma_rows(const BlockGemm::Params& p, const BlockGemmItem& it, int m) {
   return block_gemm_tma_rows(m, it, p.tma_store);  // block_gemm_items.h
 }
+// The first token row of item `it` in the tensor the groups' tokens lie in (Params::a_base): its
+// A rows' TMA coordinate, and its D rows' (GroupedGemmLaunch::Tensors::output is row for row).
+__device__ __forceinline__ int block_gemm_token_row(const BlockGemm::Params& p, const BlockGemmItem& it) {
+  return static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
+         it.mt * BlockGemm::kTileM;
+}
 // Quarter q (columns 64q .. 64q + 63 of the tile) of a TMA-stored D: the last k-block's stage s_last
 // (its A, then its B's two halves) and the A of the one before, s_prev.
 __device__ __forceinline__ std::uint8_t* block_gemm_quarter(BlockGemm::Smem& s, int s_last, int s_prev, int q) {
@@ -345,9 +351,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         const int tma_rows = block_gemm_tma_rows(p, it, p.args.shapes[3 * it.g]);
         if (tma_rows == 0) continue;
         const int s_last = ring_slot<BG::kStages>(ring - 1).stage, s_prev = ring_slot<BG::kStages>(ring - 2).stage;
-        // D's rows are the tokens' (GroupedGemmLaunch::Tensors::output)
-        const auto row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
-                         it.mt * BG::kTileM;
+        const int row = block_gemm_token_row(p, it);
         Barrier::wait(&s.staged, staged_phase);
         staged_phase ^= 1u;
 #pragma unroll
@@ -374,8 +378,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
       const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
       const bool half = it.half;
-      const auto a_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_A[it.g]) - p.a_base) / p.k) +
-                         it.mt * BG::kTileM;
+      const int a_row = block_gemm_token_row(p, it);
       const auto b_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[it.g]) - p.b_base) / p.k) +
                          it.nt * BG::kTileN;
       // A half pair's stages alternate between its weight tiles: k-block kb of nt, then of nt + 1

@@ -418,13 +418,12 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.tensors.token_rows = expert_capacity(l) * (l.contiguous ? 1 : p.E_local);
     g.tensors.weights = which == 1 ? l.weights.w1 : l.weights.w2;
     g.tensors.weight_rows = p.E_local * g.n;
-    if (which == 2) g.tensors.output = l.output;  // D row for row with the tokens (write_launch_args)
+    // D's tensor, row for row with the tokens (write_launch_args); the fused recipe's W1 writes none.
+    g.tensors.output = which == 2 ? static_cast<void*>(l.output) : l.gemms.fused_w1 ? nullptr : l.w1_out;
     if (which == 1 && plan::writes_w1_small(l.gemms, j)) {
       MOEKIT_CUDA_REQUIRE(l.w1_small != nullptr, "the fused recipe's small-expert W1 needs the w1_small region");
       g.d_fp32 = true;  // into w1_small, then the activation kernel
-    } else if (which == 1 && !l.gemms.fused_w1) {
-      g.tensors.output = l.w1_out;
-    } else if (which == 1) {
+    } else if (which == 1 && l.gemms.fused_w1) {
       g.fused.act_q = l.act_q;
       g.fused.act_scale = l.act_scale;
       g.fused.row_offsets = l.contiguous ? l.row_offsets : nullptr;
