@@ -311,7 +311,6 @@ int main(int argc, char** argv) {
         struct Variant {
           std::string name;
           plan::ExpertsGemmPlan gemms;
-          bool selected;
           MoeProblem problem;
           const Scheme* scheme;  // its weights and tokens
           Rule rule = Rule::kNone;
@@ -325,7 +324,7 @@ int main(int argc, char** argv) {
           const QuantScheme quant = sc->quant;
           const MoeProblem &sp = sc->p, &fused_p = sc->fused_p;
           const plan::ExpertsGemmPlan rule = plan::plan_experts_gemms(sp, rows);
-          if (rule_first) sweep.push_back({"rule, run first: " + rule_name(rule), rule, false, sp, sc});
+          if (rule_first) sweep.push_back({"rule, run first: " + rule_name(rule), rule, sp, sc});
           for (const auto& cfg : plan::kGemmConfigs) {
             if (only_configs.empty()
                     ? quick
@@ -333,25 +332,25 @@ int main(int argc, char** argv) {
               continue;
             if (cfg.fused_w1 ? fused_p.fuse_w1 && plan::supports(cfg, N, K, quant, true)
                              : plan::supports(cfg, N, K, quant) && plan::supports(cfg, K, I, quant))
-              sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : sp), false,
+              sweep.push_back({std::string(cfg.name), plan::single_config(cfg.id, cfg.fused_w1 ? fused_p : sp),
                                cfg.fused_w1 ? fused_p : sp, sc});
           }
           if (fused_p.fuse_w1) {
             const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, rows);
             // What the runtime runs by default (make_problem fuses W1 where it runs): the selected row.
-            sweep.push_back({"fuse_w1 rule: " + rule_name(fused), fused, true, fused_p, sc, Rule::kFused});
+            sweep.push_back({"fuse_w1 rule: " + rule_name(fused), fused, fused_p, sc, Rule::kFused});
           }
           if (rows > m_e) {
             // What a step declared with its most tokens of any rank plans (ExpertsInput::
             // max_tokens_any_rank): the rules for m_e rows, beside the rules for --max-rows.
             const plan::ExpertsGemmPlan declared = plan::plan_experts_gemms(sp, m_e);
-            sweep.push_back({"declared rule: " + rule_name(declared), declared, false, sp, sc});
+            sweep.push_back({"declared rule: " + rule_name(declared), declared, sp, sc});
             if (fused_p.fuse_w1) {
               const plan::ExpertsGemmPlan fused = plan::plan_experts_gemms(fused_p, m_e);
-              sweep.push_back({"declared fuse_w1 rule: " + rule_name(fused), fused, false, fused_p, sc});
+              sweep.push_back({"declared fuse_w1 rule: " + rule_name(fused), fused, fused_p, sc});
             }
           }
-          sweep.push_back({"rule: " + rule_name(rule), rule, !fused_p.fuse_w1, sp, sc, Rule::kUnfused});
+          sweep.push_back({"rule: " + rule_name(rule), rule, sp, sc, Rule::kUnfused});
         }
         // Every time below is taken in rounds, one sample of each measurement of each variant a round
         // (the step eager and from its graph, each GEMM alone, the parts), so that no variant and no
@@ -493,7 +492,8 @@ int main(int argc, char** argv) {
                        ", W1+act+W2 " + fixed4(r.timed[kParts + 3].median()) + " ms" +
                        (r.act ? "" : " (no activation kernel: fused)") + "\n";
           const auto& name = v.name;
-          const bool chosen = v.selected;
+          // What the runtime runs by default: the fused rule where W1 fuses, else the rule.
+          const bool chosen = v.rule == (v.scheme->fused_p.fuse_w1 ? Rule::kFused : Rule::kUnfused);
           // The variant's row, then its stage lines.
           std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f %7.2f%s\n",
                       std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
