@@ -22,7 +22,7 @@ GemmConfig parse_gemm_config(std::string_view name) {
 GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k, QuantScheme quant) {
   MOEKIT_CHECK(rows >= 0 && n >= 1 && k >= 1, "select_gemm_config: rows = {}, n = {}, k = {}", rows, n, k);
   for (const auto& c : kGemmConfigs)
-    if (supports(c, n, k, quant) && chosen_for_k(c, k) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
+    if (eligible(c, n, k, quant) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
   MOEKIT_FAIL("no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be multiples of 16", n, k);
 }
 
@@ -32,7 +32,7 @@ GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max
   GemmLaunches l;
   std::int64_t lo = 0;
   for (const auto& c : kGemmConfigs) {
-    if (!supports(c, n, k, quant, fused_w1) || !chosen_for_k(c, k)) continue;
+    if (!eligible(c, n, k, quant, fused_w1)) continue;
     const std::int64_t hi = c.max_rows < 0 ? std::numeric_limits<std::int64_t>::max() : c.max_rows;
     if (hi < lo) continue;
     if (lo <= std::max<std::int64_t>(max_rows, 1)) {

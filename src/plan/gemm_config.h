@@ -121,6 +121,13 @@ constexpr bool chosen_for_k(const GemmConfigInfo& config, std::int64_t k) {
   return config.max_k < 0 || k <= config.max_k;
 }
 
+// Whether the rule (select_gemm_config, plan_gemm_launches) considers `config` for this GEMM: it runs
+// it and its max_k admits k. Rows then pick among the eligible configs by max_rows.
+constexpr bool eligible(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
+                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
+  return supports(config, n, k, quant, fused_w1) && chosen_for_k(config, k);
+}
+
 // The most rows an expert runs on the w1_fp32 configs in the fused recipe: the most any w1_fp32
 // row of the table is chosen for.
 constexpr std::int64_t fused_w1_small_rows() {

@@ -117,6 +117,12 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   EXPECT_EQ(select_gemm_config(65, 7168, 2048), GemmConfig::kPingpong64x256);
   EXPECT_TRUE(chosen_for_k(gemm_config_info(GemmConfig::kCooperative128x128), 1 << 20));
   EXPECT_FALSE(chosen_for_k(gemm_config_info(GemmConfig::kBlock128x256), 2049));
+  // eligible = runs it and its max_k admits k: block-128x256 runs k = 2064, the rule does not choose it.
+  const GemmConfigInfo& block256 = gemm_config_info(GemmConfig::kBlock128x256);
+  EXPECT_TRUE(supports(block256, 7168, 2064, QuantScheme::kBlock128));
+  EXPECT_FALSE(eligible(block256, 7168, 2064, QuantScheme::kBlock128));
+  EXPECT_TRUE(eligible(block256, 7168, 2048, QuantScheme::kBlock128));
+  EXPECT_FALSE(eligible(block256, 7168, 2048));  // per-token: no instance
   EXPECT_THROW(plan_gemm_launches(1000, 4096, 10), Error);
 }
 
