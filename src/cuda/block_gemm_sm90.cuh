@@ -273,20 +273,14 @@ __device__ __forceinline__ void block_gemm_quant_group(const float (&v)[64], int
   for (int half = 0; half < 2; ++half) {
     const int r = r0 + 8 * half;
     const float scale = numerics::fp8_scale(half == 0 ? amax0 : amax1);
-    const numerics::DivideBy div(scale);
     std::uint8_t* out = stage + (lane / 4 + 8 * half) * BlockGemm::kStageRowBytes + 2 * (lane % 4);
-    const auto codes = [&](const auto& quotient) {
+    // One range test for the row's 32 values (DivideBy::with_quotient): straight-line, they overlap.
+    numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {
 #pragma unroll
       for (int i = 0; i < 16; ++i)  // RNE-saturated codes of a column pair, the lower column in the low byte
         *reinterpret_cast<__nv_fp8x2_storage_t*>(out + 8 * i) = __nv_cvt_float2_to_fp8x2(
             make_float2(quotient(v[4 * i + 2 * half]), quotient(v[4 * i + 2 * half + 1])), __NV_SATFINITE, __NV_E4M3);
-    };
-    // One test of the scale's range for the row's 32 values, not a branch around each quotient (as
-    // fp8x8, reduce.cuh): straight-line, the 32 divisions overlap.
-    if (div.fast)
-      codes([&](float x) { return div.fast_quotient(x); });
-    else
-      codes([&](float x) { return __fdiv_rn(x, scale); });
+    });
     if (r < m && lane % 4 == 0) f.act_scale[(act_row0 + r) * spr + col0 / static_cast<int>(kQuantBlock)] = scale;
   }
   block_gemm_flush(stage, lane, f.act_q + (act_row0 + warp_row0) * I + col0, I, min(m - warp_row0, 16));

@@ -281,16 +281,11 @@ __global__ void __launch_bounds__(kActThreads)
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
         const float scale = numerics::fp8_scale(m);
         if (lane == 0) act_scale[row_idx * groups + grp] = scale;
-        // x / scale bit for bit; the range test once for the 4 values, not a branch around each.
-        const numerics::DivideBy div(scale);
         float q[4];
-        if (div.fast) {
+        numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {  // one range test for the 4
 #pragma unroll
-          for (int j = 0; j < 4; ++j) q[j] = div.fast_quotient(v[j]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) q[j] = __fdiv_rn(v[j], scale);
-        }
+          for (int j = 0; j < 4; ++j) q[j] = quotient(v[j]);
+        });
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
@@ -313,14 +308,10 @@ __global__ void __launch_bounds__(kActThreads)
     const float scale = numerics::fp8_scale(amax);
     if (!per_tensor && threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;
-    const numerics::DivideBy div(scale);  // the range test once for the row, not a branch around each value
-    if (div.fast) {
+    numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {  // one range test for the row
       for (int c = threadIdx.x; c < I; c += kActThreads)
-        out[c] = __nv_fp8_e4m3(div.fast_quotient(activation_at(act, w1, row, I, c)));  // RNE, saturating to 448
-    } else {
-      for (int c = threadIdx.x; c < I; c += kActThreads)
-        out[c] = __nv_fp8_e4m3(__fdiv_rn(activation_at(act, w1, row, I, c), scale));
-    }
+        out[c] = __nv_fp8_e4m3(quotient(activation_at(act, w1, row, I, c)));  // RNE, saturating to 448
+    });
   }
 }
 

@@ -29,15 +29,11 @@ __device__ float block_max(float v) {
 __device__ __forceinline__ uint2 fp8x8(const float (&v)[8], float scale) {
   uint2 packed;
   auto* p16 = reinterpret_cast<__nv_fp8x2_storage_t*>(&packed);
-  const numerics::DivideBy div(scale);
   float q[8];
-  if (div.fast) {  // one test for the 8 values, not a branch around each
+  numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {  // one range test for the 8 values
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[j] = div.fast_quotient(v[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(v[j], scale);
-  }
+    for (int j = 0; j < 8; ++j) q[j] = quotient(v[j]);
+  });
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     p16[j] = __nv_cvt_float2_to_fp8x2(make_float2(q[2 * j], q[2 * j + 1]), __NV_SATFINITE, __NV_E4M3);

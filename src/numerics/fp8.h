@@ -117,10 +117,22 @@ struct DivideBy {
     r = __frcp_rn(s);
 #endif
   }
+  // One quotient. Many x over the one scale: with_quotient.
   __device__ __forceinline__ float operator()(float x) const {
     return fast ? fast_quotient(x) : __fdiv_rn(x, scale);
   }
-  // The quotient when `fast` holds, no branch: callers with many x test `fast` once for all of them.
+  // f(quotient), quotient(x) = x / scale as above, with `fast` tested once for every x that f divides:
+  // fast_quotient straight-line, else __fdiv_rn. operator() on each of a group's values kept a branch
+  // and a reconvergence region around each, and their divisions from overlapping (the fused W1 ran 5%
+  // slower so: docs/PERF.md).
+  template <class F>
+  __device__ __forceinline__ void with_quotient(const F& f) const {
+    if (fast)
+      f([*this](float x) { return fast_quotient(x); });
+    else
+      f([s = scale](float x) { return __fdiv_rn(x, s); });
+  }
+  // The quotient when `fast` holds, no branch.
   __device__ __forceinline__ float fast_quotient(float x) const {
     const float q = __fmul_rn(x, r);
     return copysignf(__fmaf_rn(__fmaf_rn(-q, scale, x), r, q), x);
