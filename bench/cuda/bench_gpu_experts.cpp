@@ -1,5 +1,5 @@
-// Benchmark of the Hopper batched FP8 experts through the Experts seam (DeepSeek-V3 shapes,
-// E_local = 16 unless --experts), over a Workspace from plan_layer. Measures the machine's ceilings first
+// Benchmark of the Hopper batched FP8 experts through the Experts seam (DeepSeek-V3 shapes unless
+// --model, E_local = 16 unless --experts), over a Workspace from plan_layer. Measures the machine's ceilings first
 // (device-to-device copy bandwidth; cuBLASLt FP8 GEMM 8192^3), then for M in {2048, 8192} and m_e in
 // {8, 64, 256, 300, 1024}: median time of the whole experts step (prepare, W1 GEMM, activation +
 // quantization, W2 GEMM) per config of the table (both GEMMs on it) and for the pair the runtime's
@@ -19,7 +19,8 @@
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 //
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
-//      [--rule-first] (the runtime's rule measured before the configs too: the sweep's order effect)
+//      [--model NAME] (a model of models/: its shapes and activation; default deepseek-v3) [--rule-first] (the
+//      runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
 //      M: the launches of the ranges above m_e run empty; beside them the "declared" rules, planned
 //      for m_e rows, as a step declared with max_tokens_any_rank plans) [--experts E_local] (default 16: DeepSeek-V3
@@ -111,8 +112,9 @@ int main(int argc, char** argv) {
   std::int64_t max_rows = 0;  // the rules planned for up to this many rows an expert (0: m_e)
   std::int64_t E_local = 16;  // DeepSeek-V3's local experts at DP 16 (8 at DP 32)
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
-  std::vector<std::string> only_configs;  // empty: every config of the table (unless quick)
-  std::string baseline;                   // --baseline: the config every variant is a ratio to
+  std::vector<std::string> only_configs;   // empty: every config of the table (unless quick)
+  std::string baseline;                    // --baseline: the config every variant is a ratio to
+  std::string model_name = "deepseek-v3";  // --model: its shapes and activation
   auto split = [](const std::string& list) {
     std::vector<std::string> items;
     for (std::size_t pos = 0; pos <= list.size();) {
@@ -154,6 +156,7 @@ int main(int argc, char** argv) {
       for (const std::string& c : only_configs)
         if (!known_config(c)) return 2;
     }
+    if (std::string(argv[a]) == "--model" && a + 1 < argc) model_name = argv[a + 1];
     if (std::string(argv[a]) == "--baseline" && a + 1 < argc) {
       baseline = argv[a + 1];
       if (!known_config(baseline)) return 2;
@@ -187,12 +190,18 @@ int main(int argc, char** argv) {
               cuda::cutlass_version().c_str());
   std::printf("ceilings: D2D copy %.0f GB/s (read + write), cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", bw, peak);
 
-  const ModelConfig model = load_model("deepseek-v3");
+  ModelConfig model;
+  try {
+    model = load_model(model_name);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpu_experts: --model: %s\n", e.what());
+    return 2;
+  }
   // One read of the local experts' weights, measured: TMA streams W1 (E_local x N x K) and W2
   // (E_local x K x I) as the GEMMs read them, no math; a ceiling, so the best of 3 medians.
   double read_ms = 0;
   {
-    const std::int64_t K = model.hidden_size, I = model.moe_intermediate_size, N = 2 * I;
+    const std::int64_t K = model.hidden_size, I = model.moe_intermediate_size, N = model.N();
     const auto mem = make_memory(Device::kCuda);
     DeviceBuffer w1(*mem, E_local * N * K, "W1 (read ceiling)"), w2(*mem, E_local * K * I, "W2 (read ceiling)");
     cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
@@ -229,7 +238,7 @@ int main(int argc, char** argv) {
   // are compared on the same machine state: each scheme's problem, weights and tokens, per M.
   struct Scheme {
     QuantScheme quant;
-    MoeProblem p, fused_p;  // fused_p: the same with fuse_w1 where it runs (block128)
+    MoeProblem p, fused_p;  // fused_p: the same with fuse_w1 where it runs (block128, fuse_w1_runs)
     DeviceBuffer w1, w2, w1s, w2s;
     std::optional<Workspace> ws;  // the tokens, scales and counts every variant reads
     std::optional<ExpertWeightsView> view;
@@ -244,17 +253,23 @@ int main(int argc, char** argv) {
       p.format = ActivationFormat::kBatchedExperts;
       p.M = M;
       p.K = model.hidden_size;
-      p.N = 2 * model.moe_intermediate_size;
+      p.N = model.N();
       p.topk = model.topk;
       p.E = model.num_experts;
       p.E_local = E_local;
-      p.activation = Activation::kSilu;
+      p.activation = model.activation;
       p.quant = quant;
       p.max_tokens_per_rank = M;
       p.num_dispatchers = 1;
-      validate_problem(p);
+      try {
+        validate_problem(p);
+      } catch (const Error& e) {  // e.g. block128 with I not a multiple of 128 (gpt-oss)
+        std::printf("%s M = %lld: not run: %s\n", std::string(quant_name(quant)).c_str(), static_cast<long long>(M),
+                    e.what());
+        continue;
+      }
       sc->fused_p = p;
-      sc->fused_p.fuse_w1 = quant == QuantScheme::kBlock128;
+      sc->fused_p.fuse_w1 = fuse_w1_runs(quant, p.activation);
       const std::int64_t K = p.K, N = p.N, I = p.I();
       // Weights: random FP8 codes and scales of the right magnitude (timing does not need a
       // quantizer pass over 704 MiB on the host).
@@ -290,6 +305,7 @@ int main(int argc, char** argv) {
                                ws.get<std::uint16_t>("expert_output")};
       schemes.push_back(std::move(sc));
     }
+    if (schemes.empty()) continue;
     {
       const MoeProblem& p = schemes.front()->p;  // the shapes every scheme shares
       const std::int64_t K = p.K, N = p.N, I = p.I();

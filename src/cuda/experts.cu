@@ -248,7 +248,9 @@ __device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows 
                                                        to_float(row[numerics::up_column(w1, I, c)]));
 }
 
-// A persistent grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
+// The generic activation kernel: what the row-per-block kernel below does not take (I > 8192 or
+// not a multiple of 8), and the check it is compared with bit for bit (tests/cuda). A persistent
+// grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
@@ -315,17 +317,19 @@ __global__ void __launch_bounds__(kActThreads)
   }
 }
 
-// Per-token or block128, one block per row: 16-byte loads of 8 gate and 8 up values per thread,
-// the row's values kept in registers (cuda/quantize.cuh's QuantRowOf, the quantize-and-scatter's
-// arithmetic) between the amax and the quantization, 8-byte stores. NOTES: for
-// I <= 256 * 8 * kChunks and halves-layout activations; swigluoai (interleaved) and per-tensor take
-// activation_quant_kernel. The activation is a compile-time constant (its switch folds away; ncu
-// found the kernel instruction-bound, not memory-bound: docs/PERF.md).
+// One block per row: 16-byte loads of 8 gate and 8 up values per thread (interleaved rows:
+// 16 consecutive values, gate / up pairs), the row's values kept in registers (cuda/quantize.cuh's
+// QuantRowOf, the quantize-and-scatter's arithmetic) between the amax and the quantization, 8-byte
+// stores; for I <= 256 * 8 * kChunks, I % 8 == 0. Per-token and block128 in one pass (pass < 0).
+// Per-tensor in two, as activation_quant_kernel: pass 0 raises the expert's amax (int bits in
+// expert_amax), pass 1 quantizes with its scale (values computed again: the amax spans rows).
+// The activation is a compile-time constant (its switch folds away; ncu found the kernel
+// instruction-bound, not memory-bound: docs/PERF.md).
 template <int kChunks, Activation kAct, class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
+    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, int pass, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
-                                   float* __restrict__ act_scale) {
+                                   float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
@@ -337,16 +341,34 @@ __global__ void __launch_bounds__(kActThreads)
     const In* row = w1_rows + in_row * N;
     QuantRowOf<kChunks> q;
     q.load_with(I, [&](int c0, float(&out)[8]) {
-      // c0 is a multiple of 8: its 8 gate (and up) inputs are contiguous in every layout but the
-      // interleaved one (which takes activation_quant_kernel).
+      // c0 is a multiple of 8: its 8 gate (and up) inputs are contiguous in every layout; interleaved,
+      // they are the 16 values from column 2 c0 on, gate at even columns.
       float g8[8], u8[8];
-      load8(row + numerics::gate_column(w1, I, c0), g8);
-      load8(row + numerics::up_column(w1, I, c0), u8);
+      if constexpr (numerics::w1_rows(kAct, QuantScheme::kPerTokenPerChannel) == numerics::W1Rows::kInterleaved) {
+        float lo[8], hi[8];
+        load8(row + numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
+        load8(row + numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          g8[j] = lo[2 * j], u8[j] = lo[2 * j + 1];
+          g8[j + 4] = hi[2 * j], u8[j + 4] = hi[2 * j + 1];
+        }
+      } else {
+        load8(row + numerics::gate_column(w1, I, c0), g8);
+        load8(row + numerics::up_column(w1, I, c0), u8);
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j]);
     });
-    const float scale = q.token_scale(quant);
-    q.store(quant, scale, I, reinterpret_cast<std::uint8_t*>(act_q + row_idx * I), act_scale + row_idx * spr);
+    auto* out = reinterpret_cast<std::uint8_t*>(act_q + row_idx * I);
+    if (pass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
+      const float amax = block_max<kActThreads>(q.amax_thread);
+      if (threadIdx.x == 0) atomicMax(expert_amax + e, __float_as_uint(amax));
+    } else if (pass == 1) {
+      q.store(QuantScheme::kPerTensor, numerics::fp8_scale(__uint_as_float(expert_amax[e])), I, out, nullptr);
+    } else {
+      q.store(quant, q.token_scale(quant), I, out, act_scale + row_idx * spr);
+    }
   }
 }
 
@@ -474,36 +496,32 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       launch(w1_out);
   };
   const numerics::W1Rows w1 = numerics::w1_rows(p.activation, p.quant);
-  const bool vec_ok = !per_tensor && w1 != numerics::W1Rows::kInterleaved;
-  if (kernel == ActivationKernel::kAuto)
-    kernel = vec_ok && I <= kActThreads * 8 * 4 ? ActivationKernel::kRowPerBlock : ActivationKernel::kGeneric;
-  MOEKIT_CUDA_REQUIRE(kernel == ActivationKernel::kGeneric || vec_ok,
-                      "the vectorized activation kernel takes per-token scales and halves-layout activations");
-  if (per_tensor) {
-    MOEKIT_CUDA_REQUIRE(!small, "per-tensor scales have no fused recipe");
+  // The row-per-block kernel holds a row in registers, 8 values a thread a chunk: I <= 8192, I % 8 == 0.
+  constexpr int kRowMaxI = kActThreads * 8 * 4;
+  const bool row_ok = I <= kRowMaxI && I % 8 == 0;
+  if (kernel == ActivationKernel::kAuto) kernel = row_ok ? ActivationKernel::kRowPerBlock : ActivationKernel::kGeneric;
+  MOEKIT_CUDA_REQUIRE(kernel == ActivationKernel::kGeneric || row_ok,
+                      "row-per-block activation kernel: I = " + std::to_string(I) +
+                          "; it needs I <= " + std::to_string(kRowMaxI) + " and a multiple of 8");
+  MOEKIT_CUDA_REQUIRE(!(per_tensor && small), "per-tensor scales have no fused recipe");
+  // Per-tensor: either kernel runs two passes (each expert's amax, then its codes), then the amax
+  // becomes the scale in place.
+  if (per_tensor)
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
-    auto* k = activation_quant_kernel<__nv_bfloat16>;
-    const int grid = one_wave(reinterpret_cast<const void*>(k));
-    for (int pass = 0; pass < 2; ++pass) {
-      launch_pdl(k, grid, kActThreads, 0, stream, p.activation, w1, pass, true, false, rows, w1_out, N, I, act_q,
-                 l.act_scale, amax);
-      MOEKIT_CUDA_CHECK_LAUNCH();
-    }
-    const int tensors = l.contiguous ? 1 : E;
-    launch_pdl(per_tensor_scales_kernel, (tensors + 127) / 128, 128, 0, stream, amax, l.act_scale, tensors);
-  } else if (kernel == ActivationKernel::kRowPerBlock) {
-    MOEKIT_CUDA_REQUIRE(I <= kActThreads * 8 * 4,
-                        "row-per-block activation kernel: I = " + std::to_string(I) + " exceeds 8192");
+  const int passes = per_tensor ? 2 : 1;
+  if (kernel == ActivationKernel::kRowPerBlock) {
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     with_rows([&]<class In>(const In* in) {
       auto launch = [&](auto k) {
-        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, w1, p.quant, rows, in, N, I,
-                   act_q, l.act_scale);
+        const int grid = one_wave(reinterpret_cast<const void*>(k));
+        for (int pass = 0; pass < passes; ++pass) {
+          launch_pdl(k, grid, kActThreads, 0, stream, w1, p.quant, per_tensor ? pass : -1, rows, in, N, I, act_q,
+                     l.act_scale, amax);
+          MOEKIT_CUDA_CHECK_LAUNCH();
+        }
       };
       numerics::with_activation(p.activation, [&]<Activation kAct>() {
-        if constexpr (kAct == Activation::kSwigluOai) {  // interleaved rows: the generic kernel (vec_ok)
-          MOEKIT_CUDA_REQUIRE(false, "row-per-block activation kernel: swigluoai");
-        } else if (chunks == 1) {
+        if (chunks == 1) {
           launch(activation_quant_row_per_block<1, kAct, In>);
         } else if (chunks == 2) {
           launch(activation_quant_row_per_block<2, kAct, In>);
@@ -515,9 +533,17 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   } else {
     with_rows([&]<class In>(const In* in) {
       auto* k = activation_quant_kernel<In>;
-      launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, p.activation, w1, 1, false,
-                 p.quant == QuantScheme::kBlock128, rows, in, N, I, act_q, l.act_scale, nullptr);
+      const int grid = one_wave(reinterpret_cast<const void*>(k));
+      for (int pass = per_tensor ? 0 : 1; pass < 2; ++pass) {
+        launch_pdl(k, grid, kActThreads, 0, stream, p.activation, w1, pass, per_tensor,
+                   p.quant == QuantScheme::kBlock128, rows, in, N, I, act_q, l.act_scale, amax);
+        MOEKIT_CUDA_CHECK_LAUNCH();
+      }
     });
+  }
+  if (per_tensor) {
+    const int tensors = l.contiguous ? 1 : E;
+    launch_pdl(per_tensor_scales_kernel, (tensors + 127) / 128, 128, 0, stream, amax, l.act_scale, tensors);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -480,13 +481,22 @@ std::string quant_param_name(const ::testing::TestParamInfo<QuantScheme>& info) 
   return n;
 }
 
-class ActivationKernels : public ::testing::TestWithParam<QuantScheme> {};
+// The activation kernels' cases: every scaling, and every W1 row layout the row-per-block kernel
+// reads (halves, block pairs, interleaved gate / up pairs, single rows).
+struct ActivationKernelCase {
+  const char* model;
+  QuantScheme quant;
+  std::optional<Activation> activation;
+};
+
+class ActivationKernels : public ::testing::TestWithParam<ActivationKernelCase> {};
 
 TEST_P(ActivationKernels, AgreeBitForBit) {
   MOEKIT_REQUIRE_GPU();
   // Every variant computes the same formulas and an exact max: identical codes and scales.
-  const MoeProblem p = problem_for("deepseek-v3", 3, 96, GetParam());
+  const MoeProblem p = problem_for(GetParam().model, 3, 96, GetParam().quant, GetParam().activation);
   const std::int64_t spr = numerics::activation_scales_per_row(p.quant, p.I());
+  const bool per_tensor = p.quant == QuantScheme::kPerTensor;
   cpu::ThreadPool pool(4);
   const auto w = synthetic::make_expert_weights(p, 0, 12, pool);
   GpuExperts gpu(p, w);
@@ -527,6 +537,13 @@ TEST_P(ActivationKernels, AgreeBitForBit) {
           EXPECT_EQ(sc[row * spr + j], base_scale)
               << "kernel " << static_cast<int>(kernel) << " expert " << e << " row " << r << " scale " << j;
         }
+      }
+      if (per_tensor) {  // one scale an expert's tensor
+        float base_scale;
+        std::memcpy(&base_scale, base.workspace.data() + scale.offset + e * 4, 4);
+        EXPECT_EQ(sc[static_cast<std::size_t>(e)], base_scale)
+            << "kernel " << static_cast<int>(kernel) << " expert " << e;
+        EXPECT_GT(base_scale, 0.0f) << "expert " << e;
       }
     }
   }
@@ -573,8 +590,21 @@ TEST(BatchedExpertsGpuContract, FusedW1PlanHasNoW1Out) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, ActivationKernels,
-                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128), quant_param_name);
+INSTANTIATE_TEST_SUITE_P(
+    BatchedExpertsGpuContract, ActivationKernels,
+    ::testing::Values(ActivationKernelCase{"deepseek-v3", QuantScheme::kPerTokenPerChannel, std::nullopt},
+                      ActivationKernelCase{"deepseek-v3", QuantScheme::kBlock128, std::nullopt},
+                      ActivationKernelCase{"deepseek-v3", QuantScheme::kPerTensor, std::nullopt},
+                      ActivationKernelCase{"deepseek-v3", QuantScheme::kPerTokenPerChannel, Activation::kRelu2},
+                      ActivationKernelCase{"gpt-oss-120b", QuantScheme::kPerTokenPerChannel, std::nullopt},
+                      ActivationKernelCase{"gpt-oss-120b", QuantScheme::kPerTensor, std::nullopt}),
+    [](const ::testing::TestParamInfo<ActivationKernelCase>& info) {
+      std::string n = std::string(info.param.model) + "_" + std::string(quant_name(info.param.quant)) + "_" +
+                      (info.param.activation ? std::string(activation_name(*info.param.activation)) : "default");
+      std::replace_if(
+          n.begin(), n.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+      return n;
+    });
 
 class GraphReplay : public ::testing::TestWithParam<QuantScheme> {};
 
