@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -199,9 +200,14 @@ int main(int argc, char** argv) {
   }
   // One read of the local experts' weights, measured: TMA streams W1 (E_local x N x K) and W2
   // (E_local x K x I) as the GEMMs read them, no math; a ceiling, so the best of 3 medians.
-  double read_ms = 0;
-  {
-    const std::int64_t K = model.hidden_size, I = model.moe_intermediate_size, N = model.N();
+  double read_ms = 0;  // 0: not measured ("x read" prints nan)
+  if (const std::int64_t K = model.hidden_size, I = model.moe_intermediate_size, N = model.N();
+      N % 128 != 0 || K % 128 != 0 || I % 128 != 0) {
+    std::printf(
+        "one read of the weights: not measured (its TMA stream takes 128-row, 128-byte boxes: N = %lld, K = "
+        "%lld, I = %lld)\n",
+        static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(I));
+  } else {
     const auto mem = make_memory(Device::kCuda);
     DeviceBuffer w1(*mem, E_local * N * K, "W1 (read ceiling)"), w2(*mem, E_local * K * I, "W2 (read ceiling)");
     cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
@@ -514,7 +520,8 @@ int main(int argc, char** argv) {
           std::printf("%-9s %6lld %6lld %-20s %9.4f %9.4f %9.1f %9.4f %8.2f %9.4f %10.2f %7.2f%s\n",
                       std::string(quant_name(quant)).c_str(), static_cast<long long>(M), static_cast<long long>(m_e),
                       name.c_str(), ms, graph_ms, flops / (graph_ms * 1e-3) / 1e12, floor_ms, graph_ms / floor_ms,
-                      weights_ms, graph_ms / weights_ms, graph_ms / read_ms, chosen ? "  <- selected" : "");
+                      weights_ms, graph_ms / weights_ms, read_ms > 0 ? graph_ms / read_ms : std::nan(""),
+                      chosen ? "  <- selected" : "");
           std::printf(
               "       stages: W1 GEMM %.4f ms (%.0f TFLOP/s), W2 GEMM %.4f ms (%.0f TFLOP/s), rest %.4f ms; "
               "replayed alone: W1 %.4f, W2 %.4f ms\n",

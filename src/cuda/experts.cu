@@ -15,6 +15,7 @@
 
 #include <cub/block/block_scan.cuh>
 #include <string>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
@@ -320,14 +321,14 @@ __global__ void __launch_bounds__(kActThreads)
 // One block per row: 16-byte loads of 8 gate and 8 up values per thread (interleaved rows:
 // 16 consecutive values, gate / up pairs), the row's values kept in registers (cuda/quantize.cuh's
 // QuantRowOf, the quantize-and-scatter's arithmetic) between the amax and the quantization, 8-byte
-// stores; for I <= 256 * 8 * kChunks, I % 8 == 0. Per-token and block128 in one pass (pass < 0).
-// Per-tensor in two, as activation_quant_kernel: pass 0 raises the expert's amax (int bits in
-// expert_amax), pass 1 quantizes with its scale (values computed again: the amax spans rows).
-// The activation is a compile-time constant (its switch folds away; ncu found the kernel
-// instruction-bound, not memory-bound: docs/PERF.md).
-template <int kChunks, Activation kAct, class In>
+// stores; for I <= 256 * 8 * kChunks, I % 8 == 0. Per-token and block128 in one pass (kPass < 0).
+// Per-tensor in two, as activation_quant_kernel: kPass 0 raises the expert's amax (int bits in
+// expert_amax), kPass 1 quantizes with its scale (values computed again: the amax spans rows).
+// The activation and the pass are compile-time constants (their switches fold away; ncu found the
+// kernel instruction-bound, not memory-bound: docs/PERF.md).
+template <int kChunks, Activation kAct, int kPass, class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, int pass, ActivationRows rows,
+    activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                                    float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
@@ -361,10 +362,10 @@ __global__ void __launch_bounds__(kActThreads)
       for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j]);
     });
     auto* out = reinterpret_cast<std::uint8_t*>(act_q + row_idx * I);
-    if (pass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
+    if constexpr (kPass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
       const float amax = block_max<kActThreads>(q.amax_thread);
       if (threadIdx.x == 0) atomicMax(expert_amax + e, __float_as_uint(amax));
-    } else if (pass == 1) {
+    } else if constexpr (kPass == 1) {
       q.store(QuantScheme::kPerTensor, numerics::fp8_scale(__uint_as_float(expert_amax[e])), I, out, nullptr);
     } else {
       q.store(quant, q.token_scale(quant), I, out, act_scale + row_idx * spr);
@@ -508,25 +509,31 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   // becomes the scale in place.
   if (per_tensor)
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
-  const int passes = per_tensor ? 2 : 1;
   if (kernel == ActivationKernel::kRowPerBlock) {
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     with_rows([&]<class In>(const In* in) {
       auto launch = [&](auto k) {
-        const int grid = one_wave(reinterpret_cast<const void*>(k));
-        for (int pass = 0; pass < passes; ++pass) {
-          launch_pdl(k, grid, kActThreads, 0, stream, w1, p.quant, per_tensor ? pass : -1, rows, in, N, I, act_q,
-                     l.act_scale, amax);
-          MOEKIT_CUDA_CHECK_LAUNCH();
+        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, w1, p.quant, rows, in, N, I,
+                   act_q, l.act_scale, amax);
+        MOEKIT_CUDA_CHECK_LAUNCH();
+      };
+      auto launch_passes = [&]<int kChunks, Activation kAct>() {
+        if constexpr (std::is_same_v<In, __nv_bfloat16>) {  // per-tensor reads w1_out (bf16) only
+          if (per_tensor) {
+            launch(activation_quant_row_per_block<kChunks, kAct, 0, In>);
+            launch(activation_quant_row_per_block<kChunks, kAct, 1, In>);
+            return;
+          }
         }
+        launch(activation_quant_row_per_block<kChunks, kAct, -1, In>);
       };
       numerics::with_activation(p.activation, [&]<Activation kAct>() {
         if (chunks == 1) {
-          launch(activation_quant_row_per_block<1, kAct, In>);
+          launch_passes.template operator()<1, kAct>();
         } else if (chunks == 2) {
-          launch(activation_quant_row_per_block<2, kAct, In>);
+          launch_passes.template operator()<2, kAct>();
         } else {
-          launch(activation_quant_row_per_block<4, kAct, In>);
+          launch_passes.template operator()<4, kAct>();
         }
       });
     });
