@@ -506,9 +506,12 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
                           "; it needs I <= " + std::to_string(kRowMaxI) + " and a multiple of 8");
   MOEKIT_CUDA_REQUIRE(!(per_tensor && small), "per-tensor scales have no fused recipe");
   // Per-tensor: either kernel runs two passes (each expert's amax, then its codes), then the amax
-  // becomes the scale in place.
+  // becomes the scale in place. act_scale holds one scale a tensor (numerics::activation_scale_shape):
+  // an expert's batched, one for the whole contiguous slab; clearing E_local of them there ran past
+  // the region (into w1_out, with gpt-oss's layout, at E_local > 64).
+  const int tensors = l.contiguous ? 1 : E;
   if (per_tensor)
-    MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(E) * sizeof(float), stream));
+    MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.act_scale, 0, static_cast<std::size_t>(tensors) * sizeof(float), stream));
   if (kernel == ActivationKernel::kRowPerBlock) {
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     with_rows([&]<class In>(const In* in) {
@@ -549,7 +552,6 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     });
   }
   if (per_tensor) {
-    const int tensors = l.contiguous ? 1 : E;
     launch_pdl(per_tensor_scales_kernel, (tensors + 127) / 128, 128, 0, stream, amax, l.act_scale, tensors);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();

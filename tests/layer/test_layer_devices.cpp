@@ -155,6 +155,10 @@ std::vector<Case> cases() {
     // launch, moekit's own block GEMM (fused-w1-128x256), gated and not.
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 300, 0, true});
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kRelu2, 300, 0, true});
+    // gpt-oss's interleaved W1 rows (swigluoai) and per-tensor scales past 64 experts: the standard
+    // format's one scale must not be cleared as E_local of them (that ran into w1_out: guard bands).
+    all.push_back({"gpt-oss-120b", experts, QuantScheme::kPerTensor, Activation::kSwigluOai, 13, 72});
+    all.push_back({"gpt-oss-120b", experts, QuantScheme::kPerTokenPerChannel, Activation::kSwigluOai, 13, 72});
   }
   return all;
 }
