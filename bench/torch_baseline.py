@@ -63,6 +63,11 @@ def main():
     res["commit"] = commit
     res["torch"] = torch.__version__
     E, K, N, I = res["E_local"], res["K"], res["N"], res["I"]
+    activation = res.get("activation", "silu")
+    if activation != "silu" or N != 2 * I:
+        sys.exit(f"torch_baseline: the PyTorch pipeline here is silu on gate | up halves; "
+                 f"{res.get('model', 'this run')} uses {activation} (N = {N}, I = {I}): run bench_gpu_experts "
+                 "without --model (DeepSeek-V3) for the PyTorch comparison")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     cache = {}

@@ -104,6 +104,16 @@ std::optional<std::int64_t> int_arg(const char* text, const char* flag) {
   return std::nullopt;
 }
 
+// `text` inside a JSON string (a --model path may hold quotes or backslashes).
+std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
@@ -228,8 +238,11 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
-          ", \"weights_stream_ms\": " + std::to_string(read_ms) + "},\n  \"E_local\": " + std::to_string(E_local) +
-          ", \"K\": 7168, \"N\": 4096, \"I\": 2048,\n  \"cases\": [\n";
+          ", \"weights_stream_ms\": " + (read_ms > 0 ? std::to_string(read_ms) : std::string("null")) +
+          "},\n  \"model\": \"" + json_escaped(model_name) + "\", \"activation\": \"" +
+          std::string(activation_name(model.activation)) + "\", \"E_local\": " + std::to_string(E_local) +
+          ", \"K\": " + std::to_string(model.hidden_size) + ", \"N\": " + std::to_string(model.N()) +
+          ", \"I\": " + std::to_string(model.moe_intermediate_size) + ",\n  \"cases\": [\n";
   std::printf("%-9s %6s %6s %-20s %9s %9s %9s %9s %8s %9s %10s %7s\n", "quant", "M", "m_e", "config", "eager ms",
               "graph ms", "TFLOP/s", "floor ms", "x floor", "weights", "x weights", "x read");
   bool first = true;

@@ -249,8 +249,9 @@ __device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows 
                                                        to_float(row[numerics::up_column(w1, I, c)]));
 }
 
-// The generic activation kernel: what the row-per-block kernel below does not take (I > 8192 or
-// not a multiple of 8), and the check it is compared with bit for bit (tests/cuda). A persistent
+// The generic activation kernel: what the row-per-block kernel below does not take (I > 8192; it
+// also needs I % 8 == 0, which validate_problem's I % 16 == 0 gives), and the check it is compared
+// with bit for bit (tests/cuda). A persistent
 // grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
