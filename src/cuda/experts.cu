@@ -251,8 +251,8 @@ __device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows 
 
 // The generic activation kernel: what the row-per-block kernel below does not take (I > 8192; it
 // also needs I % 8 == 0, which validate_problem's I % 16 == 0 gives), and the check it is compared
-// with bit for bit (tests/cuda). A persistent
-// grid walks the valid rows only: its cost follows sum(m_e), not E_local * M.
+// with bit for bit (tests/cuda). A persistent grid walks the valid rows only: its cost follows
+// sum(m_e), not E_local * M.
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
