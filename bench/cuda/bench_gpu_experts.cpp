@@ -136,16 +136,36 @@ int main(int argc, char** argv) {
     return items;
   };
   for (int a = 2; a < argc; ++a) {
-    if (std::string(argv[a]) == "--quick") quick = true;
-    if (std::string(argv[a]) == "--rule-first") rule_first = true;
-    if (std::string(argv[a]) == "--graph-parts") graph_parts = true;
-    if (std::string(argv[a]) == "--max-rows" && a + 1 < argc) {
-      const auto v = int_arg(argv[a + 1], "--max-rows");
+    const std::string flag = argv[a];
+    // How many values follow the flag (consumed below); an unknown argument or a missing value is an
+    // error, not ignored.
+    const int values = flag == "--case" ? 2
+                       : flag == "--max-rows" || flag == "--experts" || flag == "--quant" || flag == "--configs" ||
+                               flag == "--model" || flag == "--baseline"
+                           ? 1
+                           : 0;
+    if (values == 0 && flag != "--quick" && flag != "--rule-first" && flag != "--graph-parts") {
+      std::fprintf(
+          stderr, "bench_gpu_experts: unknown argument '%s' (the flags: the top of bench/cuda/bench_gpu_experts.cpp)\n",
+          flag.c_str());
+      return 2;
+    }
+    if (a + values >= argc) {
+      std::fprintf(stderr, "bench_gpu_experts: %s takes %d value%s\n", flag.c_str(), values, values > 1 ? "s" : "");
+      return 2;
+    }
+    const char* value = values > 0 ? argv[a + 1] : nullptr;
+    a += values;
+    if (flag == "--quick") quick = true;
+    if (flag == "--rule-first") rule_first = true;
+    if (flag == "--graph-parts") graph_parts = true;
+    if (flag == "--max-rows") {
+      const auto v = int_arg(value, "--max-rows");
       if (!v) return 2;
       max_rows = *v;
     }
-    if (std::string(argv[a]) == "--experts" && a + 1 < argc) {
-      const auto v = int_arg(argv[a + 1], "--experts");
+    if (flag == "--experts") {
+      const auto v = int_arg(value, "--experts");
       if (!v) return 2;
       E_local = *v;
       if (E_local < 1 || E_local > 256) {
@@ -154,26 +174,26 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (std::string(argv[a]) == "--quant" && a + 1 < argc) {
+    if (flag == "--quant") {
       quants.clear();
-      for (const std::string& q : split(argv[a + 1])) {
+      for (const std::string& q : split(value)) {
         const auto v = parsed(parse_quant, q);
         if (!v) return 2;
         quants.push_back(*v);
       }
     }
-    if (std::string(argv[a]) == "--configs" && a + 1 < argc) {
-      only_configs = split(argv[a + 1]);
+    if (flag == "--configs") {
+      only_configs = split(value);
       for (const std::string& c : only_configs)
         if (!known_config(c)) return 2;
     }
-    if (std::string(argv[a]) == "--model" && a + 1 < argc) model_name = argv[a + 1];
-    if (std::string(argv[a]) == "--baseline" && a + 1 < argc) {
-      baseline = argv[a + 1];
+    if (flag == "--model") model_name = value;
+    if (flag == "--baseline") {
+      baseline = value;
       if (!known_config(baseline)) return 2;
     }
-    if (std::string(argv[a]) == "--case" && a + 2 < argc) {
-      const auto m = int_arg(argv[a + 1], "--case M"), me = int_arg(argv[a + 2], "--case m_e");
+    if (flag == "--case") {
+      const auto m = int_arg(value, "--case M"), me = int_arg(argv[a], "--case m_e");
       if (!m || !me) return 2;
       only_M = *m;
       only_m_e = *me;
@@ -184,6 +204,13 @@ int main(int argc, char** argv) {
       }
       quick = true;
     }
+  }
+  ModelConfig model;
+  try {
+    model = load_model(model_name);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_gpu_experts: --model: %s\n", e.what());
+    return 2;
   }
   if (!baseline.empty() && std::find(only_configs.begin(), only_configs.end(), baseline) == only_configs.end() &&
       (quick || !only_configs.empty()))
@@ -201,13 +228,6 @@ int main(int argc, char** argv) {
               cuda::cutlass_version().c_str());
   std::printf("ceilings: D2D copy %.0f GB/s (read + write), cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", bw, peak);
 
-  ModelConfig model;
-  try {
-    model = load_model(model_name);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "bench_gpu_experts: --model: %s\n", e.what());
-    return 2;
-  }
   // One read of the local experts' weights, measured: TMA streams W1 (E_local x N x K) and W2
   // (E_local x K x I) as the GEMMs read them, no math; a ceiling, so the best of 3 medians.
   double read_ms = 0;  // 0: not measured ("x read" prints nan)
