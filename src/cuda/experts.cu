@@ -255,13 +255,14 @@ __device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows 
 // sum(m_e), not E_local * M.
 // Per-token: amax of the row -> scale -> FP8 of x / scale. Per-tensor: pass 0 only raises the
 // expert's amax (as int bits: non-negative floats order like their bits); pass 1 quantizes.
+// (expert_amax is act_scale itself, per-tensor: neither is __restrict__ to the other.)
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
 template <class In>
 __global__ void __launch_bounds__(kActThreads)
     activation_quant_kernel(Activation act, numerics::W1Rows w1, int pass, bool per_tensor, bool block,
                             ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
                             __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
-                            unsigned int* __restrict__ expert_amax) {
+                            unsigned int* expert_amax) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
@@ -331,7 +332,7 @@ template <int kChunks, Activation kAct, int kPass, class In>
 __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
-                                   float* __restrict__ act_scale, unsigned int* __restrict__ expert_amax) {
+                                   float* __restrict__ act_scale, unsigned int* expert_amax) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
