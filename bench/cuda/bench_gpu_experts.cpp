@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
   // (E_local x K x I) as the GEMMs read them, no math; a ceiling, so the best of 3 medians.
   double read_ms = 0;  // 0: not measured ("x read" prints nan)
   if (const std::int64_t K = model.hidden_size, I = model.moe_intermediate_size, N = model.N();
-      N % 128 != 0 || K % 128 != 0 || I % 128 != 0) {
+      !cuda::weight_stream_takes(N, K) || !cuda::weight_stream_takes(K, I)) {
     std::printf(
         "one read of the weights: not measured (its TMA stream takes 128-row, 128-byte boxes: N = %lld, K = "
         "%lld, I = %lld)\n",

@@ -137,6 +137,11 @@ struct WeightStream {
   const void* tokens = nullptr;
   int token_rows = 0;
 };
+// The weight shapes the stream takes: whole 128-row, 128-byte TMA boxes.
+inline constexpr std::int64_t kWeightStreamBox = 128;
+constexpr bool weight_stream_takes(std::int64_t rows_per_expert, std::int64_t k) {
+  return rows_per_expert > 0 && rows_per_expert % kWeightStreamBox == 0 && k > 0 && k % kWeightStreamBox == 0;
+}
 double measure_weight_stream_ms(const WeightStream& w, void* stream);
 // Random FP8 codes (no NaN) or bytes, for timing runs that need no particular values.
 void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool fp8);

@@ -20,7 +20,7 @@ namespace moekit::cuda {
 namespace {
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-constexpr int kBox = 128;               // rows and bytes of one TMA box (a 128x128 FP8 block)
+constexpr int kBox = kWeightStreamBox;  // rows and bytes of one TMA box (a 128x128 FP8 block)
 constexpr int kBoxBytes = kBox * kBox;  // 16 KB
 
 __global__ void __launch_bounds__(32, 1)
@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(32, 1)
 }  // namespace
 
 double measure_weight_stream_ms(const WeightStream& w, void* stream) {
-  MOEKIT_CUDA_REQUIRE(w.weights != nullptr && w.experts > 0 && w.rows_per_expert > 0 && w.rows_per_expert % kBox == 0 &&
-                          w.k > 0 && w.k % kBox == 0,
+  MOEKIT_CUDA_REQUIRE(w.weights != nullptr && w.experts > 0 && weight_stream_takes(w.rows_per_expert, w.k),
                       "measure_weight_stream_ms: experts x rows_per_expert (a multiple of 128) x k (a multiple of "
                       "128) FP8 weights needed, got " +
                           std::to_string(w.experts) + " x " + std::to_string(w.rows_per_expert) + " x " +
