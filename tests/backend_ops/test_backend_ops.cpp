@@ -22,6 +22,7 @@
 #include "moekit/check.h"
 #include "moekit/registry.h"
 #include "synthetic/synthetic.h"
+#include "test_names.h"
 
 namespace moekit {
 namespace {
@@ -92,9 +93,7 @@ struct OpCase {
     if (op == "quantize") n += fmt::format("_{}", quant_name(quant));
     if (op != "experts") n += fmt::format("_T{}", tokens);
     if (op == "prepare-finalize") n += fmt::format("_ranks{}", ranks);
-    std::replace_if(
-        n.begin(), n.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
-    return n;
+    return testing::test_name(n);
   }
 };
 

@@ -1,5 +1,6 @@
-// Helpers of the GPU tests: skip without a device, the batched experts' inputs built on the host
-// (seeded random tokens quantized per scheme, NaN in every padding row), m_e patterns.
+// Helpers of the GPU tests: skip without a device, a model's experts problem, the batched experts'
+// inputs built on the host (seeded random tokens quantized per scheme, NaN in every padding row),
+// m_e patterns.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,10 +8,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cpu/quant.h"
 #include "cuda/backend.h"
+#include "moekit/model.h"
 #include "moekit/problem.h"
 #include "synthetic/random.h"
 
@@ -20,6 +24,29 @@
   } while (0)
 
 namespace moekit::testing {
+
+// One GPU's experts problem of a model's shapes: E_local experts of up to M rows (batched), or M
+// tokens' rows in one slab (standard); the model's activation unless one is given.
+inline MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std::int64_t M, QuantScheme quant,
+                              std::optional<Activation> activation = std::nullopt, bool fuse_w1 = false,
+                              ActivationFormat format = ActivationFormat::kBatchedExperts) {
+  const ModelConfig m = load_model(model_name);
+  MoeProblem p;
+  p.format = format;
+  p.M = M;
+  p.K = m.hidden_size;
+  p.activation = activation.value_or(m.activation);
+  p.N = is_gated(p.activation) ? 2 * m.moe_intermediate_size : m.moe_intermediate_size;
+  p.topk = m.topk;
+  p.E = m.num_experts;
+  p.E_local = E_local;
+  p.quant = quant;
+  p.max_tokens_per_rank = M;
+  p.num_dispatchers = 1;
+  p.fuse_w1 = fuse_w1;
+  validate_problem(p);
+  return p;
+}
 
 struct BatchedInputs {
   std::vector<std::uint8_t> a1q;  // (E_local, M, K), padding rows 0x7F (NaN)

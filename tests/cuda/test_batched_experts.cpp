@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -29,6 +28,7 @@
 #include "moekit/registry.h"
 #include "numerics/scales.h"
 #include "synthetic/synthetic.h"
+#include "test_names.h"
 
 namespace moekit {
 namespace {
@@ -47,25 +47,7 @@ constexpr double kStageTolerance = 5e-3;
 constexpr double kRelTolerance = 3e-2;
 constexpr std::int64_t kGuardBytes = 4096;
 
-MoeProblem problem_for(const std::string& model_name, std::int64_t E_local, std::int64_t M, QuantScheme quant,
-                       std::optional<Activation> activation = std::nullopt, bool fuse_w1 = false) {
-  const ModelConfig m = load_model(model_name);
-  MoeProblem p;
-  p.format = ActivationFormat::kBatchedExperts;
-  p.M = M;
-  p.K = m.hidden_size;
-  p.activation = activation.value_or(m.activation);
-  p.N = is_gated(p.activation) ? 2 * m.moe_intermediate_size : m.moe_intermediate_size;
-  p.topk = m.topk;
-  p.E = m.num_experts;
-  p.E_local = E_local;
-  p.quant = quant;
-  p.max_tokens_per_rank = M;
-  p.num_dispatchers = 1;
-  p.fuse_w1 = fuse_w1;
-  validate_problem(p);
-  return p;
-}
+using testing::problem_for;
 
 plan::GemmConfig both(plan::GemmConfig c) {  // every expert of both GEMMs on c
   return c;
@@ -445,9 +427,7 @@ INSTANTIATE_TEST_SUITE_P(
       std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
       if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));
       if (param_info.param.fuse_w1) n += "_fused_w1";
-      std::replace_if(
-          n.begin(), n.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
-      return n;
+      return testing::test_name(n);
     });
 
 TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
@@ -476,9 +456,7 @@ TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
 }
 
 std::string quant_param_name(const ::testing::TestParamInfo<QuantScheme>& info) {
-  std::string n(quant_name(info.param));
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
+  return testing::test_name(std::string(quant_name(info.param)));
 }
 
 // The activation kernels' cases: every scaling, and every W1 row layout the row-per-block kernel
@@ -601,9 +579,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<ActivationKernelCase>& info) {
       std::string n = std::string(info.param.model) + "_" + std::string(quant_name(info.param.quant)) + "_" +
                       (info.param.activation ? std::string(activation_name(*info.param.activation)) : "default");
-      std::replace_if(
-          n.begin(), n.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
-      return n;
+      return testing::test_name(n);
     });
 
 class GraphReplay : public ::testing::TestWithParam<QuantScheme> {};

@@ -14,6 +14,7 @@
 #include "layer_test_util.h"
 #include "moekit/check.h"
 #include "moekit/registry.h"
+#include "test_names.h"
 
 namespace moekit {
 namespace {
@@ -101,9 +102,7 @@ std::string name_of(const Case& c) {
   std::string n = c.model + "_" + c.experts + "_" + std::string(quant_name(c.quant)) + "_" +
                   std::string(activation_name(c.activation)) + "_T" + std::to_string(c.tokens) +
                   (c.fuse_w1 ? "_fused_w1" : "");
-  for (auto& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
+  return testing::test_name(n);
 }
 
 synthetic::Tokens tokens_of(const Case& c) {

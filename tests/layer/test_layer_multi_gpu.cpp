@@ -26,6 +26,7 @@
 #include "moekit/registry.h"
 #include "numerics/fp8.h"
 #include "numerics/scales.h"
+#include "test_names.h"
 
 namespace moekit {
 namespace {
@@ -150,9 +151,7 @@ std::string name_of(const Case& c) {
                   "_" + c.dispatch + "_T";
   for (auto t : c.tokens) n += std::to_string(t) + "_";
   if (c.dispatch_on_one_rank) n += "one_rank";
-  for (auto& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
+  return testing::test_name(n);
 }
 
 synthetic::Tokens tokens_of(const Case& c) {
