@@ -40,6 +40,9 @@ struct HostMath {
   static T div(T a, T b) {
     return a / b;
   }
+  // b < a ? b : a and a < b ? b : a: a NaN `a` (the formulas pass the value first, the bound
+  // second) comes back as it is, so a NaN stays NaN through relu2 and swigluoai's clamps, as
+  // PyTorch's relu and clamp keep it. DeviceMath follows the same rule.
   template <class T>
   static T min(T a, T b) {
     return std::min(a, b);
@@ -73,8 +76,11 @@ struct DeviceMath {
   static __device__ __forceinline__ float erf(float x) { return erff(x); }
   static __device__ __forceinline__ float tanh(float x) { return tanhf(x); }
   static __device__ __forceinline__ float div(float a, float b) { return __fdividef(a, b); }
-  static __device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
-  static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+  // std::min / std::max's rule, not fminf / fmaxf: those return the other operand when one is NaN,
+  // which made relu2(NaN) = 0 and swigluoai's clamped NaN gate 7 on the GPU (a NaN W1 output turned
+  // into a finite activation) where the CPU and PyTorch give NaN (tests/cuda/test_activation_kernels).
+  static __device__ __forceinline__ float min(float a, float b) { return b < a ? b : a; }
+  static __device__ __forceinline__ float max(float a, float b) { return a < b ? b : a; }
   // __fmul_rn / __fadd_rn are never contracted into an FMA by nvcc: the CPU's two roundings.
   static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
   static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }

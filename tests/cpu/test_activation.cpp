@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -123,6 +124,37 @@ TEST(Activation, NonGated) {
   activation_rows(Activation::kSiluNoMul, in.data(), 1, 5, 5, out, 5);
   const double x[5] = {-2.0, -0.5, 0.0, 1.5, 3.0};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(out[i], silu_d(x[i]), 1e-6) << "silu_no_mul " << i;
+}
+
+// A NaN W1 output stays NaN through every activation, the clamps and relu2's max included (PyTorch's
+// clamp and relu keep it); infinities follow IEEE through the same formulas on every device
+// (tests/cuda/test_activation_kernels.cpp holds the GPU kernels to the same).
+TEST(Activation, NanStaysNanThroughClampsAndRelu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (Activation act : all_activations()) {
+    const bool gated = is_gated(act);
+    // Output 0 from a NaN gate, output 1 from a NaN up (gated): halves (g0, g1 | u0, u1) and
+    // swigluoai's pairs (g0, u0, g1, u1) both put them at columns 0 and 3.
+    const std::vector<float> row = gated ? std::vector<float>{nan, 1.0f, 1.0f, nan} : std::vector<float>{nan, 1.0f};
+    const std::vector<bf16_t> in = to_bf16(row);
+    float out[2] = {};
+    activation_rows(act, in.data(), 1, static_cast<int64_t>(row.size()), static_cast<int64_t>(row.size()), out, 2);
+    EXPECT_TRUE(std::isnan(out[0])) << activation_name(act) << ": NaN gate gave " << out[0];
+    if (gated) {
+      EXPECT_TRUE(std::isnan(out[1])) << activation_name(act) << ": NaN up gave " << out[1];
+    }
+  }
+  // swigluoai: +inf gate clamps to 7 (finite); -inf up clamps to -7: (1 - 7) * silu-like(g).
+  const std::vector<bf16_t> clamped = to_bf16({inf, 0.5f, 1.0f, -inf});
+  float out[2] = {};
+  activation_rows(Activation::kSwigluOai, clamped.data(), 1, 4, 4, out, 2);
+  EXPECT_TRUE(std::isfinite(out[0]) && std::isfinite(out[1])) << out[0] << " " << out[1];
+  EXPECT_NEAR(out[1], -6.0 * 1.0 / (1.0 + std::exp(-1.702)), 1e-5);
+  // relu2: -inf -> 0, +inf -> +inf.
+  const std::vector<bf16_t> relu_in = to_bf16({-inf, inf});
+  activation_rows(Activation::kRelu2, relu_in.data(), 1, 2, 2, out, 2);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], inf);
 }
 
 // Block128 pairs W1's blocks (numerics::w1_rows): per 256 rows a gate block then its up block.

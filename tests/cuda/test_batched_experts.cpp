@@ -400,6 +400,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kPerTokenPerChannel},
                       Case{"mixtral-8x7b", 2, 160, QuantScheme::kPerTokenPerChannel},
                       Case{"gpt-oss-120b", 3, 96, QuantScheme::kPerTokenPerChannel},
+                      Case{"gpt-oss-120b", 3, 96, QuantScheme::kPerTensor},
                       // The other activations, on Qwen3-30B shapes (K = 2048, I = 768).
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGelu},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGeluTanh},
