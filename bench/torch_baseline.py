@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Baseline for bench_gpu_experts, run on the GPU machine in the same round: the same experts
-pipeline (W1 grouped FP8 GEMM -> SiLU-and-mul -> per-token FP8 quantization -> W2 grouped FP8 GEMM)
-with PyTorch's torch._scaled_grouped_mm on the valid rows gathered contiguously. Per-token only
+pipeline (W1 grouped FP8 GEMM -> the run's activation, as the models' PyTorch code writes it, on
+moekit's W1 row layout -> per-token FP8 quantization -> W2 grouped FP8 GEMM) with PyTorch's
+torch._scaled_grouped_mm on the valid rows gathered contiguously. Every activation moekit has
+(DeepSeek-V3's silu by default; `bench_gpu_experts --model gpt-oss-120b` times swigluoai). Per-token only
 (PyTorch has no block-scaled grouped GEMM on Hopper): block128 cases carry the per-token baseline
 of their m_e for reference. Merges its times
 into the C++ results, writes the results JSON and a plot of time vs m_e with the floor drawn in.
@@ -21,7 +23,23 @@ def median_ms(fn, reps=20):
     return median_p99_ms(fn, reps)[0]
 
 
-def baseline(E, m_e, K, N, I, gen):
+def activate(h, activation, I):
+    """The activation of W1's output rows h (rows, N) into (rows, I): halves (gate | up) for silu /
+    gelu / gelu_tanh, gpt-oss's interleaved (gate, up) pairs with its clamps for swigluoai, the
+    row itself for the non-gated relu2 / silu_no_mul (numerics/activation.h's formulas)."""
+    if activation == "swigluoai":
+        g = h[:, 0::2].clamp(max=7.0)
+        u = h[:, 1::2].clamp(min=-7.0, max=7.0)
+        return (u + 1) * (g * torch.sigmoid(1.702 * g))
+    if activation == "relu2":
+        return F.relu(h).square()
+    if activation == "silu_no_mul":
+        return F.silu(h)
+    gate = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[activation]
+    return gate(h[:, :I]) * h[:, I:]
+
+
+def baseline(E, m_e, K, N, I, activation, gen):
     rows = E * m_e
     a = random_fp8((rows, K), gen)
     sa = torch.full((rows,), 1 / 16, device="cuda")
@@ -35,7 +53,7 @@ def baseline(E, m_e, K, N, I, gen):
         return torch._scaled_grouped_mm(a, w1.transpose(-2, -1), sa, s1, offs=offs, out_dtype=torch.bfloat16)
 
     h = gemm1()
-    x = F.silu(h[:, :I]) * h[:, I:]
+    x = activate(h, activation, I)
     s = (x.abs().amax(-1, keepdim=True).float() / 448).clamp(min=1e-12)
     q = (x / s).to(torch.float8_e4m3fn)
     sq = s.squeeze(-1).contiguous()
@@ -45,7 +63,7 @@ def baseline(E, m_e, K, N, I, gen):
 
     def pipeline():
         hh = gemm1()
-        xx = F.silu(hh[:, :I]) * hh[:, I:]
+        xx = activate(hh, activation, I)
         ss = (xx.abs().amax(-1, keepdim=True).float() / 448).clamp(min=1e-12)
         qq = (xx / ss).to(torch.float8_e4m3fn)
         return torch._scaled_grouped_mm(qq, w2.transpose(-2, -1), ss.squeeze(-1).contiguous(), s2, offs=offs,
@@ -64,10 +82,10 @@ def main():
     res["torch"] = torch.__version__
     E, K, N, I = res["E_local"], res["K"], res["N"], res["I"]
     activation = res.get("activation", "silu")
-    if activation != "silu" or N != 2 * I:
-        sys.exit(f"torch_baseline: the PyTorch pipeline here is silu on gate | up halves; "
-                 f"{res.get('model', 'this run')} uses {activation} (N = {N}, I = {I}): run bench_gpu_experts "
-                 "without --model (DeepSeek-V3) for the PyTorch comparison")
+    gated = activation not in ("relu2", "silu_no_mul")
+    if N != (2 * I if gated else I):
+        sys.exit(f"torch_baseline: {activation} with N = {N}, I = {I}: a gated activation reads N = 2 I, "
+                 "a non-gated one N = I")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     cache = {}
@@ -75,7 +93,7 @@ def main():
         m_e = case["m_e"]
         if m_e not in cache:
             try:
-                cache[m_e] = baseline(E, m_e, K, N, I, gen)
+                cache[m_e] = baseline(E, m_e, K, N, I, activation, gen)
             except Exception as e:  # record why, keep the C++ results
                 print(f"baseline m_e={m_e} failed: {e}", file=sys.stderr)
                 cache[m_e] = (None, None)
@@ -114,7 +132,7 @@ def main():
             ax.plot([x for x, _ in bl], [y for _, y in bl], "r^-", label="torch._scaled_grouped_mm pipeline")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("valid rows per expert m_e (E_local = 16, DeepSeek-V3 shapes)")
+        ax.set_xlabel(f"valid rows per expert m_e (E_local = {E}, {res.get('model', 'deepseek-v3')} shapes)")
         ax.set_ylabel("ms per experts step")
         ax.set_title(f"{res['device']}, {res['date'][:10]}, commit {commit[:10]}")
         ax.grid(True, which="both", alpha=0.3)
