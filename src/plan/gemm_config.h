@@ -65,6 +65,10 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
     // must have same shape"); block128 takes block-128x256 (k <= 2048) or cooperative-128x128 for
     // m_e > 64 (a block-scaled pingpong-64x128 measured 1.3-1.4x slower than the latter: docs/PERF.md).
+    // n % 256 == 0 is the rule's choice, not the kernel's limit (it computes gpt-oss's n = 5760 and
+    // 2880 right, tested once): there the step measured 10% slower than cooperative-128x128's at m_e =
+    // 1024 (full token tiles) and 10-14% faster at m_e = 300 (a ragged last tile of 44 rows); H200,
+    // docs/PERF.md, seventeenth session. So gpt-oss stays on cooperative-128x128.
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
      false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
