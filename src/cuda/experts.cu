@@ -56,6 +56,7 @@ struct GemmOperands {
   bool swap_ab[plan::kMaxGemmLaunches];
   bool small[plan::kMaxGemmLaunches];  // writes D_small (a w1_fp32 config in the fused recipe)
   std::int64_t lo[plan::kMaxGemmLaunches], hi[plan::kMaxGemmLaunches];
+  std::int64_t tail_tile[plan::kMaxGemmLaunches];  // plan::GemmLaunches::tail_tile
 };
 
 __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int g, int m, std::int64_t row_start,
@@ -101,13 +102,30 @@ __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int
 }
 
 // Group g's arguments in every launch of `op`: its m rows in the launch whose range holds m, 0 rows
-// (an empty problem, nothing read or written) in the others.
+// (an empty problem, nothing read or written) in the others; but a ragged expert's last rows
+// (plan::ragged_tail_rows of that launch's tail_tile) in the launch whose range holds them, from
+// their own first row (the A rows, their scales and the D rows all advance with row_start).
 __device__ void write_group_args(const GemmOperands& op, int groups, int g, int m, std::int64_t row_start, bool per_row,
                                  bool contiguous) {
+  int rows[plan::kMaxGemmLaunches] = {};
+  std::int64_t start[plan::kMaxGemmLaunches];
+  int home = -1;
   for (int j = 0; j < op.launches; ++j) {
-    const int mj = m >= op.lo[j] && m <= op.hi[j] ? m : 0;
-    write_launch_args(op, j, groups, g, mj, row_start, per_row, contiguous);
+    start[j] = row_start;
+    if (m >= op.lo[j] && m <= op.hi[j]) {
+      rows[j] = m;
+      home = j;
+    }
   }
+  const int tail = home < 0 ? 0 : static_cast<int>(plan::ragged_tail_rows(m, op.tail_tile[home]));
+  for (int j = 0; tail > 0 && j < op.launches; ++j)
+    if (j != home && tail >= op.lo[j] && tail <= op.hi[j]) {
+      rows[home] = m - tail;
+      rows[j] = tail;
+      start[j] = row_start + (m - tail);
+      break;
+    }
+  for (int j = 0; j < op.launches; ++j) write_launch_args(op, j, groups, g, rows[j], start[j], per_row, contiguous);
 }
 
 // The one read of the counts. A count outside [0, capacity], or past the step's bound max_rows (no
@@ -407,6 +425,7 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
     op.small[j] = which == 1 && plan::writes_w1_small(l.gemms, j);
     op.lo[j] = launches.lo[j];
     op.hi[j] = launches.hi[j];
+    op.tail_tile[j] = launches.tail_tile[j];
   }
   return op;
 }

@@ -48,6 +48,11 @@ struct GemmConfigInfo {
   // recipe's numerics). The fused rule runs these rows on small experts, the fused W1 on the rest.
   bool w1_fp32 = false;
   std::int64_t max_k = -1;  // chosen for GEMMs of k <= max_k (-1: any); it runs any k it supports
+  // In the rule, an expert's last token tile of tile_m rows holding at most half of them (a ragged
+  // expert) leaves this config's launch for the launch whose range holds those rows (a swapped 32- or
+  // 64-token tile): ragged_tail_rows. For configs whose whole token tiles beat smaller ones but
+  // whose tail tile computes mostly padding.
+  bool splits_ragged_tail = false;
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows and max_k cover the
@@ -90,8 +95,12 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      "block128, m_e > 64, k <= 2048: 256-wide tiles, half tiles for a ragged expert's last rows, D by TMA "
      "(moekit's main loop)",
      GemmMainLoop::kMoekit, false, 2048},
+    // Its ragged experts' last <= 64 rows run in the rule's swapped 32- / 64-token launch.
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
-     true, true, false, "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile"},
+     true, true, false,
+     "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile; a ragged expert's last "
+     "<= 64 rows on the swapped tiles",
+     GemmMainLoop::kCutlass, false, -1, true},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
      GemmMainLoop::kMoekit},
@@ -171,7 +180,21 @@ struct GemmLaunches {
   int count = 0;
   GemmConfig config[kMaxGemmLaunches] = {};
   std::int64_t lo[kMaxGemmLaunches] = {}, hi[kMaxGemmLaunches] = {};
+  // > 0: launch j's token tile (its config splits_ragged_tail and another launch takes 1..tile/2
+  // rows): an expert of launch j runs its ragged_tail_rows(m, tail_tile[j]) last rows in the launch
+  // whose range holds them, the rows before in launch j.
+  std::int64_t tail_tile[kMaxGemmLaunches] = {};
 };
+// The rows of a ragged expert's last token tile that leave its launch (GemmLaunches::tail_tile):
+// of m rows in token tiles of `tile` rows, the m % tile rows of the last tile when it holds at most
+// half a tile and a whole tile precedes it; 0 otherwise (nothing moves). gpt-oss at m_e = 300 on
+// cooperative-128x128: 44 rows leave a third 128-row tile, which cost +46% of the step for +17%
+// rows (docs/PERF.md). One rule: the plan, the prepare kernel and the tests read it.
+constexpr std::int64_t ragged_tail_rows(std::int64_t m, std::int64_t tile) {
+  if (tile <= 0 || m <= tile) return 0;
+  const std::int64_t t = m % tile;
+  return t <= tile / 2 ? t : 0;
+}
 // select_gemm_config's rule as row ranges, those that intersect [0, max_rows].
 GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows,
                                 QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false);

@@ -69,7 +69,8 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
     const nlohmann::json f = plan_json(unfused, u);
     EXPECT_EQ(f["plans"][0]["config"],
               "GEMMs by each expert's rows (<= 8192 in a step): W1 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= "
-              "64), cooperative-128x128 (m_e > 64); W2 swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), "
+              "64), cooperative-128x128 (m_e > 64; a last tile of <= 64 rows apart); W2 swapab-128x32 (m_e <= 32), "
+              "swapab-128x64 (m_e <= 64), "
               "block-128x256 (m_e > 64)");
     EXPECT_EQ(f["plans"][0]["fuse_w1"], false);
     EXPECT_NE(plan_table(unfused, u).find("w1_out"), std::string::npos);

@@ -22,6 +22,7 @@
 #include "cpu/quant.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
 #include "gpu_test_util.h"
 #include "moekit/check.h"
@@ -454,6 +455,76 @@ TEST(BatchedExpertsGpuContract, CountOverCapacityIsAnErrorAndWritesNothing) {
   const auto ref = cpu_oracle(p, w, ok_in, pool);
   EXPECT_LT(check_run(p, r, ref.output, counts, "count over M"), kRelTolerance);
   check_stages(p, w, r, ref, {10, 0, 64}, pool, "count over M");
+}
+
+// The rule's ragged tails (plan::ragged_tail_rows): an expert on cooperative-128x128 whose last
+// 128-row token tile holds at most 64 rows runs those rows in the swapped launch of their count, from
+// their own first row. The GEMM arguments the prepare kernel wrote say so (each launch's rows and the
+// tail's token pointer), the rows of every launch together are the expert's, and the result is the
+// CPU's stage by stage: per-token and per-tensor on gpt-oss's shapes (W1 and W2 on cooperative), and
+// block128 unfused on Qwen3-235B's (W1, k = 4096, on cooperative; W2, k = 1536, on block-128x256,
+// which does not split; Qwen3-30B's W1 has k = 2048 and runs block-128x256 too).
+TEST(BatchedExpertsGpuContract, RuleRunsRaggedTailsOnTheSwappedTiles) {
+  MOEKIT_REQUIRE_GPU();
+  struct Shape {
+    const char* model;
+    QuantScheme quant;
+  };
+  // 129: a 1-row tail; 192: 64; 193: a 65-row last tile stays; 300: 44; 40: swapped alone; 256: whole tiles.
+  const std::vector<std::int32_t> counts = {129, 192, 193, 300, 40, 256};
+  for (const Shape s :
+       {Shape{"gpt-oss-120b", QuantScheme::kPerTokenPerChannel}, Shape{"gpt-oss-120b", QuantScheme::kPerTensor},
+        Shape{"qwen3-235b-a22b", QuantScheme::kBlock128}}) {
+    const MoeProblem p = problem_for(s.model, static_cast<std::int64_t>(counts.size()), 320, s.quant);
+    ASSERT_FALSE(plan::fuses_w1(p));
+    const std::string ctx = std::string(s.model) + " " + std::string(quant_name(s.quant)) + " rule, ragged tails";
+    cpu::ThreadPool pool(8);
+    const auto w = synthetic::make_expert_weights(p, 0, 41, pool);
+    GpuExperts gpu(p, w);
+    const auto in = testing::make_batched_inputs(p, counts, 17);
+    const GpuRun r = gpu.run(in, std::nullopt);
+    const plan::ExpertsGemmPlan gemms = plan::plan_experts_gemms(p, p.max_tokens_per_rank);
+    ASSERT_EQ(gemms.w1.tail_tile[gemms.w1.count - 1], 128) << ctx << ": W1's cooperative launch splits";
+    const auto* a1q = gpu.workspace().get<std::uint8_t>("a1q");
+    int split = 0;
+    for (int which = 1; which <= 2; ++which) {
+      const plan::GemmLaunches& l = which == 1 ? gemms.w1 : gemms.w2;
+      const std::int64_t k = which == 1 ? p.K : p.I();
+      std::vector<std::uint8_t> args(
+          r.workspace.begin() + r.placed.region(which == 1 ? "gemm_args_w1" : "gemm_args_w2").offset,
+          r.workspace.end());
+      for (std::size_t g = 0; g < counts.size(); ++g) {
+        const std::int64_t m = counts[g];
+        int home = 0;
+        for (int j = 0; j < l.count; ++j)
+          if (m >= l.lo[j] && m <= l.hi[j]) home = j;
+        const std::int64_t tail = plan::ragged_tail_rows(m, l.tail_tile[home]);
+        std::int64_t sum = 0;
+        for (int j = 0; j < l.count; ++j) {
+          const bool swap = plan::gemm_config_info(l.config[j]).swap_ab;
+          const cuda::GroupedGemmArrays a = cuda::GroupedGemmArrays::at(
+              reinterpret_cast<std::byte*>(args.data()) + j * p.E_local * cuda::kGemmArgsBytesPerGroup,
+              static_cast<int>(p.E_local));
+          const int rows = a.shapes[3 * g + (swap ? 1 : 0)];
+          const bool takes_tail = tail > 0 && j != home && tail >= l.lo[j] && tail <= l.hi[j];
+          const std::int64_t want = j == home ? m - tail : takes_tail ? tail : 0;
+          EXPECT_EQ(rows, want) << ctx << " W" << which << " launch " << j << " expert " << g << " of " << m << " rows";
+          sum += rows;
+          if (takes_tail && which == 1) {
+            ++split;
+            const void* tokens = swap ? a.ptr_B[g] : a.ptr_A[g];
+            EXPECT_EQ(tokens, a1q + (static_cast<std::int64_t>(g) * p.M + m - tail) * k)
+                << ctx << ": the tail's tokens start at its own first row";
+          }
+        }
+        EXPECT_EQ(sum, m) << ctx << " W" << which << " expert " << g << ": the launches' rows are the expert's";
+      }
+    }
+    EXPECT_EQ(split, 3) << ctx << ": W1 splits the experts of 129, 192 and 300 rows";
+    const auto ref = cpu_oracle(p, w, in, pool);
+    EXPECT_LT(check_run(p, r, ref.output, counts, ctx), kRelTolerance) << ctx;
+    check_stages(p, w, r, ref, counts, pool, ctx);
+  }
 }
 
 std::string quant_param_name(const ::testing::TestParamInfo<QuantScheme>& info) {

@@ -154,6 +154,11 @@ std::vector<Case> cases() {
     // launch, moekit's own block GEMM (fused-w1-128x256), gated and not.
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 300, 0, true});
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kRelu2, 300, 0, true});
+    // The same experts on cooperative-128x128 (relu2's W1 n = 128 is no multiple of 256; block128
+    // unfused W1), whose ragged experts' last <= 64 rows run on the swapped tiles (ragged_tail_rows).
+    all.push_back({"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kRelu2, 300});
+    all.push_back({"tiny", experts, QuantScheme::kPerTensor, Activation::kRelu2, 300});
+    all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 300});
     // gpt-oss's interleaved W1 rows (swigluoai) and per-tensor scales past 64 experts: the standard
     // format's one scale must not be cleared as E_local of them (that ran into w1_out: guard bands).
     all.push_back({"gpt-oss-120b", experts, QuantScheme::kPerTensor, Activation::kSwigluOai, 13, 72});

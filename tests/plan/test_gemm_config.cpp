@@ -99,11 +99,23 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   const GemmLaunches oss = plan_gemm_launches(5760, 2880, 1000);
   ASSERT_EQ(oss.count, 3);
   EXPECT_EQ(oss.config[2], GemmConfig::kCooperative128x128);
-  EXPECT_EQ(describe(oss), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
+  EXPECT_EQ(describe(oss),
+            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64; a last tile of <= 64 "
+            "rows apart)");
   EXPECT_EQ(single_launch(GemmConfig::kPingpong64x256).count, 1);
+  // Its ragged experts' last <= 64 rows leave for the swapped launches (ragged_tail_rows); no other
+  // launch splits, nor a lone launch (nowhere for the tail to go).
+  EXPECT_EQ(oss.tail_tile[0], 0);
+  EXPECT_EQ(oss.tail_tile[1], 0);
+  EXPECT_EQ(oss.tail_tile[2], 128);
+  for (int j = 0; j < all.count; ++j) EXPECT_EQ(all.tail_tile[j], 0) << "pingpong-64x256's 64-row tiles: no split";
+  EXPECT_EQ(single_launch(GemmConfig::kCooperative128x128).tail_tile[0], 0);
+  EXPECT_EQ(plan_gemm_launches(5760, 2880, 64).count, 2);  // no cooperative launch: nothing to split
   // Block-scaled: pingpong-64x256 has no block-scaled instance, cooperative-128x128 takes m_e > 64.
   const GemmLaunches block = plan_gemm_launches(4096, 7168, 1000, QuantScheme::kBlock128);
-  EXPECT_EQ(describe(block), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
+  EXPECT_EQ(describe(block),
+            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64; a last tile of <= 64 "
+            "rows apart)");
   EXPECT_FALSE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168, QuantScheme::kBlock128));
   EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168));
   EXPECT_EQ(select_gemm_config(65, 4096, 7168, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
@@ -124,6 +136,21 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   EXPECT_TRUE(eligible(block256, 7168, 2048, QuantScheme::kBlock128));
   EXPECT_FALSE(eligible(block256, 7168, 2048));  // per-token: no instance
   EXPECT_THROW(plan_gemm_launches(1000, 4096, 10), Error);
+}
+
+// The one rule of a ragged expert's tail: the last token tile's rows when at most half a tile and a
+// whole tile precedes it.
+TEST(GemmConfig, RaggedTailRows) {
+  EXPECT_EQ(ragged_tail_rows(129, 128), 1);
+  EXPECT_EQ(ragged_tail_rows(192, 128), 64);
+  EXPECT_EQ(ragged_tail_rows(193, 128), 0);  // 65 rows: more than half a tile stays
+  EXPECT_EQ(ragged_tail_rows(300, 128), 44);
+  EXPECT_EQ(ragged_tail_rows(320, 128), 64);
+  EXPECT_EQ(ragged_tail_rows(128, 128), 0);  // whole tiles
+  EXPECT_EQ(ragged_tail_rows(1024, 128), 0);
+  EXPECT_EQ(ragged_tail_rows(100, 128), 0);  // no whole tile before it
+  EXPECT_EQ(ragged_tail_rows(0, 128), 0);
+  EXPECT_EQ(ragged_tail_rows(300, 0), 0);  // a launch that does not split
 }
 
 // The fused W1: asked for (fuse_w1), block128 with an activation whose 256-row tiles hold whole
@@ -158,7 +185,8 @@ TEST(GemmConfig, FusedW1) {
   EXPECT_EQ(describe(g.w2), "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), block-128x256 (m_e > 64)");
   EXPECT_EQ(describe(unfused.w2), describe(g.w2));
   EXPECT_EQ(describe(unfused.w1),
-            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64)");
+            "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), cooperative-128x128 (m_e > 64; a last tile of <= 64 "
+            "rows apart)");
   // A forced fused config runs W1 only; W2 keeps the rule.
   const ExpertsGemmPlan forced = single_config(GemmConfig::kFusedW1Block128x256, p);
   EXPECT_TRUE(forced.fused_w1);
