@@ -119,7 +119,7 @@ __device__ void write_group_args(const GemmOperands& op, int groups, int g, int 
   }
   const int tail = home < 0 ? 0 : static_cast<int>(plan::ragged_tail_rows(m, op.tail_tile[home]));
   for (int j = 0; tail > 0 && j < op.launches; ++j)
-    if (j != home && tail >= op.lo[j] && tail <= op.hi[j]) {
+    if (j != home && !op.small[j] && tail >= op.lo[j] && tail <= op.hi[j]) {  // (w1_small: by expert)
       rows[home] = m - tail;
       rows[j] = tail;
       start[j] = row_start + (m - tail);

@@ -113,6 +113,17 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
+// A config that splits ragged tails (splits_ragged_tail) hands rows to another launch from their own
+// first row: it must be a CUTLASS kernel with tokens on its M side writing D by row, not a fused W1 or
+// a w1_fp32 config (their codes and w1_small slots are laid out by expert, not by row).
+constexpr bool ragged_tail_splitters_write_rows() {
+  for (const auto& c : kGemmConfigs)
+    if (c.splits_ragged_tail && (c.fused_w1 || c.w1_fp32 || c.swap_ab || c.main_loop != GemmMainLoop::kCutlass))
+      return false;
+  return true;
+}
+static_assert(ragged_tail_splitters_write_rows(), "a splits_ragged_tail config must write D row by row (see above)");
+
 constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
   for (const auto& c : kGemmConfigs)
     if (c.id == config) return c;

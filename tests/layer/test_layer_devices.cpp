@@ -154,9 +154,14 @@ std::vector<Case> cases() {
     // launch, moekit's own block GEMM (fused-w1-128x256), gated and not.
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 300, 0, true});
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kRelu2, 300, 0, true});
-    // The same experts on cooperative-128x128 (relu2's W1 n = 128 is no multiple of 256; block128
-    // unfused W1), whose ragged experts' last <= 64 rows run on the swapped tiles (ragged_tail_rows).
-    all.push_back({"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kRelu2, 300});
+    // W1 on cooperative-128x128 (relu2's n = 128 is no multiple of 256; W2, n = 256, on pingpong):
+    // 2400 rows over 16 experts, so that many hold 129-192 rows, whose last <= 64 run on the swapped
+    // tiles (ragged_tail_rows). Per-tensor at T = 300: at 600 its standard format measured 3.3e-2
+    // from the CPU (batched 1.1e-2), past this bound; one scale for the whole slab follows its largest
+    // relu2 value, so a bf16 ulp there re-rounds every code (likely; not isolated). The split itself
+    // runs per-tensor in both formats in moekit run --check on gpt-oss (1.1e-2 / 1.4e-2 from the CPU)
+    // and in test_batched_experts. And block128 unfused past 64 rows (tiny's k = 256: block-128x256).
+    all.push_back({"tiny", experts, QuantScheme::kPerTokenPerChannel, Activation::kRelu2, 600});
     all.push_back({"tiny", experts, QuantScheme::kPerTensor, Activation::kRelu2, 300});
     all.push_back({"tiny", experts, QuantScheme::kBlock128, Activation::kSilu, 300});
     // gpt-oss's interleaved W1 rows (swigluoai) and per-tensor scales past 64 experts: the standard
