@@ -338,3 +338,7 @@ if [[ $part == profile ]]; then
     done
   done
 fi
+
+# The device tool brings back at most 8 files from $OUT, in name order: every log of the round in one
+# archive whose name sorts first.
+tar czf "/tmp/00-round.tgz" -C "$OUT" . && mv /tmp/00-round.tgz "$OUT/00-round.tgz" && echo "== logs: $OUT/00-round.tgz"
