@@ -12,7 +12,6 @@
 //   and scale it cannot reach equals a clean run's bit for bit;
 // - nothing outside the rows walked is written: padding rows, the experts a w1_small walk skips, and
 //   a tail past each output region keep their poison bytes.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,14 +20,15 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpu/activation.h"
 #include "cpu/quant.h"
-#include "cuda/check.h"
 #include "cuda/launch.h"
 #include "gpu_test_util.h"
 #include "moekit/error.h"
+#include "moekit/memory.h"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
 #include "numerics/scales.h"
@@ -41,31 +41,6 @@ namespace {
 
 constexpr std::uint8_t kPoison = 0xA5;  // act_q / act_scale bytes no kernel writes
 constexpr std::size_t kTail = 256;      // bytes past each output region that must keep kPoison
-
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t count) : count_(count) {
-    MOEKIT_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(bytes(), 1)));
-  }
-  ~DeviceArray() { cudaFree(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return ptr_; }
-  std::size_t bytes() const { return count_ * sizeof(T); }
-  void upload(const std::vector<T>& host) const {
-    MOEKIT_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<std::uint8_t> download_bytes() const {
-    std::vector<std::uint8_t> host(bytes());
-    MOEKIT_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, host.size(), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  std::size_t count_;
-};
 
 enum class Source { kBf16, kFp32Small };
 
@@ -172,36 +147,44 @@ class Rows {
   // One launch of `kernel` over these rows into poisoned outputs.
   Output run(cuda::ActivationKernel kernel) const {
     const std::int64_t I = p_.I();
-    DeviceArray<std::int32_t> offsets(offsets_.size());
-    offsets.upload(offsets_);
-    DeviceArray<std::uint8_t> act_q(static_cast<std::size_t>(output_rows() * I) + kTail);
-    DeviceArray<std::uint8_t> act_scale(static_cast<std::size_t>(scale_count()) * 4 + kTail);
-    MOEKIT_CUDA_CHECK(cudaMemset(act_q.get(), kPoison, act_q.bytes()));
-    MOEKIT_CUDA_CHECK(cudaMemset(act_scale.get(), kPoison, act_scale.bytes()));
+    const auto memory = make_memory(Device::kCuda);
+    auto upload = [&]<class T>(const std::vector<T>& host, std::string_view what) {
+      DeviceBuffer b(*memory, static_cast<std::int64_t>(host.size() * sizeof(T)), what);
+      memory->from_host(b.get(), host.data(), b.bytes(), nullptr);
+      return b;
+    };
+    auto poisoned = [&](std::int64_t bytes, std::string_view what) {
+      DeviceBuffer b(*memory, bytes, what);
+      memory->fill(b.get(), kPoison, bytes, nullptr);
+      return b;
+    };
+    const DeviceBuffer offsets = upload(offsets_, "row_offsets");
+    const DeviceBuffer act_q = poisoned(output_rows() * I + static_cast<std::int64_t>(kTail), "act_q");
+    const DeviceBuffer act_scale = poisoned(scale_count() * 4 + static_cast<std::int64_t>(kTail), "act_scale");
     cuda::BatchedExpertsLaunch l;
     l.problem = p_;
     l.contiguous = contiguous();
-    l.act_q = act_q.get();
-    l.act_scale = reinterpret_cast<float*>(act_scale.get());
-    l.row_offsets = offsets.get();
+    l.act_q = act_q.as<std::uint8_t>();
+    l.act_scale = act_scale.as<float>();
+    l.row_offsets = offsets.as<std::int32_t>();
     l.num_sms = cuda::current_device_num_sms();
-    std::optional<DeviceArray<float>> fp32;
-    std::optional<DeviceArray<std::uint16_t>> bf16;
+    DeviceBuffer in;
     if (small()) {
-      fp32.emplace(values_.size());
-      fp32->upload(values_);
-      l.w1_small = fp32->get();
+      in = upload(values_, "w1_small");
+      l.w1_small = in.as<float>();
       l.gemms.fused_w1 = l.gemms.w1_small = true;
     } else {
       std::vector<std::uint16_t> rounded(values_.size());
       for (std::size_t i = 0; i < values_.size(); ++i) rounded[i] = numerics::bf16_encode(values_[i]);
-      bf16.emplace(rounded.size());
-      bf16->upload(rounded);
-      l.w1_out = bf16->get();
+      in = upload(rounded, "w1_out");
+      l.w1_out = in.as<std::uint16_t>();
     }
     cuda::launch_activation_quant(l, kernel, nullptr);
-    MOEKIT_CUDA_CHECK(cudaDeviceSynchronize());
-    return {act_q.download_bytes(), act_scale.download_bytes()};
+    Output out{std::vector<std::uint8_t>(static_cast<std::size_t>(act_q.bytes())),
+               std::vector<std::uint8_t>(static_cast<std::size_t>(act_scale.bytes()))};
+    memory->to_host(out.q.data(), act_q.get(), act_q.bytes(), nullptr);
+    memory->to_host(out.scale.data(), act_scale.get(), act_scale.bytes(), nullptr);  // synchronizes
+    return out;
   }
 
   // The CPU's activation + quantization of the walked rows, in the output's layout (rows and scales
