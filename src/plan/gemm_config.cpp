@@ -52,9 +52,10 @@ GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max
                n, k);
   // A splitting config's ragged tails go to the launches of up to half its token tile, when the
   // plan holds every such row count (the ranges are contiguous from 0: launch 0 starts there).
+  // (Splitting configs keep tokens on their M side: ragged_tail_splitters_write_rows.)
   for (int j = 0; j < l.count; ++j) {
     const GemmConfigInfo& c = gemm_config_info(l.config[j]);
-    if (c.splits_ragged_tail && !c.swap_ab && j > 0 && l.lo[j] > c.tile_m / 2) l.tail_tile[j] = c.tile_m;
+    if (c.splits_ragged_tail && j > 0 && l.lo[j] > c.tile_m / 2) l.tail_tile[j] = c.tile_m;
   }
   return l;
 }
@@ -73,9 +74,10 @@ std::string describe(const GemmLaunches& l) {
   for (int j = 0; j < l.count; ++j) {
     const bool open = l.hi[j] == std::numeric_limits<std::int64_t>::max();
     s += (j ? ", " : "") + std::string(gemm_config_info(l.config[j]).name);
-    if (l.count > 1) s += open ? " (m_e > " + std::to_string(l.lo[j] - 1) : " (m_e <= " + std::to_string(l.hi[j]);
-    if (l.count > 1)
+    if (l.count > 1) {
+      s += open ? " (m_e > " + std::to_string(l.lo[j] - 1) : " (m_e <= " + std::to_string(l.hi[j]);
       s += l.tail_tile[j] > 0 ? "; a last tile of <= " + std::to_string(l.tail_tile[j] / 2) + " rows apart)" : ")";
+    }
   }
   return s;
 }
