@@ -50,6 +50,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device_info.h"
@@ -102,16 +104,6 @@ std::optional<std::int64_t> int_arg(const char* text, const char* flag) {
   }
   std::fprintf(stderr, "bench_gpu_experts: %s takes an integer, got '%s'\n", flag, text);
   return std::nullopt;
-}
-
-// `text` inside a JSON string (a --model path may hold quotes or backslashes).
-std::string json_escaped(const std::string& text) {
-  std::string out;
-  for (const char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out;
 }
 
 int main(int argc, char** argv) {
@@ -259,7 +251,7 @@ int main(int argc, char** argv) {
   json += "  \"date\": \"" + std::string(date) + "\",\n  \"cutlass\": \"" + cuda::cutlass_version() + "\",\n";
   json += "  \"ceilings\": {\"copy_gbs\": " + std::to_string(bw) + ", \"fp8_tflops\": " + std::to_string(peak) +
           ", \"weights_stream_ms\": " + (read_ms > 0 ? std::to_string(read_ms) : std::string("null")) +
-          "},\n  \"model\": \"" + json_escaped(model_name) + "\", \"activation\": \"" +
+          "},\n  \"model\": " + nlohmann::json(model_name).dump() + ", \"activation\": \"" +
           std::string(activation_name(model.activation)) + "\", \"E_local\": " + std::to_string(E_local) +
           ", \"K\": " + std::to_string(model.hidden_size) + ", \"N\": " + std::to_string(model.N()) +
           ", \"I\": " + std::to_string(model.moe_intermediate_size) + ",\n  \"cases\": [\n";
