@@ -18,7 +18,7 @@
 //
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 //
-// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e] [--quant per-token,block128] [--configs a,b]
+// Run: ./bench_gpu_experts out.json [--quick] [--case M m_e]... [--quant per-token,block128] [--configs a,b]
 //      [--model NAME] (a model of models/: its shapes and activation; default deepseek-v3) [--rule-first] (the
 //      runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
@@ -30,7 +30,7 @@
 //      [--baseline CONFIG] (a config of the table, run too: every variant's graph step and GEMMs
 //      replayed alone as ratios to its of the same scheme, measured in the same rounds. Compare builds or machines by
 //      these ratios: the SM clock of a power-capped GPU moves 5-10% between processes)
-// (--case: that case only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
+// (--case, repeatable: those cases only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
 
@@ -48,6 +48,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool rule_first = false;
   bool graph_parts = false;
-  std::int64_t only_M = 0, only_m_e = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> only_cases;  // --case M m_e, each one given (none: all)
   std::int64_t max_rows = 0;  // the rules planned for up to this many rows an expert (0: m_e)
   std::int64_t E_local = 16;  // DeepSeek-V3's local experts at DP 16 (8 at DP 32)
   std::vector<QuantScheme> quants = {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128};
@@ -187,13 +188,13 @@ int main(int argc, char** argv) {
     if (flag == "--case") {
       const auto m = int_arg(value, "--case M"), me = int_arg(argv[a], "--case m_e");
       if (!m || !me) return 2;
-      only_M = *m;
-      only_m_e = *me;
-      if (only_M < 1 || only_m_e < 1 || only_m_e > only_M) {
+      if (*m < 1 || *me < 1 || *me > *m) {
         std::fprintf(stderr, "bench_gpu_experts: --case M m_e needs 1 <= m_e <= M, got M = %lld, m_e = %lld\n",
-                     static_cast<long long>(only_M), static_cast<long long>(only_m_e));
+                     static_cast<long long>(*m), static_cast<long long>(*me));
         return 2;
       }
+      if (std::find(only_cases.begin(), only_cases.end(), std::pair{*m, *me}) == only_cases.end())
+        only_cases.emplace_back(*m, *me);
       quick = true;
     }
   }
@@ -275,7 +276,14 @@ int main(int argc, char** argv) {
     std::optional<ExpertWeightsView> view;
     std::optional<ExpertsInput> input;
   };
-  for (std::int64_t M : only_M != 0 ? std::vector<std::int64_t>{only_M} : std::vector<std::int64_t>{2048, 8192}) {
+  // The cases: every --case given (in the order given, grouped by M), else the sweep.
+  std::vector<std::int64_t> Ms = {2048, 8192};
+  if (!only_cases.empty()) {
+    Ms.clear();
+    for (const auto& [M, m_e] : only_cases)
+      if (std::find(Ms.begin(), Ms.end(), M) == Ms.end()) Ms.push_back(M);
+  }
+  for (const std::int64_t M : Ms) {
     std::vector<std::unique_ptr<Scheme>> schemes;
     for (const QuantScheme quant : quants) {
       auto sc = std::make_unique<Scheme>();
@@ -341,8 +349,13 @@ int main(int argc, char** argv) {
       const MoeProblem& p = schemes.front()->p;  // the shapes every scheme shares
       const std::int64_t K = p.K, N = p.N, I = p.I();
       const double weight_bytes = double(E_local) * double(N * K + K * I);
-      for (std::int64_t m_e :
-           only_m_e != 0 ? std::vector<std::int64_t>{only_m_e} : std::vector<std::int64_t>{8, 64, 256, 300, 1024}) {
+      std::vector<std::int64_t> m_es = {8, 64, 256, 300, 1024};
+      if (!only_cases.empty()) {
+        m_es.clear();
+        for (const auto& [case_M, m_e] : only_cases)
+          if (case_M == M) m_es.push_back(m_e);
+      }
+      for (const std::int64_t m_e : m_es) {
         if (m_e > M) continue;
         std::vector<std::int32_t> c(static_cast<std::size_t>(E_local), static_cast<std::int32_t>(m_e));
         for (const auto& sc : schemes)
