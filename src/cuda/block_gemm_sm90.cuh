@@ -45,6 +45,7 @@
 #include "cuda/block_gemm_items.h"
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/pdl.cuh"
 #include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
@@ -320,6 +321,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a64,
                       const __grid_constant__ CUtensorMap tma_b, const __grid_constant__ CUtensorMap tma_d,
                       const __grid_constant__ CUtensorMap tma_d64, const BlockGemm::Params p) {
+  pdl_wait();  // cuda/pdl.cuh: before any global memory access (the tile table reads the shapes)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using BG = BlockGemm;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -702,7 +704,7 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
       p.tma_store ? block_gemm_output_map(l.tensors.output, l.tensors.token_rows, l.n, BG::kHalfTileRows) : tb;
   const auto launch = [&](auto kernel) {
     MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
-    kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(ta, ta64, tb, td, td64, p);
+    launch_pdl(kernel, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, ta, ta64, tb, td, td64, p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   };
   if constexpr (kFused) {

@@ -86,6 +86,7 @@ template <int kTN>
 __global__ void __launch_bounds__(BlockGemmSwap<kTN>::kThreads, 1)
     block_gemm_swap_kernel(const __grid_constant__ CUtensorMap tma_w, const __grid_constant__ CUtensorMap tma_t,
                            const BlockGemm::Params p) {
+  pdl_wait();  // cuda/pdl.cuh: before any global memory access
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using BG = BlockGemmSwap<kTN>;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -279,7 +280,7 @@ void run_block_gemm_swap(const GroupedGemmLaunch& l, cudaStream_t stream) {
   const CUtensorMap tt = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, kTN, "the tokens");
   const auto kernel = block_gemm_swap_kernel<kTN>;
   MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
-  kernel<<<l.num_sms, BG::kThreads, BG::kSmemBytes, stream>>>(tw, tt, p);
+  launch_pdl(kernel, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, tw, tt, p);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -281,7 +281,9 @@ __global__ void __launch_bounds__(kActThreads)
                             ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
                             __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                             unsigned int* expert_amax) {
-  pdl_enter();  // cuda/pdl.cuh: before any global memory access
+  // cuda/pdl.cuh: before any global memory access. No early launch_dependents: W2 follows, whose
+  // CTAs would take whole SMs (waiting) from this grid's unplaced blocks (pdl.cuh).
+  pdl_wait();
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
   for (int i = blockIdx.x; i < total; i += gridDim.x) {
@@ -351,7 +353,9 @@ __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                                    float* __restrict__ act_scale, unsigned int* expert_amax) {
-  pdl_enter();  // cuda/pdl.cuh: before any global memory access
+  // cuda/pdl.cuh: before any global memory access. No early launch_dependents: W2 follows, whose
+  // CTAs would take whole SMs (waiting) from this grid's unplaced blocks (pdl.cuh).
+  pdl_wait();
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
   const int spr = static_cast<int>(numerics::activation_scales_per_row(quant, I));

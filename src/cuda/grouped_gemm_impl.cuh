@@ -15,6 +15,7 @@
 
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/pdl.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -207,8 +208,24 @@ constexpr RasterOrder raster_order() {
   return kSwapAB ? RasterOrder::AlongN : RasterOrder::AlongM;
 }
 
+// CUTLASS's device_kernel with programmatic dependent launch (cuda/pdl.cuh): CUTLASS 4.2's grouped
+// (pointer-array) sm90 kernels make no grid-dependency calls, so this waits for the kernels before
+// it first; the kernel body is CUTLASS's, unchanged, and the next kernel launches as its CTAs exit
+// (no early trigger: pdl.cuh says why). A launch the step gives no expert (the rule's other row
+// ranges) then starts its CTAs as the kernel before it drains, instead of after it, and exits right
+// after its wait (docs/PERF.md, eighteenth and nineteenth sessions).
+template <class Operator>
+__global__ void __launch_bounds__(Operator::MaxThreadsPerBlock, Operator::MinBlocksPerMultiprocessor)
+    pdl_gemm_kernel(CUTLASS_GRID_CONSTANT typename Operator::Params const params) {
+  pdl_wait();
+  extern __shared__ char smem[];
+  Operator op;
+  op(params, smem);
+}
+
 // The launch both scalings share: CUTLASS's scratch against the plan's gemm_scratch, then
-// can_implement, initialize and run, each failure a moekit::Error naming `what`.
+// can_implement, initialize and run (CUTLASS's kernel through pdl_gemm_kernel), each failure a
+// moekit::Error naming `what`.
 template <class Gemm>
 void launch_gemm(const typename Gemm::Arguments& arguments, const GroupedGemmLaunch& l, cudaStream_t stream,
                  const std::string& what) {
@@ -223,8 +240,14 @@ void launch_gemm(const typename Gemm::Arguments& arguments, const GroupedGemmLau
                       what + ": CUTLASS cannot run this problem: " + cutlassGetStatusString(can));
   const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
   MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess, what + ": initialize failed: " + cutlassGetStatusString(init));
-  const cutlass::Status run = gemm.run(stream);
-  MOEKIT_CUDA_REQUIRE(run == cutlass::Status::kSuccess, what + ": run failed: " + cutlassGetStatusString(run));
+  using Kernel = typename Gemm::GemmKernel;
+  static_assert(cute::size(typename Kernel::DispatchPolicy::ClusterShape{}) == 1,
+                "pdl_gemm_kernel launches without a cluster, as CUTLASS launches 1x1x1 clusters");
+  const auto kernel = pdl_gemm_kernel<Kernel>;
+  MOEKIT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int{Kernel::SharedStorageSize}));
+  launch_pdl(kernel, Gemm::get_grid_shape(gemm.params()), Kernel::get_block_shape(),
+             std::size_t{Kernel::SharedStorageSize}, stream, gemm.params());
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

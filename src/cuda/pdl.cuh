@@ -1,12 +1,20 @@
-// Programmatic dependent launch (PDL) for moekit's own small kernels of a step: a kernel launched
+// Programmatic dependent launch (PDL) for the kernels of a step: a kernel launched
 // with launch_pdl may be scheduled while the kernel before it in the stream still runs, once that
 // one has called pdl_launch_dependents() (or its blocks have exited), so the launch latency between
 // the two (~1-2 us a kernel, most of a decode step's small kernels) overlaps the earlier kernel's
 // work. Correctness rests on one rule: every kernel launched with launch_pdl calls pdl_wait()
 // before it touches global memory (reads or writes): griddepcontrol.wait returns once the kernels it
 // depends on have completed and their writes are visible. Kernels that do not follow the rule
-// (CUTLASS's grouped GEMMs, moekit's block GEMMs, NCCL's) are launched plainly: after them a PDL
-// kernel starts only when their blocks exit, and before them nothing changes.
+// (NCCL's) are launched plainly: after them a PDL kernel starts only when their blocks exit, and
+// before them nothing changes.
+// Who lets the next kernel launch early: the small kernels (router, scatter, prepare, combine) call
+// pdl_enter(). The GEMMs (CUTLASS's through grouped_gemm_impl.cuh's pdl_gemm_kernel, moekit's block
+// GEMMs) and the activation kernels call pdl_wait() only, so that their dependents launch as their
+// blocks exit: the GEMMs' CTAs then start while the kernel before them drains, and an empty launch
+// of the rule exits right after its wait (-1.5..-2% of the step at m_e = 64). An early trigger there
+// measured slower (docs/PERF.md, eighteenth session): from the activation, the W2 GEMM's CTAs
+// (one an SM, ~216 KB of shared memory) took the SMs its unplaced blocks needed and the activation
+// ran 2-3x longer; from the GEMMs, the per-token step at m_e = 1024 ran 13% longer (not understood).
 // Stream capture keeps the relation as a programmatic edge of the graph. The rule is checked in the
 // sources (ctest lint.pdl_rule, scripts/check_pdl.py): in a file that calls launch_pdl, every kernel's
 // first statement is pdl_enter() or pdl_wait().
