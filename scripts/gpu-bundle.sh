@@ -10,8 +10,8 @@ bash scripts/install-deps.sh
 # One build (CUDA, NCCL, MPI): the tests and benchmarks link no MPI; the CLI does (for `mpirun -np 2
 # moekit-mpi run --device cuda ...`; the GPU image has Open MPI 4.1); an MPI-free CLI for the rest.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-targets=(test_batched_experts test_fp8_device test_activation_kernels test_backend_ops test_layer_devices test_layer_multi_gpu bench_gpu_experts
-  bench_weight_stream moekit)
+targets=(test_batched_experts test_fp8_device test_activation_kernels test_backend_ops test_layer_devices
+  test_layer_multi_gpu bench_gpu_experts bench_weight_stream moekit)
 cmake --build build -j "$(nproc)" --target "${targets[@]}"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_MPI=OFF >/dev/null
 cmake --build build-gpu -j "$(nproc)" --target moekit
