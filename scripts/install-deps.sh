@@ -37,4 +37,12 @@ if ! "$python" -c 'import nanobind, numpy, pytest, scikit_build_core' 2>/dev/nul
   echo "install-deps: installing nanobind, numpy, pytest, scikit-build-core from PyPI" >&2
   "$python" -m pip install -q nanobind==2.9.2 numpy pytest scikit-build-core
 fi
+# tests/parity holds the layer to Hugging Face transformers' own MoE blocks: the versions it was
+# checked against, pinned (torch as on the GPU machines).
+torch_version=2.11.0
+transformers_version=5.24.0
+if ! "$python" -c "import torch, transformers, sys; sys.exit(not (torch.__version__.split('+')[0] == '$torch_version' and transformers.__version__ == '$transformers_version'))" 2>/dev/null; then
+  echo "install-deps: installing torch==$torch_version transformers==$transformers_version from PyPI (tests/parity)" >&2
+  "$python" -m pip install -q "torch==$torch_version" "transformers==$transformers_version"
+fi
 echo "install-deps: ok" >&2

@@ -13,10 +13,18 @@
 namespace moekit {
 
 enum class Scoring : std::uint8_t { kSoftmax, kSigmoid };
+// How a group of experts is scored for group-limited routing: the sum of its two largest selection
+// scores (DeepSeek-V3 noaux_tc, GLM-4.5) or its largest one (DeepSeek-V2 group_limited_greedy).
+enum class GroupScore : std::uint8_t { kTop2Sum, kMax };
+std::string_view group_score_name(GroupScore rule);
 
+// A model's MoE block as its own code (Hugging Face transformers' modeling file) computes it, read
+// through the architecture table (src/plan/architectures.cpp): one row per supported model_type,
+// the only place that knows which config keys a family reads and transformers' default for each.
 struct ModelConfig {
   std::string name;                        // preset name or file path it was read from
   std::string model_type;                  // config.json "model_type"
+  std::string moe_block;                   // transformers' MoE block class the row follows (tests/parity)
   std::int64_t hidden_size = 0;            // K
   std::int64_t moe_intermediate_size = 0;  // I
   std::int64_t num_experts = 0;            // E (routed)
@@ -25,12 +33,21 @@ struct ModelConfig {
   std::int64_t num_layers = 0;
   std::int64_t num_moe_layers = 0;
   Activation activation = Activation::kSilu;
+  // Routing (moekit/router.h runs exactly these).
   Scoring scoring = Scoring::kSoftmax;
-  bool norm_topk_prob = true;
-  bool has_score_correction_bias = false;  // DeepSeek-V3 `noaux_tc`: e_score_correction_bias
-  std::int64_t n_group = 1;
+  bool norm_topk_prob = true;              // renormalize the chosen weights to sum 1
+  double renormalize_epsilon = 0.0;        // added to that sum (DeepSeek-V3 / GLM: 1e-20)
+  bool has_score_correction_bias = false;  // e_score_correction_bias, added to the scores for selection only
+  std::int64_t n_group = 1;                // group-limited routing when > 1
   std::int64_t topk_group = 1;
-  double routed_scaling_factor = 1.0;
+  GroupScore group_score = GroupScore::kTop2Sum;
+  double routed_scaling_factor = 1.0;  // every routed weight times this, after renormalization
+  // Experts beyond the routed GEMMs.
+  bool expert_bias = false;  // fp32 biases on W1 (N per expert) and W2 (K per expert): gpt-oss
+  // Shared experts: one MLP of this intermediate size over every token (a family's several shared
+  // experts are one wider MLP), added to the routed output; 0: none.
+  std::int64_t shared_intermediate_size = 0;
+  bool shared_expert_gate = false;  // Qwen2-MoE: the shared output times sigmoid(hidden . w_gate)
   // How the checkpoint stores its weights (config.json "quantization_config"; empty: unquantized).
   // checkpoint_quant is the FP8 scheme moekit runs those weights with: `fp8` with weight_block_size
   // [128, 128] is block128 (DeepSeek-V3, Kimi-K2), `fp8` without blocks per-token (per-tensor for a
@@ -41,14 +58,25 @@ struct ModelConfig {
   std::int64_t N() const { return is_gated(activation) ? 2 * moe_intermediate_size : moe_intermediate_size; }
 };
 
-// Reads a Hugging Face config.json. A missing or malformed field raises moekit::Error naming the
-// field and the file.
+// Reads a Hugging Face config.json through the architecture table. An unknown model_type, a missing
+// or malformed field, or a value moekit cannot honor raises moekit::Error naming the key, the value
+// and the file: never a default that changes the math.
 ModelConfig load_model_config_file(const std::string& path);
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);
 // `name_or_path`: a preset name (deepseek-v3, kimi-k2, qwen3-30b-a3b, qwen3-235b-a22b,
 // mixtral-8x7b, gpt-oss-120b) or a path to a config.json.
 ModelConfig load_model(const std::string& name_or_path);
 std::vector<std::string> model_preset_names();
+
+// The architecture table's rows, for listings and docs: model_type, transformers' MoE block class,
+// and a line on what the row reads and refuses.
+struct ArchitectureInfo {
+  std::string_view model_type;
+  std::string_view moe_block;
+  std::string_view summary;
+};
+const std::vector<ArchitectureInfo>& supported_architectures();
+std::vector<std::string> supported_model_types();  // the rows moekit runs (not the refused ones)
 
 // The FP8 scheme a layer of `model` runs: `name` (per-tensor, per-token, block128), or for "auto"
 // (and "") the checkpoint's own scheme, per-token when the checkpoint is unquantized or in a format

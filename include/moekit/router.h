@@ -1,12 +1,14 @@
 // The Router seam: router logits (T, E) fp32 -> topk_ids (T, topk) int32 global expert ids and
 // topk_weights (T, topk) fp32, experts listed by descending selection score, ties to the lower
-// expert index.
-//   softmax:   p = softmax(logits); pick topk largest p; weights = p (divided by their sum when
-//              renormalize; Mixtral, Qwen3, gpt-oss renormalize).
-//   grouped (DeepSeek-V3 noaux_tc): s = sigmoid(logits); c = s + e_score_correction_bias;
-//              group score = sum of its 2 largest c; keep the topk_group best groups (of n_group);
-//              pick the topk largest c inside them; weights = s of those (not c), divided by their
-//              sum when renormalize, times routed_scaling_factor.
+// expert index. One rule covers every family of the architecture table:
+//   score     s = softmax(logits) or sigmoid(logits)
+//   choice    c = s + e_score_correction_bias (correction_bias), else s: what selection ranks
+//   groups    n_group > 1: each group scored by the sum of its 2 largest c (top-2 sum: DeepSeek-V3,
+//             GLM) or its largest c (max: DeepSeek-V2 group_limited_greedy); only the experts of the
+//             topk_group best groups stay candidates
+//   select    the topk largest c among the candidates
+//   weights   s of those (not c), divided by (their sum + renormalize_epsilon) when renormalize,
+//             then times routed_scaling_factor
 #pragma once
 
 #include <cstdint>
@@ -23,10 +25,12 @@ struct RoutingConfig {
   std::int64_t num_experts = 0;
   std::int64_t topk = 0;
   Scoring scoring = Scoring::kSoftmax;
-  bool renormalize = true;
-  bool grouped = false;  // DeepSeek-V3 style grouped top-k with a correction bias
+  bool correction_bias = false;  // route() takes the (E) e_score_correction_bias
   std::int64_t n_group = 1;
   std::int64_t topk_group = 1;
+  GroupScore group_score = GroupScore::kTop2Sum;
+  bool renormalize = true;
+  double renormalize_epsilon = 0.0;
   double routed_scaling_factor = 1.0;
 };
 
@@ -47,8 +51,8 @@ class Router {
   virtual const RoutingConfig& config() const = 0;
   // Its output (topk_ids, topk_weights: max_tokens_per_rank rows) and anything else it holds.
   virtual void declare(const MoeProblem& problem, WorkspaceBuilder& builder) const = 0;
-  // logits (num_tokens, E) and bias ((E) e_score_correction_bias or nullptr for zeros, grouped
-  // routing only) on the router's device. A NaN logit (or no finite maximum under softmax) is an
+  // logits (num_tokens, E) and bias ((E) e_score_correction_bias or nullptr for zeros; read only
+  // with correction_bias) on the router's device. A NaN logit (or no finite maximum under softmax) is an
   // Error naming the token: the CPU raises it here, a GPU after the step (check_status), its token
   // routed nowhere (ids -1) meanwhile.
   virtual RouterOutput route(const MoeProblem& problem, const float* logits, std::int64_t num_tokens, const float* bias,

@@ -40,7 +40,7 @@ struct ByScore {
 template <typename T>
 struct Scratch {
   std::vector<T> score;   // p (softmax) or s (sigmoid): the weights' source
-  std::vector<T> choice;  // what selection ranks: p, or c = s + bias when grouped
+  std::vector<T> choice;  // what selection ranks: s, or c = s + bias with a correction bias
   std::vector<T> group;   // group scores
   std::vector<std::int32_t> idx;
   std::vector<std::int32_t> group_idx;
@@ -74,15 +74,16 @@ void route_token(const RoutingConfig& cfg, const float* x, std::int64_t t, const
   }
   for (std::int64_t e = 0; e < E; ++e) {
     const auto i = static_cast<std::size_t>(e);
-    w.choice[i] = w.score[i] + (cfg.grouped && bias != nullptr ? static_cast<T>(bias[e]) : T{0});
+    w.choice[i] = w.score[i] + (cfg.correction_bias && bias != nullptr ? static_cast<T>(bias[e]) : T{0});
   }
 
   // Candidates: every expert, or only those of the topk_group best groups.
   w.idx.clear();
-  if (cfg.grouped && cfg.n_group > 1) {
+  if (cfg.n_group > 1) {
     const std::int64_t group_size = E / cfg.n_group;
     for (std::int64_t g = 0; g < cfg.n_group; ++g) {
-      // Group score: sum of the group's 2 largest c (the one largest if a group has one expert).
+      // Group score: its largest c (max), or the sum of its 2 largest (top-2 sum; the one largest if
+      // a group has one expert).
       T first = -std::numeric_limits<T>::infinity(), second = first;
       for (std::int64_t e = g * group_size; e < (g + 1) * group_size; ++e) {
         const T v = w.choice[static_cast<std::size_t>(e)];
@@ -93,7 +94,8 @@ void route_token(const RoutingConfig& cfg, const float* x, std::int64_t t, const
           second = v;
         }
       }
-      w.group[static_cast<std::size_t>(g)] = group_size >= 2 ? first + second : first;
+      w.group[static_cast<std::size_t>(g)] =
+          cfg.group_score == GroupScore::kTop2Sum && group_size >= 2 ? first + second : first;
       w.group_idx[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(g);
     }
     std::partial_sort(w.group_idx.begin(), w.group_idx.begin() + cfg.topk_group, w.group_idx.end(),
@@ -116,11 +118,12 @@ void route_token(const RoutingConfig& cfg, const float* x, std::int64_t t, const
     sum += weights[k];
   }
   if (cfg.renormalize) {
-    // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
-    const T denom = cfg.grouped ? sum + static_cast<T>(1e-20f) : sum;
+    // DeepSeek-V3 and GLM add 1e-20 to the denominator (renormalize_epsilon); the GPU adds it in fp32.
+    const T denom =
+        cfg.renormalize_epsilon > 0 ? sum + static_cast<T>(static_cast<float>(cfg.renormalize_epsilon)) : sum;
     for (std::int64_t k = 0; k < K; ++k) weights[k] /= denom;
   }
-  if (cfg.grouped) {
+  if (cfg.routed_scaling_factor != 1.0) {
     const T scale = static_cast<T>(cfg.routed_scaling_factor);
     for (std::int64_t k = 0; k < K; ++k) weights[k] *= scale;
   }
@@ -136,7 +139,7 @@ void route_impl(const RoutingConfig& cfg, const float* logits, std::int64_t num_
                "routing: {} tokens need non-null logits, topk_ids and topk_weights (got {}, {}, {})", num_tokens,
                static_cast<const void*>(logits), static_cast<const void*>(topk_ids),
                static_cast<const void*>(topk_weights));
-  if (cfg.grouped && bias != nullptr) {
+  if (cfg.correction_bias && bias != nullptr) {
     for (std::int64_t e = 0; e < cfg.num_experts; ++e)
       MOEKIT_CHECK(std::isfinite(bias[e]), "routing: e_score_correction_bias[{}] = {} must be finite", e, bias[e]);
   }

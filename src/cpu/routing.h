@@ -8,7 +8,7 @@
 
 namespace moekit::cpu {
 
-// bias: (E) fp32 or nullptr (grouped only; nullptr = zeros).
+// bias: (E) fp32 or nullptr (read only with correction_bias; nullptr = zeros).
 void route(const RoutingConfig& config, const float* logits, std::int64_t num_tokens, const float* bias,
            std::int32_t* topk_ids, float* topk_weights);
 // float64 reference with the same tie rules, for tests.

@@ -31,8 +31,8 @@ constexpr int kMaxTopk = 32;
 
 struct Params {
   int E, topk, n_group, topk_group;
-  bool softmax, renormalize, grouped;
-  float scale;
+  bool softmax, renormalize, correction_bias, group_max;
+  float epsilon, scale;
 };
 
 // A float's rank as an unsigned key: a > b as floats iff key(a) > key(b), and -0 ties with +0 as
@@ -70,9 +70,9 @@ __device__ __forceinline__ float slot_sum(const Params& p, const int* chosen, co
 }
 // Slot k's weight from its score and the slots' sum.
 __device__ __forceinline__ float slot_weight(const Params& p, float w, float sum) {
-  // DeepSeek adds 1e-20 to the denominator; softmax probabilities sum to > 0 by construction.
-  if (p.renormalize) w = DeviceMath::div_rn(w, p.grouped ? DeviceMath::add(sum, 1e-20f) : sum);
-  return p.grouped ? DeviceMath::mul(w, p.scale) : w;
+  // DeepSeek-V3 and GLM add 1e-20 to the denominator (epsilon); a scale of 1 is exact.
+  if (p.renormalize) w = DeviceMath::div_rn(w, p.epsilon > 0.0f ? DeviceMath::add(sum, p.epsilon) : sum);
+  return DeviceMath::mul(w, p.scale);
 }
 
 // Token t's ids and weights, by one thread (the warp kernel).
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float* score = smem + warp * 2 * p.E;  // p (softmax) or s (sigmoid): the weights' source
-  float* choice = score + p.E;           // what selection ranks: p, or s + bias when grouped
+  float* choice = score + p.E;           // what selection ranks: s, or s + bias (correction_bias)
   __shared__ unsigned int taken[kWarpsPerBlock][kMaxExperts / 32];
   __shared__ float group_score[kWarpsPerBlock][kMaxGroups];
   for (int t = blockIdx.x * kWarpsPerBlock + warp; t < T; t += gridDim.x * kWarpsPerBlock) {
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     } else if (!skip) {
       for (int e = lane; e < p.E; e += 32) {
         score[e] = numerics::sigmoid_f32<DeviceMath>(x[e]);
-        choice[e] = p.grouped && bias != nullptr ? DeviceMath::add(score[e], bias[e]) : score[e];
+        choice[e] = p.correction_bias && bias != nullptr ? DeviceMath::add(score[e], bias[e]) : score[e];
       }
     }
     if (skip) {
@@ -141,10 +141,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       continue;
     }
     // Candidates: every expert, or those of the topk_group best groups (group score: the sum of its
-    // two largest choices).
+    // two largest choices, or its largest).
     for (int i = lane; i < kMaxExperts / 32; i += 32) taken[warp][i] = 0u;
     __syncwarp();
-    if (p.grouped && p.n_group > 1) {
+    if (p.n_group > 1) {
       const int group_size = p.E / p.n_group;
       if (lane < p.n_group) {
         float first = -INFINITY, second = -INFINITY;
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
             second = v;
           }
         }
-        group_score[warp][lane] = group_size >= 2 ? DeviceMath::add(first, second) : first;
+        group_score[warp][lane] = !p.group_max && group_size >= 2 ? DeviceMath::add(first, second) : first;
       }
       __syncwarp();
       unsigned chosen = 0u;
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 struct Shared {
   float score[kMaxExperts];   // p (softmax) or s (sigmoid): the weights' source
-  float choice[kMaxExperts];  // what selection ranks: p, or s + bias when grouped
+  float choice[kMaxExperts];  // what selection ranks: s, or s + bias (correction_bias)
   float group_score[kMaxGroups];
   float warp_max[kMaxWarps];
   // Selection keys (rank_key): each expert's, then each warp's top-k (0: none), by warp and rank.
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kMaxExperts)
       }
     } else if (!skip && mine) {
       sh.score[e] = numerics::sigmoid_f32<DeviceMath>(x);
-      sh.choice[e] = p.grouped && bias != nullptr ? DeviceMath::add(sh.score[e], bias[e]) : sh.score[e];
+      sh.choice[e] = p.correction_bias && bias != nullptr ? DeviceMath::add(sh.score[e], bias[e]) : sh.score[e];
     }
     if (skip) {  // uniform across the block
       if (e < p.topk) {
@@ -264,9 +264,9 @@ __global__ void __launch_bounds__(kMaxExperts)
     }
     __syncthreads();
     // Candidates: every expert, or those of the topk_group best groups (group score: the sum of its
-    // two largest choices), chosen by warp 0.
+    // two largest choices, or its largest), chosen by warp 0.
     bool open = mine;
-    if (p.grouped && p.n_group > 1) {
+    if (p.n_group > 1) {
       // Each group's two largest choices, by two shared-memory max reductions over unique 64-bit
       // keys (value, then lower index): the largest, then the largest of the others.
       const int group_size = p.E / p.n_group, g = mine ? e / group_size : 0;
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kMaxExperts)
         const float first = sh.choice[0xFFFFFFFFu - static_cast<unsigned>(sh.group_first[e] & 0xFFFFFFFFu)];
         const float second =
             group_size >= 2 ? sh.choice[0xFFFFFFFFu - static_cast<unsigned>(sh.group_second[e] & 0xFFFFFFFFu)] : first;
-        sh.group_score[e] = group_size >= 2 ? DeviceMath::add(first, second) : first;
+        sh.group_score[e] = !p.group_max && group_size >= 2 ? DeviceMath::add(first, second) : first;
       }
       __syncthreads();
       if (warp == 0) {  // a group is chosen when fewer than topk_group groups rank above it
@@ -344,7 +344,9 @@ void launch_route(const RoutingConfig& c, const float* logits, std::int64_t num_
                  static_cast<int>(c.topk_group),
                  c.scoring == Scoring::kSoftmax,
                  c.renormalize,
-                 c.grouped,
+                 c.correction_bias,
+                 c.group_score == GroupScore::kMax,
+                 static_cast<float>(c.renormalize_epsilon),
                  static_cast<float>(c.routed_scaling_factor)};
   if (num_tokens > kRouteBlockPerTokenMax) {
     // 4 warps x 2 x 1024 floats = 32 KiB at most: under the default 48 KiB of dynamic shared memory.

@@ -21,13 +21,8 @@ void validate_routing(const RoutingConfig& c) {
                "routing: topk = {} exceeds the {} experts of the topk_group = {} chosen groups of {}; raise "
                "topk_group or lower topk",
                c.topk, c.topk_group * (c.num_experts / c.n_group), c.topk_group, c.num_experts / c.n_group);
-  // NOTES: group-limited routing is only defined for DeepSeek's sigmoid + correction-bias scheme;
-  // a softmax router with groups would silently ignore them, so refuse instead.
-  MOEKIT_CHECK(c.grouped || c.n_group == 1,
-               "routing: n_group = {} needs grouped (sigmoid, noaux_tc) routing; softmax routers take n_group = 1",
-               c.n_group);
-  MOEKIT_CHECK(!c.grouped || c.scoring == Scoring::kSigmoid,
-               "routing: grouped routing needs sigmoid scoring (DeepSeek-V3 noaux_tc), got softmax");
+  MOEKIT_CHECK(std::isfinite(c.renormalize_epsilon) && c.renormalize_epsilon >= 0,
+               "routing: renormalize_epsilon = {} must be finite and >= 0", c.renormalize_epsilon);
   MOEKIT_CHECK(std::isfinite(c.routed_scaling_factor) && c.routed_scaling_factor > 0,
                "routing: routed_scaling_factor = {} must be finite and > 0", c.routed_scaling_factor);
 }
@@ -37,15 +32,13 @@ RoutingConfig routing_config(const ModelConfig& model) {
   c.num_experts = model.num_experts;
   c.topk = model.topk;
   c.scoring = model.scoring;
-  c.renormalize = model.norm_topk_prob;
-  // DeepSeek-V3 and Kimi-K2 (noaux_tc) are the sigmoid routers; Kimi-K2 is grouped with one group.
-  c.grouped = model.scoring == Scoring::kSigmoid;
+  c.correction_bias = model.has_score_correction_bias;
   c.n_group = model.n_group;
   c.topk_group = model.topk_group;
+  c.group_score = model.group_score;
+  c.renormalize = model.norm_topk_prob;
+  c.renormalize_epsilon = model.renormalize_epsilon;
   c.routed_scaling_factor = model.routed_scaling_factor;
-  MOEKIT_CHECK(c.grouped || (c.n_group == 1 && c.topk_group == 1),
-               "model '{}': softmax routing takes n_group = 1 and topk_group = 1, got n_group = {}, topk_group = {}",
-               model.name, c.n_group, c.topk_group);
   validate_routing(c);
   return c;
 }

@@ -30,6 +30,7 @@ ModelConfig tiny_model(bool grouped) {
     m.has_score_correction_bias = true;
     m.n_group = 4;
     m.topk_group = 2;
+    m.renormalize_epsilon = 1e-20;
     m.routed_scaling_factor = 2.5;
   }
   return m;

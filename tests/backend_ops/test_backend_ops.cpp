@@ -170,7 +170,7 @@ void router_case(const OpCase& c, Device device) {
   const RoutingConfig cfg = routing_config(m);
   const auto tok = synthetic::make_tokens(8, m.num_experts, 0, c.tokens, 31);
   const std::vector<float> bias = synthetic::make_routing_bias(m.num_experts, 31);
-  const float* bias_host = cfg.grouped ? bias.data() : nullptr;
+  const float* bias_host = cfg.correction_bias ? bias.data() : nullptr;
   const std::int64_t n = c.tokens * m.topk;
   // The CPU against float64: weights within fp32 rounding; ids equal except at near-ties.
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), ids_ref(static_cast<std::size_t>(n));
@@ -203,7 +203,7 @@ void router_case(const OpCase& c, Device device) {
     DeviceCopies copies(*memory);
     const float* logits = copies.put(tok.logits, "logits");
     const float* dbias = copies.put(bias, "bias");
-    const RouterOutput out = router->route(p, logits, c.tokens, cfg.grouped ? dbias : nullptr, ws, nullptr);
+    const RouterOutput out = router->route(p, logits, c.tokens, cfg.correction_bias ? dbias : nullptr, ws, nullptr);
     router->check_status(ws, nullptr);
     ws.verify_guards(nullptr);
     EXPECT_EQ(to_host(*memory, out.topk_ids, n), ids) << c.name() << " " << entry.name;

@@ -67,14 +67,17 @@ std::vector<std::int32_t> iota(std::int64_t begin, std::int64_t end) {
   return v;
 }
 
-// Group scores (sum of the two largest c) and the groups ranked by them, computed by sorting.
+// Group scores (sum of the two largest c, or the largest) and the groups ranked by them, computed by
+// sorting.
 std::vector<std::int32_t> ranked_groups(const RoutingConfig& cfg, const std::vector<double>& c,
                                         std::vector<double>* group_score) {
   const std::int64_t size = cfg.num_experts / cfg.n_group;
   group_score->assign(static_cast<std::size_t>(cfg.n_group), 0.0);
   for (std::int64_t g = 0; g < cfg.n_group; ++g) {
     const auto r = ranked(c, iota(g * size, (g + 1) * size));
-    (*group_score)[static_cast<std::size_t>(g)] = c[static_cast<std::size_t>(r[0])] + c[static_cast<std::size_t>(r[1])];
+    (*group_score)[static_cast<std::size_t>(g)] =
+        c[static_cast<std::size_t>(r[0])] +
+        (cfg.group_score == GroupScore::kTop2Sum ? c[static_cast<std::size_t>(r[1])] : 0.0);
   }
   return ranked(*group_score, iota(0, cfg.n_group));
 }
@@ -89,9 +92,9 @@ bool near_tie(const std::vector<double>& v, const std::vector<std::int32_t>& ord
 }
 
 bool token_has_near_tie(const RoutingConfig& cfg, const float* x, const float* bias, double eps) {
-  const Scores s = scores_of(cfg, x, cfg.grouped ? bias : nullptr);
+  const Scores s = scores_of(cfg, x, cfg.correction_bias ? bias : nullptr);
   std::vector<std::int32_t> candidates = iota(0, cfg.num_experts);
-  if (cfg.grouped && cfg.n_group > 1) {
+  if (cfg.n_group > 1) {
     std::vector<double> gs;
     const auto groups = ranked_groups(cfg, s.choice, &gs);
     if (near_tie(gs, groups, cfg.topk_group, eps)) return true;
@@ -136,7 +139,7 @@ TEST(Routing, MatchesReferenceForEveryPreset) {
     const std::int64_t E = cfg.num_experts, K = cfg.topk;
     const auto logits = normal(static_cast<std::size_t>(T * E), 2.0f, seed++);
     const auto bias = normal(static_cast<std::size_t>(E), 0.1f, seed++);
-    const float* b = cfg.grouped ? bias.data() : nullptr;
+    const float* b = cfg.correction_bias ? bias.data() : nullptr;
 
     const Routed r = run_route(cfg, logits, T, b);
     std::vector<std::int32_t> ref_ids(static_cast<std::size_t>(T * K), -1);
@@ -169,13 +172,13 @@ TEST(Routing, MatchesReferenceForEveryPreset) {
       }
       EXPECT_EQ(distinct.size(), static_cast<std::size_t>(K)) << name << " token " << t;
       if (cfg.renormalize) {
-        const double expect = cfg.grouped ? cfg.routed_scaling_factor : 1.0;
+        const double expect = cfg.routed_scaling_factor;
         EXPECT_NEAR(sum, expect, 1e-5 * expect) << name << " token " << t;
       }
     }
     EXPECT_LT(skipped * 100, T) << name << ": too many near ties skipped";
     std::printf("%-16s E=%4lld topk=%lld %-8s tokens=%lld skipped=%lld max_rel_err=%.2e\n", name.c_str(),
-                static_cast<long long>(E), static_cast<long long>(K), cfg.grouped ? "grouped" : "softmax",
+                static_cast<long long>(E), static_cast<long long>(K), cfg.correction_bias ? "sigmoid" : "softmax",
                 static_cast<long long>(T), static_cast<long long>(skipped), max_rel);
   }
 }
@@ -184,7 +187,8 @@ TEST(Routing, MatchesReferenceForEveryPreset) {
 // top-2 sums of c, are the top 8 of c inside them, and their weights sum to 2.5.
 TEST(Routing, DeepSeekV3GroupedMatchesBruteForce) {
   const RoutingConfig cfg = routing_config(load_model("deepseek-v3"));
-  ASSERT_TRUE(cfg.grouped);
+  ASSERT_TRUE(cfg.correction_bias);
+  ASSERT_EQ(cfg.group_score, GroupScore::kTop2Sum);
   ASSERT_EQ(cfg.num_experts, 256);
   ASSERT_EQ(cfg.n_group, 8);
   ASSERT_EQ(cfg.topk_group, 4);
@@ -263,7 +267,7 @@ RoutingConfig small_grouped(std::int64_t topk_group, std::int64_t topk) {
   cfg.num_experts = 16;
   cfg.topk = topk;
   cfg.scoring = Scoring::kSigmoid;
-  cfg.grouped = true;
+  cfg.correction_bias = true;
   cfg.n_group = 4;
   cfg.topk_group = topk_group;
   return cfg;
@@ -286,6 +290,37 @@ TEST(Routing, GroupScoreIsTheSumOfItsTopTwo) {
   logits[9] = logits[10] = 3.0f;
   const Routed r = run_route(cfg, logits, 1, nullptr);
   EXPECT_EQ(r.ids, (std::vector<std::int32_t>{9, 10}));
+}
+
+// DeepSeek-V2's group_limited_greedy: softmax scores, a group scored by its largest one.
+TEST(Routing, GroupScoreIsTheMaxUnderGroupLimitedGreedy) {
+  RoutingConfig cfg = small_grouped(1, 2);
+  cfg.scoring = Scoring::kSoftmax;
+  cfg.correction_bias = false;
+  cfg.group_score = GroupScore::kMax;
+  cfg.renormalize = false;
+  std::vector<float> logits(16, -4.0f);
+  logits[0] = 3.0f;               // group 0 holds the single best expert: its group wins under max
+  logits[9] = logits[10] = 2.5f;  // e^2.5 + e^2.5 > e^3: group 2 wins under the top-2 sum
+  const Routed r = run_route(cfg, logits, 1, nullptr);
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{0, 1}));  // then the best of group 0's rest (ties: lower index)
+  cfg.group_score = GroupScore::kTop2Sum;               // the same logits under DeepSeek-V3's rule pick group 2
+  EXPECT_EQ(run_route(cfg, logits, 1, nullptr).ids, (std::vector<std::int32_t>{9, 10}));
+}
+
+// routed_scaling_factor applies under every scoring function (DeepSeek-V2: softmax, not
+// renormalized, times 16).
+TEST(Routing, ScalingFactorAppliesToSoftmaxRouters) {
+  RoutingConfig cfg;
+  cfg.num_experts = 8;
+  cfg.topk = 2;
+  cfg.renormalize = false;
+  cfg.routed_scaling_factor = 16.0;
+  const auto logits = normal(8, 1.0f, 11);
+  const Routed r = run_route(cfg, logits, 1, nullptr);
+  const Scores s = scores_of(cfg, logits.data(), nullptr);
+  for (std::size_t k = 0; k < 2; ++k)
+    EXPECT_NEAR(r.weights[k], 16.0 * s.score[static_cast<std::size_t>(r.ids[k])], 1e-5 * r.weights[k]);
 }
 
 TEST(Routing, BiasSteersSelectionButNotWeights) {
@@ -351,9 +386,9 @@ TEST(Routing, BadInputIsRejected) {
   EXPECT_NE(msg.find("num_experts = 8"), std::string::npos) << msg;
 
   m = load_model("qwen3-30b-a3b");
-  m.n_group = 2;
+  m.n_group = 3;
   msg = error_of([&] { routing_config(m); });
-  EXPECT_NE(msg.find("n_group = 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("n_group = 3"), std::string::npos) << msg;
 
   m = load_model("deepseek-v3");
   m.topk_group = 9;

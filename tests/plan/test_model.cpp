@@ -71,7 +71,7 @@ TEST(Model, CheckpointQuantizationPicksTheDefaultScheme) {
   EXPECT_NE(oss.note.find("mxfp4, a format moekit does not run"), std::string::npos) << oss.note;
   // Hand-written configs: fp8 without blocks, static activations, other block sizes, int4.
   auto with = [](const std::string& q) {
-    return parse_model_config(R"({"model_type": "m", "hidden_size": 256, "intermediate_size": 128,
+    return parse_model_config(R"({"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 128,
       "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2, "quantization_config": )" +
                                   q + "}",
                               "test.json");
@@ -110,41 +110,122 @@ std::string error_of(const std::string& json, const std::string& name = "test/co
 
 TEST(Model, MalformedOrIncompleteConfig) {
   const std::string ok =
-      R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+      R"({"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
           "num_experts_per_tok": 2, "num_hidden_layers": 2})";
   EXPECT_EQ(error_of(ok), "");
 
-  std::string e = error_of(R"({"model_type": "x", "hidden_size": 64,)");
+  std::string e = error_of(R"({"model_type": "qwen3_moe", "hidden_size": 64,)");
   EXPECT_NE(e.find("test/config.json"), std::string::npos) << e;
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
 
-  e = error_of(R"({"model_type": "x", "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+  e = error_of(R"({"model_type": "qwen3_moe", "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
                    "num_hidden_layers": 2})");
   EXPECT_NE(e.find("missing field 'hidden_size'"), std::string::npos) << e;
   EXPECT_NE(e.find("test/config.json"), std::string::npos) << e;
 
-  e = error_of(R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
+  e = error_of(R"({"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
                    "num_hidden_layers": 2})");
-  EXPECT_NE(e.find("'n_routed_experts' or 'num_experts' or 'num_local_experts'"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing field 'num_experts'"), std::string::npos) << e;
 
-  e = error_of(R"({"model_type": "x", "hidden_size": "64", "moe_intermediate_size": 32, "num_experts": 8,
+  e = error_of(R"({"model_type": "qwen3_moe", "hidden_size": "64", "moe_intermediate_size": 32, "num_experts": 8,
                    "num_experts_per_tok": 2, "num_hidden_layers": 2})");
   EXPECT_NE(e.find("'hidden_size' must be an integer"), std::string::npos) << e;
 
-  e = error_of(R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+  e = error_of(R"({"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
                    "num_experts_per_tok": 9, "num_hidden_layers": 2})");
   EXPECT_NE(e.find("num_experts_per_tok = 9"), std::string::npos) << e;
 
-  e = error_of(R"({"model_type": "x", "hidden_size": 0, "moe_intermediate_size": 32, "num_experts": 8,
+  e = error_of(R"({"model_type": "qwen3_moe", "hidden_size": 0, "moe_intermediate_size": 32, "num_experts": 8,
                    "num_experts_per_tok": 2, "num_hidden_layers": 2})");
   EXPECT_NE(e.find("'hidden_size' = 0 must be >= 1"), std::string::npos) << e;
 
-  e = error_of(R"({"model_type": "x", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+  e = error_of(R"({"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
                    "num_experts_per_tok": 2, "num_hidden_layers": 2, "hidden_act": "tanh"})");
   EXPECT_NE(e.find("'hidden_act' = 'tanh'"), std::string::npos) << e;
 
   e = error_of(R"([1, 2])");
   EXPECT_NE(e.find("JSON object"), std::string::npos) << e;
+}
+
+// The architecture table: each family's keys with transformers' defaults, and a refusal naming the
+// key for a value its MoE block does not compute.
+std::string config(const std::string& model_type, const std::string& extra) {
+  return R"({"model_type": ")" + model_type + R"(", "hidden_size": 64, "moe_intermediate_size": 32,
+    "intermediate_size": 48, "n_routed_experts": 16, "num_experts": 16, "num_local_experts": 16,
+    "num_experts_per_tok": 4, "num_hidden_layers": 4)" +
+         extra + "}";
+}
+
+TEST(Model, ArchitectureTableReadsEachFamilyAsTransformersDoes) {
+  // GLM-4.5: no scoring_func / topk_method in its config, yet sigmoid + bias + groups + scaling.
+  const ModelConfig glm = parse_model_config(config("glm4_moe", R"(, "routed_scaling_factor": 2.5, "n_group": 4,
+    "topk_group": 2)"),
+                                             "glm.json");
+  EXPECT_EQ(glm.scoring, Scoring::kSigmoid);
+  EXPECT_TRUE(glm.has_score_correction_bias);
+  EXPECT_EQ(glm.n_group, 4);
+  EXPECT_EQ(glm.group_score, GroupScore::kTop2Sum);
+  EXPECT_DOUBLE_EQ(glm.routed_scaling_factor, 2.5);
+  EXPECT_DOUBLE_EQ(glm.renormalize_epsilon, 1e-20);
+  EXPECT_EQ(glm.shared_intermediate_size, 32);  // n_shared_experts (default 1) x moe_intermediate_size
+  EXPECT_EQ(glm.num_moe_layers, 3);             // first_k_dense_replace defaults to 1
+  EXPECT_EQ(glm.moe_block, "Glm4MoeMoE");
+  const ModelConfig glm5 = parse_model_config(config("glm_moe_dsa", ""), "glm5.json");
+  EXPECT_DOUBLE_EQ(glm5.routed_scaling_factor, 2.5);
+
+  // DeepSeek-V2: softmax, group_limited_greedy scores a group by its max, scaled, not renormalized.
+  const ModelConfig v2 = parse_model_config(config("deepseek_v2", R"(, "topk_method": "group_limited_greedy",
+    "n_group": 4, "topk_group": 2, "routed_scaling_factor": 16.0, "n_shared_experts": 2)"),
+                                            "v2.json");
+  EXPECT_EQ(v2.scoring, Scoring::kSoftmax);
+  EXPECT_EQ(v2.group_score, GroupScore::kMax);
+  EXPECT_FALSE(v2.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(v2.routed_scaling_factor, 16.0);
+  EXPECT_EQ(v2.shared_intermediate_size, 64);
+  const ModelConfig v2_greedy = parse_model_config(config("deepseek_v2", ""), "v2.json");
+  EXPECT_EQ(v2_greedy.n_group, 1);
+
+  // Qwen2-MoE: a shared expert behind a sigmoid gate; norm_topk_prob defaults to false.
+  const ModelConfig q2 = parse_model_config(config("qwen2_moe", R"(, "shared_expert_intermediate_size": 96)"), "q2");
+  EXPECT_EQ(q2.shared_intermediate_size, 96);
+  EXPECT_TRUE(q2.shared_expert_gate);
+  EXPECT_FALSE(q2.norm_topk_prob);
+  EXPECT_FALSE(parse_model_config(config("olmoe", ""), "olmoe").norm_topk_prob);
+  EXPECT_EQ(parse_model_config(config("olmoe", ""), "olmoe").moe_intermediate_size, 48);
+  EXPECT_TRUE(parse_model_config(config("mixtral", R"(, "norm_topk_prob": false)"), "mixtral").norm_topk_prob);
+
+  // gpt-oss: expert biases, swigluoai whatever hidden_act says.
+  const ModelConfig oss = parse_model_config(config("gpt_oss", R"(, "hidden_act": "silu", "swiglu_limit": 7.0)"), "o");
+  EXPECT_TRUE(oss.expert_bias);
+  EXPECT_EQ(oss.activation, Activation::kSwigluOai);
+  EXPECT_EQ(load_model("kimi-k2").moe_block, "DeepseekV3MoE");
+}
+
+TEST(Model, ArchitectureTableRefusesWhatItCannotHonor) {
+  auto refused = [](const std::string& model_type, const std::string& extra) {
+    return error_of(config(model_type, extra), "c.json");
+  };
+  std::string e = refused("llama_moe_x", "");
+  EXPECT_NE(e.find("model_type 'llama_moe_x' is not in moekit's architecture table"), std::string::npos) << e;
+  EXPECT_NE(e.find("deepseek_v3"), std::string::npos) << e;  // the supported list
+  e = refused("llama4_text", "");
+  EXPECT_NE(e.find("scales each token's input"), std::string::npos) << e;
+  e = refused("deepseek_v3", R"(, "scoring_func": "softmax")");
+  EXPECT_NE(e.find("'scoring_func' = 'softmax'"), std::string::npos) << e;
+  e = refused("glm4_moe", R"(, "topk_method": "greedy")");
+  EXPECT_NE(e.find("'topk_method' = 'greedy'"), std::string::npos) << e;
+  e = refused("deepseek_v2", R"(, "topk_method": "noaux_tc")");
+  EXPECT_NE(e.find("'topk_method' = 'noaux_tc'"), std::string::npos) << e;
+  e = refused("deepseek_v2", R"(, "norm_topk_prob": true)");
+  EXPECT_NE(e.find("'norm_topk_prob' = true"), std::string::npos) << e;
+  e = refused("deepseek_v2", R"(, "topk_method": "group_limited_greedy")");
+  EXPECT_NE(e.find("missing field 'n_group'"), std::string::npos) << e;
+  e = refused("gpt_oss", R"(, "swiglu_limit": 10.0)");
+  EXPECT_NE(e.find("'swiglu_limit' = 10"), std::string::npos) << e;
+  e = refused("deepseek_v3", R"(, "moe_layer_freq": 2)");
+  EXPECT_NE(e.find("'moe_layer_freq' = 2"), std::string::npos) << e;
+  e = refused("deepseek_v3", R"(, "routed_scaling_factor": 0)");
+  EXPECT_NE(e.find("routed_scaling_factor = 0"), std::string::npos) << e;
 }
 
 TEST(Model, MissingFileAndUnknownPreset) {
@@ -163,7 +244,7 @@ TEST(Model, MissingFileAndUnknownPreset) {
   }
   // A file on disk that is incomplete names its path.
   const auto path = std::filesystem::temp_directory_path() / "moekit_incomplete_config.json";
-  std::ofstream(path) << R"({"model_type": "x", "hidden_size": 64})";
+  std::ofstream(path) << R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2})";
   try {
     load_model(path.string());
     FAIL();

@@ -1,0 +1,416 @@
+// The architecture table: one row per supported config.json `model_type`, saying how that family's
+// MoE block computes (routing, activation, expert biases, shared experts) and which keys it reads,
+// each with the default of transformers' own config class. Truth is the family's modeling file in
+// Hugging Face transformers (tests/parity runs its MoE block against moekit's layer). A key the
+// row does not honor, an unknown model_type, or a value that would change the math in a way moekit
+// does not compute is an Error naming the key and the value: never a silent default.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+
+#include "moekit/check.h"
+#include "moekit/model.h"
+
+namespace moekit {
+namespace {
+
+using nlohmann::json;
+
+struct Reader {
+  const json& doc;
+  const std::string& source;
+
+  const json* find(std::initializer_list<const char*> names) const {
+    for (const char* n : names)
+      if (doc.contains(n) && !doc.at(n).is_null()) return &doc.at(n);
+    return nullptr;
+  }
+
+  static std::string joined(std::initializer_list<const char*> names) {
+    std::string s;
+    for (const char* n : names) s += (s.empty() ? "'" : " or '") + std::string(n) + "'";
+    return s;
+  }
+
+  std::int64_t integer(std::initializer_list<const char*> names, std::int64_t min_value) const {
+    const json* v = find(names);
+    MOEKIT_CHECK(v != nullptr, "{}: missing field {} (an integer >= {})", source, joined(names), min_value);
+    MOEKIT_CHECK(v->is_number_integer(), "{}: field {} must be an integer, got {}", source, joined(names), v->dump());
+    const auto value = v->get<std::int64_t>();
+    MOEKIT_CHECK(value >= min_value, "{}: field {} = {} must be >= {}", source, joined(names), value, min_value);
+    return value;
+  }
+
+  std::int64_t integer_or(std::initializer_list<const char*> names, std::int64_t fallback,
+                          std::int64_t min_value) const {
+    return find(names) ? integer(names, min_value) : fallback;
+  }
+
+  double number_or(const char* name, double fallback) const {
+    const json* v = find({name});
+    if (!v) return fallback;
+    MOEKIT_CHECK(v->is_number(), "{}: field '{}' must be a number, got {}", source, name, v->dump());
+    return v->get<double>();
+  }
+
+  bool boolean_or(const char* name, bool fallback) const {
+    const json* v = find({name});
+    if (!v) return fallback;
+    MOEKIT_CHECK(v->is_boolean(), "{}: field '{}' must be true or false, got {}", source, name, v->dump());
+    return v->get<bool>();
+  }
+
+  std::string string(const char* name) const {
+    const json* v = find({name});
+    MOEKIT_CHECK(v != nullptr, "{}: missing field '{}' (a string)", source, name);
+    MOEKIT_CHECK(v->is_string(), "{}: field '{}' must be a string, got {}", source, name, v->dump());
+    return v->get<std::string>();
+  }
+
+  std::string string_or(const char* name, const std::string& fallback) const {
+    return find({name}) ? string(name) : fallback;
+  }
+
+  // A key the family's MoE block ignores but whose value, if it meant anything, would change the
+  // math (another model's code reads it): accepted only at the value the block computes.
+  void require_string(const char* name, std::initializer_list<const char*> allowed, const std::string& why) const {
+    const json* v = find({name});
+    if (!v) return;
+    const std::string got = string(name);
+    const bool ok = std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return got == a; });
+    MOEKIT_CHECK(ok, "{}: field '{}' = '{}' is not what this model's MoE block computes ({}); moekit accepts {}",
+                 source, name, got, why, joined(allowed));
+  }
+  void require_number(const char* name, double expected, const std::string& why) const {
+    const double got = number_or(name, expected);
+    MOEKIT_CHECK(got == expected, "{}: field '{}' = {} is not supported ({}); moekit computes {} = {}", source, name,
+                 got, why, name, expected);
+  }
+};
+
+// The checkpoint's quantization_config: its format in words and the FP8 scheme moekit runs it with.
+void read_quantization(const Reader& r, ModelConfig& m) {
+  const json* q = r.find({"quantization_config"});
+  if (q == nullptr) return;
+  MOEKIT_CHECK(q->is_object(), "{}: field 'quantization_config' must be an object, got {}", r.source, q->dump());
+  const Reader qr{*q, r.source};
+  const std::string method = qr.string("quant_method");
+  m.checkpoint_format = method;
+  if (method == "fp8") {
+    if (const json* b = qr.find({"weight_block_size"})) {
+      MOEKIT_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() && (*b)[1].is_number_integer(),
+                   "{}: quantization_config.weight_block_size must be two integers, got {}", r.source, b->dump());
+      const auto rows = (*b)[0].get<std::int64_t>(), cols = (*b)[1].get<std::int64_t>();
+      m.checkpoint_format = fmt::format("fp8, weight_block_size [{}, {}]", rows, cols);
+      if (rows == kQuantBlock && cols == kQuantBlock) m.checkpoint_quant = QuantScheme::kBlock128;
+      return;  // other block sizes: not run
+    }
+    const bool is_static = qr.string_or("activation_scheme", "dynamic") == "static";
+    m.checkpoint_format = is_static ? "fp8, static activation scales" : "fp8, per-channel weights";
+    m.checkpoint_quant = is_static ? QuantScheme::kPerTensor : QuantScheme::kPerTokenPerChannel;
+    return;
+  }
+  if (method == "compressed-tensors") {
+    // Name the weights' type from the first config group (e.g. "int4"): moekit runs none of them.
+    if (const json* groups = qr.find({"config_groups"}); groups && groups->is_object() && !groups->empty()) {
+      const json& g = groups->begin().value();
+      if (g.is_object() && g.contains("weights") && g.at("weights").is_object()) {
+        const json& w = g.at("weights");
+        const std::string type = w.contains("type") && w.at("type").is_string() ? w.at("type").get<std::string>() : "";
+        const std::int64_t bits =
+            w.contains("num_bits") && w.at("num_bits").is_number_integer() ? w.at("num_bits").get<std::int64_t>() : 0;
+        if (!type.empty() && bits > 0) m.checkpoint_format = fmt::format("compressed-tensors {}{}", type, bits);
+      }
+    }
+  }
+}
+
+// transformers' ACT2FN names of the activations moekit computes.
+Activation activation_from_config(const Reader& r) {
+  const std::string act = r.string_or("hidden_act", "silu");
+  if (act == "silu" || act == "swish") return Activation::kSilu;
+  if (act == "gelu") return Activation::kGelu;
+  if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_tanh") return Activation::kGeluTanh;
+  if (act == "relu2") return Activation::kRelu2;
+  MOEKIT_FAIL("{}: field 'hidden_act' = '{}' is not a supported MoE activation (silu, gelu, gelu_pytorch_tanh, relu2)",
+              r.source, act);
+}
+
+// ---- The rows ------------------------------------------------------------------------------------
+// Each reads the MoE keys of one family, with transformers' defaults, into `m` (hidden_size,
+// num_hidden_layers, quantization_config and the checks common to all are read by the caller).
+
+// DeepseekV3MoE (Kimi-K2 ships DeepSeek-V3's code): sigmoid scores, e_score_correction_bias for
+// selection, groups scored by their top-2 sum, renormalized with + 1e-20, times
+// routed_scaling_factor; n_shared_experts x moe_intermediate_size shared MLP.
+void read_deepseek_v3(const Reader& r, ModelConfig& m) {
+  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
+  m.num_experts = r.integer({"n_routed_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  r.require_string("scoring_func", {"sigmoid"}, "DeepSeek-V3's router always scores with a sigmoid");
+  r.require_string("topk_method", {"noaux_tc"}, "DeepSeek-V3's router always selects with noaux_tc");
+  m.scoring = Scoring::kSigmoid;
+  m.has_score_correction_bias = true;
+  m.n_group = r.integer_or({"n_group"}, 8, 1);
+  m.topk_group = r.integer_or({"topk_group"}, 4, 1);
+  m.group_score = GroupScore::kTop2Sum;
+  m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  m.renormalize_epsilon = 1e-20;
+  m.routed_scaling_factor = r.number_or("routed_scaling_factor", 2.5);
+  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 1, 0);
+  m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
+  m.activation = activation_from_config(r);
+  r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
+  m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, 3, 0);
+}
+
+// DeepseekV2Moe: softmax scores; topk_method greedy (all experts) or group_limited_greedy (groups
+// scored by their largest score); never renormalized; times routed_scaling_factor; n_shared_experts
+// x moe_intermediate_size shared MLP.
+void read_deepseek_v2(const Reader& r, ModelConfig& m) {
+  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
+  m.num_experts = r.integer({"n_routed_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  r.require_string("scoring_func", {"softmax"}, "DeepSeek-V2's router scores with a softmax");
+  m.scoring = Scoring::kSoftmax;
+  const std::string method = r.string_or("topk_method", "greedy");
+  MOEKIT_CHECK(method == "greedy" || method == "group_limited_greedy",
+               "{}: field 'topk_method' = '{}': transformers' DeepseekV2Moe selects with 'greedy' or "
+               "'group_limited_greedy' (noaux_tc is DeepSeek-V3's: use model_type deepseek_v3)",
+               r.source, method);
+  if (method == "group_limited_greedy") {
+    m.n_group = r.integer({"n_group"}, 1);
+    m.topk_group = r.integer({"topk_group"}, 1);
+    m.group_score = GroupScore::kMax;
+  }
+  // NOTES: transformers' DeepseekV2Moe never renormalizes; DeepSeek's own code does when
+  // norm_topk_prob is true. The two disagree there, so only false is accepted.
+  MOEKIT_CHECK(!r.boolean_or("norm_topk_prob", false),
+               "{}: field 'norm_topk_prob' = true: transformers' DeepseekV2Moe ignores it (no renormalization) while "
+               "DeepSeek's own code renormalizes; set it to false (the released DeepSeek-V2 configs do)",
+               r.source);
+  m.norm_topk_prob = false;
+  m.routed_scaling_factor = r.number_or("routed_scaling_factor", 1.0);
+  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 2, 0);
+  m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
+  m.activation = activation_from_config(r);
+  r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
+  m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, 0, 0);
+}
+
+// Glm4MoeMoE (GLM-4.5 / 4.6; GLM-5's glm_moe_dsa has the same block): DeepSeek-V3's routing with
+// GLM's defaults (n_group 1, topk_group 1, routed_scaling_factor 1.0 / 2.5).
+void read_glm(const Reader& r, ModelConfig& m, double default_scaling, std::int64_t default_dense) {
+  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
+  m.num_experts = r.integer({"n_routed_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  r.require_string("scoring_func", {"sigmoid"}, "GLM's router always scores with a sigmoid");
+  r.require_string("topk_method", {"noaux_tc"}, "GLM's router always selects with noaux_tc");
+  m.scoring = Scoring::kSigmoid;
+  m.has_score_correction_bias = true;
+  m.n_group = r.integer_or({"n_group"}, 1, 1);
+  m.topk_group = r.integer_or({"topk_group"}, 1, 1);
+  m.group_score = GroupScore::kTop2Sum;
+  m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  m.renormalize_epsilon = 1e-20;
+  m.routed_scaling_factor = r.number_or("routed_scaling_factor", default_scaling);
+  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 1, 0);
+  m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
+  m.activation = activation_from_config(r);
+  if (const json* types = r.find({"mlp_layer_types"})) {
+    MOEKIT_CHECK(types->is_array(), "{}: field 'mlp_layer_types' must be a list, got {}", r.source, types->dump());
+    m.num_moe_layers = std::count(types->begin(), types->end(), json("sparse"));
+  } else {
+    m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, default_dense, 0);
+  }
+}
+void read_glm4_moe(const Reader& r, ModelConfig& m) {
+  read_glm(r, m, 1.0, 1);
+}
+void read_glm_moe_dsa(const Reader& r, ModelConfig& m) {
+  read_glm(r, m, 2.5, 3);
+}
+
+// The softmax top-k routers of Qwen2-MoE, Qwen3-MoE and OLMoE: softmax over all experts, the top-k,
+// renormalized when norm_topk_prob (default false); no scaling factor.
+void read_softmax_topk(const Reader& r, ModelConfig& m, const char* intermediate_key) {
+  m.moe_intermediate_size = r.integer({intermediate_key}, 1);
+  m.num_experts = r.integer({"num_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.scoring = Scoring::kSoftmax;
+  m.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
+  m.activation = activation_from_config(r);
+}
+
+// Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock: layers in mlp_only_layers are dense, and a layer
+// is sparse when (index + 1) % decoder_sparse_step == 0.
+std::int64_t qwen_moe_layers(const Reader& r, std::int64_t num_layers) {
+  const std::int64_t step = r.integer_or({"decoder_sparse_step"}, 1, 1);
+  std::vector<std::int64_t> dense;
+  if (const json* v = r.find({"mlp_only_layers"})) {
+    MOEKIT_CHECK(v->is_array(), "{}: field 'mlp_only_layers' must be a list, got {}", r.source, v->dump());
+    for (const json& i : *v) {
+      MOEKIT_CHECK(i.is_number_integer(), "{}: field 'mlp_only_layers' must list layer indices, got {}", r.source,
+                   i.dump());
+      dense.push_back(i.get<std::int64_t>());
+    }
+  }
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < num_layers; ++i)
+    n += std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+  return n;
+}
+
+void read_qwen3_moe(const Reader& r, ModelConfig& m) {
+  read_softmax_topk(r, m, "moe_intermediate_size");
+  m.num_moe_layers = qwen_moe_layers(r, m.num_layers);
+}
+
+// Qwen2MoeSparseMoeBlock adds one shared MLP of shared_expert_intermediate_size (default 5632) whose
+// output is scaled by sigmoid(hidden . shared_expert_gate).
+void read_qwen2_moe(const Reader& r, ModelConfig& m) {
+  read_softmax_topk(r, m, "moe_intermediate_size");
+  m.num_moe_layers = qwen_moe_layers(r, m.num_layers);
+  m.shared_intermediate_size = r.integer_or({"shared_expert_intermediate_size"}, 5632, 0);
+  m.num_shared_experts = m.shared_intermediate_size > 0 ? 1 : 0;
+  m.shared_expert_gate = m.num_shared_experts > 0;
+}
+
+// OlmoeSparseMoeBlock: every layer is MoE; intermediate_size is the experts' width.
+void read_olmoe(const Reader& r, ModelConfig& m) {
+  read_softmax_topk(r, m, "intermediate_size");
+  m.num_moe_layers = m.num_layers;
+}
+
+// MixtralSparseMoeBlock: softmax, top-k, always renormalized; every layer is MoE.
+void read_mixtral(const Reader& r, ModelConfig& m) {
+  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
+  m.num_experts = r.integer({"num_local_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.scoring = Scoring::kSoftmax;
+  m.norm_topk_prob = true;
+  m.activation = activation_from_config(r);
+  m.num_moe_layers = m.num_layers;
+}
+
+// GptOssMLP: the top-k of the logits, softmax over those k (the renormalized softmax), experts with
+// biases on gate_up_proj and down_proj and the clamped SwiGLU (alpha 1.702, limit swiglu_limit)
+// over interleaved gate/up columns; hidden_act is not read. Every layer is MoE.
+void read_gpt_oss(const Reader& r, ModelConfig& m) {
+  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
+  m.num_experts = r.integer({"num_local_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok", "experts_per_token"}, 1);
+  m.scoring = Scoring::kSoftmax;
+  m.norm_topk_prob = true;
+  m.activation = Activation::kSwigluOai;
+  r.require_number("swiglu_limit", 7.0, "the clamped SwiGLU's limit is fixed at 7.0 in moekit's activation");
+  m.expert_bias = true;
+  m.num_moe_layers = m.num_layers;
+}
+
+// Llama4TextMoe weights each token's *input* by its sigmoid router score before the experts; moekit
+// weights the experts' outputs (every other family), so the two differ through the activation.
+void refuse_llama4(const Reader& r, ModelConfig&) {
+  MOEKIT_FAIL(
+      "{}: model_type '{}' is not supported: Llama 4's MoE block scales each token's input to the experts by its "
+      "router score (moekit scales their outputs, as every supported family does); supported: {}",
+      r.source, r.string("model_type"), fmt::join(supported_model_types(), ", "));
+}
+
+struct Row {
+  ArchitectureInfo info;
+  void (*read)(const Reader&, ModelConfig&);
+};
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> table = {
+      {{"deepseek_v3", "DeepseekV3MoE",
+        "sigmoid + e_score_correction_bias, groups by top-2 sum, renormalized, scaled; shared experts"},
+       read_deepseek_v3},
+      {{"kimi_k2", "DeepseekV3MoE", "Kimi-K2 ships DeepSeek-V3's code: the deepseek_v3 row"}, read_deepseek_v3},
+      {{"deepseek_v2", "DeepseekV2Moe",
+        "softmax, greedy or group_limited_greedy (groups by max), scaled, never renormalized; shared experts"},
+       read_deepseek_v2},
+      {{"glm4_moe", "Glm4MoeMoE", "DeepSeek-V3's routing with GLM's defaults; shared experts"}, read_glm4_moe},
+      {{"glm_moe_dsa", "GlmMoeDsaMoE", "GLM-5: the glm4_moe block (routed_scaling_factor 2.5 by default)"},
+       read_glm_moe_dsa},
+      {{"qwen2_moe", "Qwen2MoeSparseMoeBlock", "softmax top-k (norm_topk_prob); a shared expert behind a sigmoid gate"},
+       read_qwen2_moe},
+      {{"qwen3_moe", "Qwen3MoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_qwen3_moe},
+      {{"olmoe", "OlmoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_olmoe},
+      {{"mixtral", "MixtralSparseMoeBlock", "softmax top-k, always renormalized"}, read_mixtral},
+      {{"gpt_oss", "GptOssMLP", "softmax over the top-k logits; expert biases; clamped SwiGLU (limit 7)"},
+       read_gpt_oss},
+      {{"llama4_text", "Llama4TextMoe", "refused: the router weights the experts' input"}, refuse_llama4},
+      {{"llama4", "Llama4TextMoe", "refused: the router weights the experts' input"}, refuse_llama4},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::string_view group_score_name(GroupScore rule) {
+  return rule == GroupScore::kMax ? "max" : "top-2 sum";
+}
+
+const std::vector<ArchitectureInfo>& supported_architectures() {
+  static const std::vector<ArchitectureInfo> infos = [] {
+    std::vector<ArchitectureInfo> v;
+    for (const Row& r : rows()) v.push_back(r.info);
+    return v;
+  }();
+  return infos;
+}
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> names;
+  for (const Row& r : rows())
+    if (r.read != refuse_llama4) names.emplace_back(r.info.model_type);
+  return names;
+}
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    MOEKIT_FAIL("{}: not valid JSON ({}); pass a Hugging Face config.json", source_name, e.what());
+  }
+  MOEKIT_CHECK(doc.is_object(), "{}: a config.json must hold a JSON object, got {}", source_name, doc.type_name());
+  const Reader r{doc, source_name};
+
+  ModelConfig m;
+  m.name = source_name;
+  m.model_type = r.string("model_type");
+  const auto row =
+      std::find_if(rows().begin(), rows().end(), [&](const Row& x) { return x.info.model_type == m.model_type; });
+  MOEKIT_CHECK(row != rows().end(),
+               "{}: model_type '{}' is not in moekit's architecture table, so how its MoE block routes and what it "
+               "computes is unknown; supported: {}",
+               source_name, m.model_type, fmt::join(supported_model_types(), ", "));
+  m.moe_block = row->info.moe_block;
+  m.hidden_size = r.integer({"hidden_size"}, 1);
+  m.num_layers = r.integer({"num_hidden_layers"}, 1);
+  row->read(r, m);
+  read_quantization(r, m);
+
+  MOEKIT_CHECK(m.num_moe_layers >= 1, "{}: {} layers leave no MoE layer", source_name, m.num_layers);
+  MOEKIT_CHECK(m.topk <= m.num_experts, "{}: num_experts_per_tok = {} exceeds the {} routed experts", source_name,
+               m.topk, m.num_experts);
+  MOEKIT_CHECK(m.num_experts % m.n_group == 0, "{}: n_group = {} must divide the {} routed experts", source_name,
+               m.n_group, m.num_experts);
+  MOEKIT_CHECK(m.topk_group <= m.n_group, "{}: topk_group = {} exceeds n_group = {}", source_name, m.topk_group,
+               m.n_group);
+  MOEKIT_CHECK(m.topk <= m.topk_group * (m.num_experts / m.n_group),
+               "{}: num_experts_per_tok = {} exceeds the {} experts of the topk_group = {} chosen groups", source_name,
+               m.topk, m.topk_group * (m.num_experts / m.n_group), m.topk_group);
+  MOEKIT_CHECK(std::isfinite(m.routed_scaling_factor) && m.routed_scaling_factor > 0,
+               "{}: routed_scaling_factor = {} must be finite and positive", source_name, m.routed_scaling_factor);
+  return m;
+}
+
+}  // namespace moekit

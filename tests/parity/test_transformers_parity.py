@@ -1,0 +1,243 @@
+"""moekit's layer against Hugging Face transformers' own MoE block classes (the truth for what a
+model computes), one small valid config per supported model_type.
+
+Each case builds the family's block from transformers (e.g. DeepseekV3MoE(config)) with random
+weights, quantizes the experts' weights to FP8 in moekit's scheme and writes the dequantized values
+back into the block, so both sides hold the same weights. The block's router gives the logits both
+sides route from. The reference runs transformers' forward in float32 with moekit's two activation
+quantizations emulated (the input of every expert linear is quantized and dequantized as moekit
+quantizes it: per token, per 1x128 group, or per tensor), so what remains is accumulation order and
+the bf16 roundings (TOL below). A routing rule moekit got wrong moves whole experts: 10-100% error.
+
+torch and transformers come from PyPI through scripts/install-deps.sh (versions pinned there); the
+module is skipped by name where they are missing. MOEKIT_PARITY_DEVICE=cuda runs the layer on a GPU.
+"""
+import contextlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import moekit  # noqa: E402
+
+DEVICE = os.environ.get("MOEKIT_PARITY_DEVICE", "cpu")
+FP8_MAX = 448.0
+# The CPU computes the emulated recipe up to bf16 roundings and summation order (2.4-3.2e-3
+# measured); a GPU adds its GEMMs' accumulation (moekit's device-against-CPU bound).
+TOL = 5e-3 if DEVICE == "cpu" else 3e-2
+
+K, I, E, TOPK = 256, 128, 16, 4  # block128 needs K and I in whole 128 blocks
+BASE = {"hidden_size": K, "num_hidden_layers": 2, "hidden_act": "silu"}
+
+
+# ---- the families: transformers' config and block, the config keys moekit reads ------------------
+def _ds(extra):
+    return {**BASE, "moe_intermediate_size": I, "n_routed_experts": E, "num_experts_per_tok": TOPK,
+            "first_k_dense_replace": 0, **extra}
+
+
+def _softmax(extra, intermediate_key="moe_intermediate_size", experts_key="num_experts"):
+    return {**BASE, intermediate_key: I, experts_key: E, "num_experts_per_tok": TOPK, **extra}
+
+
+# name: (model_type, transformers config class, module path, block class, config keys)
+CASES = {
+    "deepseek_v3": ("deepseek_v3", "DeepseekV3Config", "deepseek_v3", "DeepseekV3MoE",
+                    _ds({"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
+                         "norm_topk_prob": True})),
+    "kimi_k2": ("kimi_k2", "DeepseekV3Config", "deepseek_v3", "DeepseekV3MoE",
+                _ds({"n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827, "n_shared_experts": 1,
+                     "scoring_func": "sigmoid", "topk_method": "noaux_tc"})),
+    "deepseek_v2_greedy": ("deepseek_v2", "DeepseekV2Config", "deepseek_v2", "DeepseekV2Moe",
+                           _ds({"topk_method": "greedy", "routed_scaling_factor": 16.0, "n_shared_experts": 2})),
+    "deepseek_v2_group_limited": ("deepseek_v2", "DeepseekV2Config", "deepseek_v2", "DeepseekV2Moe",
+                                  _ds({"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+                                       "routed_scaling_factor": 16.0, "n_shared_experts": 2})),
+    "glm4_moe": ("glm4_moe", "Glm4MoeConfig", "glm4_moe", "Glm4MoeMoE",
+                 _ds({"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1})),
+    "glm_moe_dsa": ("glm_moe_dsa", "GlmMoeDsaConfig", "glm_moe_dsa", "GlmMoeDsaMoE",
+                    _ds({"n_shared_experts": 1})),
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeConfig", "qwen2_moe", "Qwen2MoeSparseMoeBlock",
+                  _softmax({"shared_expert_intermediate_size": 2 * I, "norm_topk_prob": False})),
+    "qwen3_moe_norm": ("qwen3_moe", "Qwen3MoeConfig", "qwen3_moe", "Qwen3MoeSparseMoeBlock",
+                       _softmax({"norm_topk_prob": True})),
+    "qwen3_moe_no_norm": ("qwen3_moe", "Qwen3MoeConfig", "qwen3_moe", "Qwen3MoeSparseMoeBlock",
+                          _softmax({"norm_topk_prob": False})),
+    "olmoe": ("olmoe", "OlmoeConfig", "olmoe", "OlmoeSparseMoeBlock", _softmax({}, "intermediate_size")),
+    "mixtral": ("mixtral", "MixtralConfig", "mixtral", "MixtralSparseMoeBlock",
+                _softmax({}, "intermediate_size", "num_local_experts")),
+}
+SCHEMES = ["per-token", "block128", "per-tensor"]
+TOKENS = [1, 7, 64, 300]
+
+
+def build_block(case, seed):
+    model_type, config_cls, module, block_cls, keys = CASES[case]
+    cfg = getattr(transformers, config_cls)(**keys)
+    mod = __import__(f"transformers.models.{module}.modeling_{module}", fromlist=[block_cls])
+    torch.manual_seed(seed)
+    block = getattr(mod, block_cls)(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in list(block.named_parameters()) + list(block.named_buffers()):
+            if "e_score_correction_bias" in name:
+                p.copy_(torch.randn_like(p) * 0.05)
+            elif name.endswith("gate.weight") or name.endswith("router.weight"):
+                p.copy_(torch.randn_like(p) * (1.0 / K ** 0.5))
+            else:
+                p.copy_(torch.randn_like(p) * (2.0 / K ** 0.5))
+    return block, {"model_type": model_type, **keys}
+
+
+# ---- FP8 as moekit quantizes it -----------------------------------------------------------------
+def fp8(x, scale):
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize_weight(w, scheme):
+    """(E, n, k) float32 -> FP8 codes (uint8), their float32 scales in moekit's layout, and the
+    dequantized weight."""
+    e, n, k = w.shape
+    if scheme == "per-token":  # per output channel
+        scale = w.abs().amax(dim=2, keepdim=True) / FP8_MAX
+        codes = fp8(w, scale)
+        return codes, scale.reshape(e, n), codes.float() * scale
+    if scheme == "per-tensor":
+        scale = w.abs().amax(dim=(1, 2), keepdim=True) / FP8_MAX
+        codes = fp8(w, scale)
+        return codes, scale.reshape(e, 1), codes.float() * scale
+    nb, kb = n // 128, (k + 127) // 128
+    blocks = torch.nn.functional.pad(w, (0, kb * 128 - k)).reshape(e, nb, 128, kb, 128)
+    scale = blocks.abs().amax(dim=(2, 4), keepdim=True) / FP8_MAX
+    codes = fp8(blocks, scale)
+    deq = (codes.float() * scale).reshape(e, n, kb * 128)[:, :, :k]
+    return codes.reshape(e, n, kb * 128)[:, :, :k].contiguous(), scale.reshape(e, nb * kb), deq
+
+
+def quantize_activation(x, scheme, tensor_amax=None):
+    """Rows of x as moekit's activation quantization leaves them (dequantized)."""
+    if scheme == "per-token":
+        scale = torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / FP8_MAX, 1.0)
+        return fp8(x, scale).float() * scale
+    if scheme == "per-tensor":
+        amax = x.abs().amax() if tensor_amax is None else tensor_amax
+        scale = amax / FP8_MAX if amax > 0 else torch.tensor(1.0)
+        return fp8(x, scale).float() * scale
+    t, k = x.shape
+    g = torch.nn.functional.pad(x, (0, (-k) % 128)).reshape(t, -1, 128)
+    amax = g.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, 1.0)
+    return (fp8(g, scale).float() * scale).reshape(t, -1)[:, :k]
+
+
+@contextlib.contextmanager
+def emulated_activation_quant(expert_weights, scheme, hidden_amax, w1_out_bf16):
+    """Every F.linear whose weight is one of the experts' quantizes its input first, as moekit does
+    before W1 (the dispatched hidden rows: per-tensor over the rank's tokens) and before W2 (the
+    activation's output: per-tensor over the expert's rows). w1_out_bf16: the unfused recipe keeps
+    W1's output in bf16 before the activation (the fused W1 of block128 keeps it in fp32); a bf16
+    ulp there moves ~3% of the activation's FP8 codes by one step, ~1e-2 of the output."""
+    w1_ptrs = {w.data_ptr() for w in expert_weights["w1"]}
+    w2_ptrs = {w.data_ptr() for w in expert_weights["w2"]}
+    linear = torch.nn.functional.linear
+
+    def patched(x, weight, bias=None):
+        ptr = weight.data_ptr()
+        if ptr in w1_ptrs:
+            out = linear(quantize_activation(x, scheme, hidden_amax), weight, bias)
+            return bf16(out) if w1_out_bf16 else out
+        if ptr in w2_ptrs:
+            x = quantize_activation(x, scheme)
+        return linear(x, weight, bias)
+
+    torch.nn.functional.linear = patched
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = linear
+
+
+def bf16(x):
+    return x.to(torch.bfloat16).float()
+
+
+def arrange(block, scheme):
+    """The experts' FP8 weights in moekit's layout (and the dequantized ones written back)."""
+    experts = block.experts
+    w1, w1_scale, w1_deq = quantize_weight(experts.gate_up_proj.data, scheme)
+    w2, w2_scale, w2_deq = quantize_weight(experts.down_proj.data, scheme)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(w1_deq)
+        experts.down_proj.copy_(w2_deq)
+    codes1 = w1.view(torch.uint8).numpy()
+    scale1 = w1_scale.contiguous().numpy()
+    if scheme == "block128":  # W1 as block128 reads it (gate / up blocks paired)
+        codes1, scale1 = moekit.arrange_w1_block_pairs(codes1, scale1)
+    return {"w1": np.ascontiguousarray(codes1), "w1_scale": np.ascontiguousarray(scale1),
+            "w2": np.ascontiguousarray(w2.view(torch.uint8).numpy()),
+            "w2_scale": np.ascontiguousarray(w2_scale.contiguous().numpy())}
+
+
+def router_of(block):
+    return getattr(block, "gate", None) or block.router
+
+
+def shared_output(block, x):
+    """What the block adds beyond the routed experts (moekit's layer computes the routed part)."""
+    if hasattr(block, "shared_experts"):
+        return block.shared_experts(x)
+    if hasattr(block, "shared_expert"):
+        out = block.shared_expert(x)
+        if hasattr(block, "shared_expert_gate"):
+            out = torch.sigmoid(block.shared_expert_gate(x)) * out
+        return out
+    return torch.zeros_like(x)
+
+
+def run_case(tmp_path, case, scheme, T, seed):
+    block, keys = build_block(case, seed)
+    weights = arrange(block, scheme)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    x = bf16(torch.randn(T, K, generator=gen))
+    router = router_of(block)
+    with torch.no_grad():
+        logits = router(x)[0].float().contiguous()
+        hidden_amax = x.abs().amax()
+        with emulated_activation_quant({"w1": list(block.experts.gate_up_proj),
+                                        "w2": list(block.experts.down_proj)}, scheme, hidden_amax,
+                                       w1_out_bf16=scheme != "block128"):
+            ref = block(x.reshape(1, T, K))
+        ref = (ref[0] if isinstance(ref, tuple) else ref).reshape(T, K)
+        ref = ref - shared_output(block, x)
+    if hasattr(router, "e_score_correction_bias"):
+        weights["e_score_correction_bias"] = router.e_score_correction_bias.detach().float().numpy().copy()
+    path = tmp_path / f"{case}.json"
+    path.write_text(json.dumps(keys))
+    if DEVICE == "cuda":
+        weights = {k: torch.from_numpy(v).cuda() for k, v in weights.items()}
+        for k in ("w1", "w2"):
+            weights[k] = weights[k].view(torch.float8_e4m3fn)
+    layer = moekit.MoeLayer(str(path), weights=weights, max_tokens_per_rank=max(T, 1), quant=scheme, device=DEVICE)
+    if DEVICE == "cuda":
+        got = layer(x.to(torch.bfloat16).cuda(), logits.cuda()).float().cpu()
+    else:
+        hidden = x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        out = layer(hidden, logits.numpy())
+        got = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).float()
+    err = float((got - ref).norm() / ref.norm())
+    return err
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layer_matches_transformers(tmp_path, case, scheme):
+    worst = 0.0
+    for T in TOKENS:
+        for seed in (1, 2):
+            err = run_case(tmp_path, case, scheme, T, seed)
+            worst = max(worst, err)
+            assert err < TOL, f"{case} {scheme} T={T} seed={seed}: relative error {err:.3e} >= {TOL}"
+    print(f"{case:28s} {scheme:10s} worst relative error {worst:.2e}")
