@@ -30,6 +30,8 @@ struct MoeProblem {
   // quantization, no w1_out (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB). make_problem's default where
   // fuse_w1_runs. Every device and the float64 reference follow it (plan::fuses_w1).
   bool fuse_w1 = false;
+  // Expert biases on W1 and W2 (ModelConfig::expert_bias: gpt-oss), in the weights view.
+  bool expert_bias = false;
 
   std::int64_t I() const { return activation_out_dim(activation, N); }
   bool operator==(const MoeProblem&) const = default;

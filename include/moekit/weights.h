@@ -12,6 +12,9 @@
 //   w1_scale  per expert weight_scale_count(quant, N, K) floats, w2_scale weight_scale_count(quant,
 //             K, I) (numerics/scales.h): per-tensor 1, per-channel one per output row, block128
 //             one per 128x128 block, row-major over blocks.
+//   w1_bias   (E_local, N) and w2_bias (E_local, K) fp32, in W1's row order: the expert biases of
+//             the models that have them (gpt-oss's gate_up_proj_bias, down_proj_bias), added to
+//             each GEMM's output before it is stored; null for the others.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,8 @@ struct ExpertWeightsView {
   const float* w1_scale = nullptr;
   const std::uint8_t* w2 = nullptr;
   const float* w2_scale = nullptr;
+  const float* w1_bias = nullptr;
+  const float* w2_bias = nullptr;
 
   // Floats of scales per expert.
   std::int64_t w1_scale_stride() const;

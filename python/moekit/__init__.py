@@ -24,7 +24,10 @@ Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales
   w2 (E_local, K, I)
   w1_scale (E_local, s1), w2_scale (E_local, s2): per-channel (s = output rows), per-tensor (1) or
   128x128 blocks (row-major over blocks), by `quant`
-  e_score_correction_bias (E,) float32 for models that route with it (DeepSeek-V3, Kimi-K2)
+  e_score_correction_bias (E,) float32 for models that route with it (DeepSeek-V3, Kimi-K2, GLM)
+  w1_bias (E_local, N), w2_bias (E_local, K) float32 for models whose experts have biases (gpt-oss:
+      gate_up_proj_bias, down_proj_bias), W1's in the row order of w1
+Any other key, or one the model does not have, raises moekit.Error.
 Activations: hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32.
 """
 from __future__ import annotations
@@ -217,6 +220,11 @@ class TorchGroup:
         return out
 
 
+_WEIGHT_KEYS = ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias", "w1_bias", "w2_bias")
+# synthetic_inputs returns the tokens beside the weights; MoeLayer(weights=that dict) skips them.
+_INPUT_KEYS = ("hidden", "router_logits")
+
+
 def _device_of(x) -> str:
     return "cuda" if ops._is_torch(x) and x.is_cuda else "cpu"
 
@@ -255,8 +263,11 @@ class MoeLayer:
                  quant: str = "auto", experts: str = "batched-fp8", activation: Optional[str] = None,
                  num_threads: int = 1, device: Optional[str] = None, group: Any = None,
                  dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None):
-        self._weights = {k: weights[k] for k in ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias")
-                         if k in weights}
+        unknown = sorted(set(weights) - set(_WEIGHT_KEYS) - set(_INPUT_KEYS))
+        if unknown:
+            raise Error(f"unknown weight keys {unknown}: MoeLayer takes {list(_WEIGHT_KEYS)} (the module docstring "
+                        "gives each one's layout); a weight it would not read changes nothing, so it is refused")
+        self._weights = {k: weights[k] for k in _WEIGHT_KEYS if k in weights}
         w = {k: ops._plain(v) for k, v in self._weights.items()}
         device = device or _device_of(weights["w1"])
         if group is not None and not hasattr(group, "all_gather"):
@@ -264,7 +275,8 @@ class MoeLayer:
         self._group = group
         self._layer = _moekit.Layer(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
                                     dispatch or "", w["w1"], w["w1_scale"], w["w2"], w["w2_scale"],
-                                    w.get("e_score_correction_bias"), num_threads, fuse_w1, group)
+                                    w.get("e_score_correction_bias"), w.get("w1_bias"), w.get("w2_bias"),
+                                    num_threads, fuse_w1, group)
 
     @property
     def workspace_bytes(self) -> int:

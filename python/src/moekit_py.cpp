@@ -343,7 +343,8 @@ class Layer {
   Layer(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
         const std::string& experts, std::optional<std::string> activation, const std::string& device,
         const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
-        int num_threads, std::optional<bool> fuse_w1, std::optional<nb::object> group)
+        std::optional<Array> w1_bias, std::optional<Array> w2_bias, int num_threads, std::optional<bool> fuse_w1,
+        std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -372,6 +373,23 @@ class Layer {
                    model_.name, p.E);
       require(*bias, "e_score_correction_bias", {kFloat}, 32, {p.E}, "float32", place_);
       bias_ptr = static_cast<const float*>(bias->data());
+    } else {
+      MOEKIT_CHECK(!bias.has_value(),
+                   "model '{}' ({}) routes without e_score_correction_bias, but the weights carry one: drop it",
+                   model_.name, model_.model_type);
+    }
+    MOEKIT_CHECK(p.expert_bias || (!w1_bias && !w2_bias),
+                 "model '{}' ({}) has no expert biases, but the weights carry w1_bias / w2_bias: drop them",
+                 model_.name, model_.model_type);
+    if (p.expert_bias) {
+      MOEKIT_CHECK(w1_bias && w2_bias,
+                   "model '{}' ({}) has expert biases: pass w1_bias (E_local, N) = ({}, {}) and w2_bias (E_local, K) = "
+                   "({}, {}) float32 (transformers' gate_up_proj_bias and down_proj_bias, W1's rows in moekit's order)",
+                   model_.name, model_.model_type, p.E_local, p.N, p.E_local, p.K);
+      require(*w1_bias, "w1_bias", {kFloat}, 32, {p.E_local, p.N}, "float32", place_);
+      require(*w2_bias, "w2_bias", {kFloat}, 32, {p.E_local, p.K}, "float32", place_);
+      weights_.w1_bias = static_cast<const float*>(w1_bias->data());
+      weights_.w2_bias = static_cast<const float*>(w2_bias->data());
     }
     DeviceScope scope(place_);
     nb::gil_scoped_release release;  // NCCL's set-up blocks; the group takes the GIL back for its collectives
@@ -754,6 +772,10 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
   d["hidden"] = owned(t, t->hidden.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.K)});
   d["router_logits"] = owned(t, t->logits.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.E)});
   if (!bias->empty()) d["e_score_correction_bias"] = owned(bias, bias->data(), {bias->size()});
+  if (p.expert_bias) {
+    d["w1_bias"] = owned(w, w->w1_bias.data(), {E, static_cast<std::size_t>(p.N)});
+    d["w2_bias"] = owned(w, w->w2_bias.data(), {E, static_cast<std::size_t>(p.K)});
+  }
   return d;
 }
 
@@ -821,11 +843,13 @@ NB_MODULE(_moekit, m) {
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
-                    std::optional<Array>, int, std::optional<bool>, std::optional<nb::object>>(),
+                    std::optional<Array>, std::optional<Array>, std::optional<Array>, int, std::optional<bool>,
+                    std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
-           nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("group").none())
+           nb::arg("w1_bias").none(), nb::arg("w2_bias").none(), nb::arg("num_threads"), nb::arg("fuse_w1").none(),
+           nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"),
            nb::arg("max_tokens_any_rank"))

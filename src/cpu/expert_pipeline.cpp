@@ -24,6 +24,8 @@ Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int whi
   g.B = which == 1 ? w.w1 + e * n * k : w.w2 + e * n * k;
   g.ldb = k;
   g.b_scales = which == 1 ? w.w1_scale + e * w.w1_scale_stride() : w.w2_scale + e * w.w2_scale_stride();
+  const float* bias = which == 1 ? w.w1_bias : w.w2_bias;
+  g.bias = bias != nullptr ? bias + e * n : nullptr;
   g.D_bf16 = D;
   g.ldd = n;
   return g;

@@ -260,6 +260,7 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
             v = (v * args.a_scales[0]) * args.b_scales[0];
           else if (args.quant == QuantScheme::kPerTokenPerChannel)
             v = (v * args.a_scales[m]) * args.b_scales[n];
+          if (args.bias) v += args.bias[n];
           if (args.D_f32)
             args.D_f32[m * args.ldd + n] = v;
           else
@@ -305,6 +306,7 @@ void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd) {
         total *= static_cast<double>(args.a_scales[0]) * args.b_scales[0];
       else if (args.quant == QuantScheme::kPerTokenPerChannel)
         total *= static_cast<double>(args.a_scales[m]) * args.b_scales[n];
+      if (args.bias) total += args.bias[n];
       D[m * ldd + n] = total;
     }
 }

@@ -3,6 +3,7 @@
 // bf16. Scales as in cpu/quant.h. Per element, the result is
 //   kPerTensor / kPerTokenPerChannel:  (acc * sa) * sb,  acc = sum over k in increasing order
 //   kBlock128:  sum over k-blocks kb in increasing order of (acc_kb * sa[m, kb]) * sb[n/128, kb]
+// then + bias[n] when a bias is given (expert biases: gpt-oss),
 // and does not depend on M, on the other rows, on the blocking or on the thread count: the layer's
 // results are bit-identical however tokens are spread over ranks.
 #pragma once
@@ -26,7 +27,8 @@ struct Fp8GemmArgs {
   const fp8_t* B = nullptr;
   std::int64_t ldb = 0;
   const float* b_scales = nullptr;
-  float* D_f32 = nullptr;  // exactly one of D_f32 / D_bf16
+  const float* bias = nullptr;  // (N) fp32 added to every row after the scales, before the store; or none
+  float* D_f32 = nullptr;       // exactly one of D_f32 / D_bf16
   bf16_t* D_bf16 = nullptr;
   std::int64_t ldd = 0;
 };

@@ -26,6 +26,7 @@ class CudaBatchedExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override {
     if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
+    if (p.expert_bias) return plan::kExpertBiasCpuOnly;
     if (p.M > std::numeric_limits<std::int32_t>::max() || p.E_local > 65535)
       return fmt::format(
           "M = {} and E_local = {} must fit the kernels' 32-bit rows and grid (M < 2^31, E_local <= "

@@ -24,4 +24,10 @@ void declare_standard_recipe(const MoeProblem& problem, WorkspaceBuilder& builde
 // Empty when `problem` is in the format `experts` takes; otherwise the reason.
 std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& problem);
 
+// Why the CUDA experts refuse a problem with expert biases (MoeProblem::expert_bias): their GEMM
+// epilogues do not add them yet.
+inline constexpr const char* kExpertBiasCpuOnly =
+    "the model's experts have biases (gpt-oss: gate_up_proj_bias, down_proj_bias), which the CUDA experts' GEMM "
+    "epilogues do not add yet; run it on the CPU (--device cpu)";
+
 }  // namespace moekit::plan

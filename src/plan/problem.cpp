@@ -21,9 +21,10 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
 
 std::string MoeProblem::describe() const {
   return fmt::format(
-      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}{}",
+      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}{}{}",
       format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
-      max_tokens_per_rank, activation_name(activation), quant_name(quant), fuse_w1 ? " fused-w1" : "");
+      max_tokens_per_rank, activation_name(activation), quant_name(quant), fuse_w1 ? " fused-w1" : "",
+      expert_bias ? " expert-bias" : "");
 }
 
 bool fuse_w1_runs(QuantScheme quant, Activation activation) {
@@ -103,6 +104,7 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
   p.M = format == ActivationFormat::kBatchedExperts ? checked_mul(par.max_tokens_per_rank, par.dp, "M")
                                                     : par.max_tokens_per_rank;
   p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(quant, activation));
+  p.expert_bias = model.expert_bias;
   validate_problem(p);
   return p;
 }

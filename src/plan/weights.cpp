@@ -46,6 +46,8 @@ ExpertWeightsView ExpertWeightsView::expert(std::int64_t e) const {
   v.w2 = w2 + e * K * I;
   v.w1_scale = w1_scale + e * w1_scale_stride();
   v.w2_scale = w2_scale + e * w2_scale_stride();
+  if (w1_bias != nullptr) v.w1_bias = w1_bias + e * N;
+  if (w2_bias != nullptr) v.w2_bias = w2_bias + e * K;
   return v;
 }
 
@@ -81,6 +83,16 @@ void validate_weights(const ExpertWeightsView& w, const MoeProblem& p, Device de
                "the expert weights view has a null pointer (w1 {}, w1_scale {}, w2 {}, w2_scale {})",
                static_cast<const void*>(w.w1), static_cast<const void*>(w.w1_scale), static_cast<const void*>(w.w2),
                static_cast<const void*>(w.w2_scale));
+  if (p.expert_bias)
+    MOEKIT_CHECK(w.w1_bias != nullptr && w.w2_bias != nullptr,
+                 "the model's experts have biases (gate_up_proj_bias, down_proj_bias): pass w1_bias (E_local, N) and "
+                 "w2_bias (E_local, K) fp32 (got w1_bias {}, w2_bias {})",
+                 static_cast<const void*>(w.w1_bias), static_cast<const void*>(w.w2_bias));
+  else
+    MOEKIT_CHECK(w.w1_bias == nullptr && w.w2_bias == nullptr,
+                 "the model's experts have no biases, but the weights carry w1_bias {} / w2_bias {}: a bias the model "
+                 "does not have changes its output; drop them",
+                 static_cast<const void*>(w.w1_bias), static_cast<const void*>(w.w2_bias));
   // TMA reads weight rows in 16-byte units from 16-byte aligned starts.
   for (const void* ptr : {static_cast<const void*>(w.w1), static_cast<const void*>(w.w2)})
     MOEKIT_CHECK(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0,
@@ -92,7 +104,8 @@ std::int64_t expert_weight_bytes(const MoeProblem& p) {
   const std::int64_t fp8 = shape_bytes({p.E_local, p.N * p.K + p.K * I}, DType::kFp8E4m3, "expert weights");
   const std::int64_t scales =
       numerics::weight_scale_count(p.quant, p.N, p.K) + numerics::weight_scale_count(p.quant, p.K, I);
-  return fp8 + shape_bytes({p.E_local, scales}, DType::kFp32, "expert weight scales");
+  const std::int64_t biases = p.expert_bias ? p.N + p.K : 0;
+  return fp8 + shape_bytes({p.E_local, scales + biases}, DType::kFp32, "expert weight scales and biases");
 }
 
 }  // namespace moekit

@@ -15,6 +15,7 @@ enum class Purpose : std::uint64_t {
   kHidden = 4,
   kLogits = 5,
   kExpertTokens = 6,  // tests: tokens written straight into the batched experts' input
+  kExpertBias = 8,    // gpt-oss style expert biases
   kExpertCounts = 7,  // tests: expert_num_tokens patterns
 };
 

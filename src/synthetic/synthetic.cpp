@@ -37,12 +37,24 @@ ModelConfig tiny_model(bool grouped) {
 }
 
 ExpertWeightsView HostExpertWeights::view() const {
-  return ExpertWeightsView::of(problem, Device::kCpu, w1.data(), w1_scale.data(), w2.data(), w2_scale.data());
+  ExpertWeightsView v =
+      ExpertWeightsView::of(problem, Device::kCpu, w1.data(), w1_scale.data(), w2.data(), w2_scale.data());
+  if (problem.expert_bias) {
+    v.w1_bias = w1_bias.data();
+    v.w2_bias = w2_bias.data();
+  }
+  return v;
 }
 
 ExpertWeightsView HostExpertWeights::view(DeviceCopies& copies) const {
-  return ExpertWeightsView::of(problem, copies.device(), copies.put(w1, "W1"), copies.put(w1_scale, "W1 scales"),
-                               copies.put(w2, "W2"), copies.put(w2_scale, "W2 scales"));
+  ExpertWeightsView v =
+      ExpertWeightsView::of(problem, copies.device(), copies.put(w1, "W1"), copies.put(w1_scale, "W1 scales"),
+                            copies.put(w2, "W2"), copies.put(w2_scale, "W2 scales"));
+  if (problem.expert_bias) {
+    v.w1_bias = copies.put(w1_bias, "W1 biases");
+    v.w2_bias = copies.put(w2_bias, "W2 biases");
+  }
+  return v;
 }
 
 HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_expert, std::uint64_t seed,
@@ -68,6 +80,16 @@ HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_ex
       cpu::quantize_weight(p.quant, tmp.data(), K, I, w.w2.data() + e * K * I, w.w2_scale.data() + e * s2);
     }
   });
+  if (p.expert_bias) {
+    w.w1_bias.resize(static_cast<std::size_t>(p.E_local * N));
+    w.w2_bias.resize(static_cast<std::size_t>(p.E_local * K));
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      const auto g = static_cast<std::uint64_t>(first_expert + e);
+      SplitMix r = stream(seed, Purpose::kExpertBias, g);
+      for (std::int64_t i = 0; i < N; ++i) w.w1_bias[static_cast<std::size_t>(e * N + i)] = 0.1f * r.normal();
+      for (std::int64_t i = 0; i < K; ++i) w.w2_bias[static_cast<std::size_t>(e * K + i)] = 0.1f * r.normal();
+    }
+  }
   return w;
 }
 

@@ -19,7 +19,7 @@ def small_model(tmp_path, name="qwen3-30b-a3b", experts=16):
     """A preset's config.json with fewer experts: the same shapes, a short run."""
     src = os.path.join(os.path.dirname(__file__), "..", "..", "models", f"{name}.json")
     data = json.load(open(src))
-    for key in ("num_experts", "n_routed_experts"):
+    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
         if key in data:
             data[key] = experts
     path = tmp_path / f"{name}-{experts}.json"
@@ -139,6 +139,29 @@ def test_bad_inputs_raise_moekit_error(tmp_path):
     bad["w2_scale"] = w["w2_scale"].astype(np.float16)
     with pytest.raises(moekit.Error, match="w2_scale: dtype float16 where float32"):
         moekit.MoeLayer(model, weights=bad, max_tokens_per_rank=4)
+    # Weights the model does not have, or that MoeLayer would not read, are refused, never ignored.
+    with pytest.raises(moekit.Error, match=r"unknown weight keys \['gate_up_proj_bias'\]"):
+        moekit.MoeLayer(model, weights={**w, "gate_up_proj_bias": w["w1_scale"]}, max_tokens_per_rank=4)
+    with pytest.raises(moekit.Error, match="has no expert biases"):
+        moekit.MoeLayer(model, weights={**w, "w1_bias": w["w1_scale"], "w2_bias": w["w1_scale"]}, max_tokens_per_rank=4)
+    with pytest.raises(moekit.Error, match="routes without e_score_correction_bias"):
+        moekit.MoeLayer(model, weights={**w, "e_score_correction_bias": np.zeros(16, np.float32)}, max_tokens_per_rank=4)
+
+
+def test_expert_biases_are_required_where_the_model_has_them(tmp_path):
+    """gpt-oss's experts have biases: the layer takes them (and computes them, tests/parity), and a
+    gpt-oss layer without them is refused."""
+    model = small_model(tmp_path, "gpt-oss-120b", experts=8)
+    w = moekit.synthetic_inputs(model, tokens=3)
+    assert w["w1_bias"].shape == (8, 2 * 2880) and w["w2_bias"].shape == (8, 2880)
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=3)
+    with_bias = layer(w["hidden"], w["router_logits"])
+    no_bias = {k: v for k, v in w.items() if not k.endswith("_bias")}
+    with pytest.raises(moekit.Error, match="has expert biases: pass w1_bias"):
+        moekit.MoeLayer(model, weights=no_bias, max_tokens_per_rank=3)
+    zero = {**w, "w2_bias": np.zeros_like(w["w2_bias"])}
+    assert not np.array_equal(moekit.MoeLayer(model, weights=zero, max_tokens_per_rank=3)(w["hidden"], w["router_logits"]),
+                              with_bias)
 
 
 def rss_bytes():
