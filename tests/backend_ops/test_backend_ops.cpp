@@ -62,8 +62,17 @@ std::vector<T> to_host(Memory& memory, const T* ptr, std::int64_t count) {
 
 // A model's shapes and activation for the kernels on every device; gpt-oss's expert biases run on
 // the CPU only so far (tests/parity holds them to transformers), so they are left out here.
+// tiny-softmax-groups: DeepSeek-V2's group_limited_greedy (softmax, groups by their max score, 2 of
+// 4 kept, not renormalized, times 16).
 ModelConfig model_named(const std::string& name) {
-  ModelConfig m = name == "tiny" ? synthetic::tiny_model(false) : load_model(name);
+  ModelConfig m = name.starts_with("tiny") ? synthetic::tiny_model(false) : load_model(name);
+  if (name == "tiny-softmax-groups") {
+    m.n_group = 4;
+    m.topk_group = 2;
+    m.group_score = GroupScore::kMax;
+    m.norm_topk_prob = false;
+    m.routed_scaling_factor = 16.0;
+  }
   m.expert_bias = false;
   return m;
 }
@@ -105,7 +114,8 @@ struct OpCase {
 
 std::vector<OpCase> op_cases() {
   std::vector<OpCase> cases;
-  for (const char* model : {"tiny", "deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b"})
+  for (const char* model :
+       {"tiny", "tiny-softmax-groups", "deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b"})
     // The CUDA router runs a block a token up to kRouteBlockPerTokenMax tokens, a warp a token beyond.
     for (std::int64_t T : {std::int64_t{0}, std::int64_t{1}, std::int64_t{37}, cuda::kRouteBlockPerTokenMax + 37})
       cases.push_back({.op = "router", .model = model, .tokens = T});
