@@ -144,28 +144,52 @@ Activation activation_from_config(const Reader& r) {
 // Each reads the MoE keys of one family, with transformers' defaults, into `m` (hidden_size,
 // num_hidden_layers, quantization_config and the checks common to all are read by the caller).
 
-// DeepseekV3MoE (Kimi-K2 ships DeepSeek-V3's code): sigmoid scores, e_score_correction_bias for
-// selection, groups scored by their top-2 sum, renormalized with + 1e-20, times
-// routed_scaling_factor; n_shared_experts x moe_intermediate_size shared MLP.
-void read_deepseek_v3(const Reader& r, ModelConfig& m) {
+// DeepseekV3MoE (Kimi-K2 ships DeepSeek-V3's code) and the GLM blocks that copy it: sigmoid scores,
+// e_score_correction_bias for selection, groups scored by their top-2 sum, renormalized with
+// + 1e-20, times routed_scaling_factor; n_shared_experts x moe_intermediate_size shared MLP. The
+// families differ only in their config classes' defaults.
+struct NoauxTcDefaults {
+  const char* family;
+  std::int64_t n_group, topk_group;
+  double routed_scaling_factor;
+  std::int64_t first_k_dense_replace;
+};
+
+void read_noaux_tc(const Reader& r, ModelConfig& m, const NoauxTcDefaults& d) {
   m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
   m.num_experts = r.integer({"n_routed_experts"}, 1);
   m.topk = r.integer({"num_experts_per_tok"}, 1);
-  r.require_string("scoring_func", {"sigmoid"}, "DeepSeek-V3's router always scores with a sigmoid");
-  r.require_string("topk_method", {"noaux_tc"}, "DeepSeek-V3's router always selects with noaux_tc");
+  r.require_string("scoring_func", {"sigmoid"}, fmt::format("{}'s router always scores with a sigmoid", d.family));
+  r.require_string("topk_method", {"noaux_tc"}, fmt::format("{}'s router always selects with noaux_tc", d.family));
   m.scoring = Scoring::kSigmoid;
   m.has_score_correction_bias = true;
-  m.n_group = r.integer_or({"n_group"}, 8, 1);
-  m.topk_group = r.integer_or({"topk_group"}, 4, 1);
+  m.n_group = r.integer_or({"n_group"}, d.n_group, 1);
+  m.topk_group = r.integer_or({"topk_group"}, d.topk_group, 1);
   m.group_score = GroupScore::kTop2Sum;
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
   m.renormalize_epsilon = 1e-20;
-  m.routed_scaling_factor = r.number_or("routed_scaling_factor", 2.5);
+  m.routed_scaling_factor = r.number_or("routed_scaling_factor", d.routed_scaling_factor);
   m.num_shared_experts = r.integer_or({"n_shared_experts"}, 1, 0);
   m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
   m.activation = activation_from_config(r);
   r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
-  m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, 3, 0);
+  // GLM-5 lists its layers in mlp_layer_types; the others keep the first first_k_dense_replace dense.
+  if (const json* types = r.find({"mlp_layer_types"})) {
+    MOEKIT_CHECK(types->is_array(), "{}: field 'mlp_layer_types' must be a list, got {}", r.source, types->dump());
+    m.num_moe_layers = std::count(types->begin(), types->end(), json("sparse"));
+  } else {
+    m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, d.first_k_dense_replace, 0);
+  }
+}
+void read_deepseek_v3(const Reader& r, ModelConfig& m) {
+  read_noaux_tc(r, m, {"DeepSeek-V3", 8, 4, 2.5, 3});
+}
+// Glm4MoeMoE (GLM-4.5 / 4.6) and GLM-5's glm_moe_dsa (the same block).
+void read_glm4_moe(const Reader& r, ModelConfig& m) {
+  read_noaux_tc(r, m, {"GLM", 1, 1, 1.0, 1});
+}
+void read_glm_moe_dsa(const Reader& r, ModelConfig& m) {
+  read_noaux_tc(r, m, {"GLM", 1, 1, 2.5, 3});
 }
 
 // DeepseekV2Moe: softmax scores; topk_method greedy (all experts) or group_limited_greedy (groups
@@ -200,39 +224,6 @@ void read_deepseek_v2(const Reader& r, ModelConfig& m) {
   m.activation = activation_from_config(r);
   r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
   m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, 0, 0);
-}
-
-// Glm4MoeMoE (GLM-4.5 / 4.6; GLM-5's glm_moe_dsa has the same block): DeepSeek-V3's routing with
-// GLM's defaults (n_group 1, topk_group 1, routed_scaling_factor 1.0 / 2.5).
-void read_glm(const Reader& r, ModelConfig& m, double default_scaling, std::int64_t default_dense) {
-  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
-  m.num_experts = r.integer({"n_routed_experts"}, 1);
-  m.topk = r.integer({"num_experts_per_tok"}, 1);
-  r.require_string("scoring_func", {"sigmoid"}, "GLM's router always scores with a sigmoid");
-  r.require_string("topk_method", {"noaux_tc"}, "GLM's router always selects with noaux_tc");
-  m.scoring = Scoring::kSigmoid;
-  m.has_score_correction_bias = true;
-  m.n_group = r.integer_or({"n_group"}, 1, 1);
-  m.topk_group = r.integer_or({"topk_group"}, 1, 1);
-  m.group_score = GroupScore::kTop2Sum;
-  m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
-  m.renormalize_epsilon = 1e-20;
-  m.routed_scaling_factor = r.number_or("routed_scaling_factor", default_scaling);
-  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 1, 0);
-  m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
-  m.activation = activation_from_config(r);
-  if (const json* types = r.find({"mlp_layer_types"})) {
-    MOEKIT_CHECK(types->is_array(), "{}: field 'mlp_layer_types' must be a list, got {}", r.source, types->dump());
-    m.num_moe_layers = std::count(types->begin(), types->end(), json("sparse"));
-  } else {
-    m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, default_dense, 0);
-  }
-}
-void read_glm4_moe(const Reader& r, ModelConfig& m) {
-  read_glm(r, m, 1.0, 1);
-}
-void read_glm_moe_dsa(const Reader& r, ModelConfig& m) {
-  read_glm(r, m, 2.5, 3);
 }
 
 // The softmax top-k routers of Qwen2-MoE, Qwen3-MoE and OLMoE: softmax over all experts, the top-k,
