@@ -37,11 +37,27 @@ struct LayerOptions {
   bool checked = false;
   std::int64_t guard_bytes = 4096;
   int num_threads = 1;  // CPU threads of this rank
+  // The model's shared experts (ModelConfig::shared_intermediate_size) as part of the step: on a GPU
+  // on a second stream beside routing, dispatch and the routed experts, their combine added to the
+  // routed output last. false: the routed experts only, for an engine that runs the shared experts
+  // itself (LayerWeights holds none then).
+  bool shared_experts = true;
 };
 
 struct LayerWeights {
+  LayerWeights() = default;
+  LayerWeights(const ExpertWeightsView& routed, const float* correction_bias)
+      : experts(routed), e_score_correction_bias(correction_bias) {}
+
   ExpertWeightsView experts;                       // this rank's E_local experts, on options.device
   const float* e_score_correction_bias = nullptr;  // (E) on options.device, when the model has one
+  // The shared experts, every rank's full copy: one expert (E_local = 1) of shared_experts_problem
+  // (N = 2 * shared_intermediate_size for gated activations) in the routed experts' layout and
+  // scheme, on options.device, when the model has them and options.shared_experts.
+  ExpertWeightsView shared_experts;
+  // (K) bf16: Qwen2-MoE's shared_expert_gate (the shared output times sigmoid(hidden . gate)), when
+  // the model has one.
+  const std::uint16_t* shared_expert_gate = nullptr;
 };
 
 // Host time of forward()'s stages: on the CPU the stages themselves, on a GPU the time to enqueue
@@ -50,6 +66,7 @@ struct StepStats {
   std::int64_t tokens = 0;  // this rank's tokens in the step
   std::int64_t chunks = 0;  // chunks (the same on every rank)
   double route_ms = 0, prepare_ms = 0, experts_ms = 0, finalize_ms = 0, total_ms = 0;
+  double shared_ms = 0;  // the shared experts' route, prepare and experts (their combine is in finalize)
 };
 
 // First global expert of this rank: rank * E_local with expert parallelism, 0 with ep == 1.
@@ -76,6 +93,7 @@ class MoeLayer {
   // a check after several replays reports the first error any of them raised.
   // `observer` (optional) is called on the host as each stage is enqueued: "start" before the
   // router, then "route", "prepare", "experts", "finalize" after each (a benchmark records events).
+  // The shared experts run beside the first three; "finalize" comes after their combine.
   // `max_tokens_any_rank` (optional, expert parallelism): the most tokens any rank feeds this step,
   // the same on every rank (data-parallel engines that pad their ranks to one batch size know it).
   // It bounds the rows an expert can receive, so a decode step launches only the GEMMs of small
@@ -92,6 +110,8 @@ class MoeLayer {
   void check_status(Stream stream = nullptr);
 
   const MoeProblem& problem() const;
+  // The shared experts' problem (shared_experts_problem), nullopt when the step has none.
+  const std::optional<MoeProblem>& shared_problem() const;
   const WorkspacePlan& plan() const;               // what `moekit plan` prints for this layout
   std::int64_t allocated_workspace_bytes() const;  // plan().total_bytes, or more with guard bands
   const StepStats& last_step() const;

@@ -28,6 +28,19 @@ class Memory {
   virtual void synchronize(Stream stream) = 0;
 };
 
+// A second stream for work that overlaps a step (the shared experts beside the routed ones). fork()
+// orders the side stream after everything enqueued on `stream` so far and returns it; join() orders
+// `stream` after everything enqueued on the side stream since. Both are capturable in a CUDA graph
+// (the side stream joins the capture through fork's event). The CPU runs everything in order: fork
+// returns `stream`, join does nothing.
+class StreamFork {
+ public:
+  virtual ~StreamFork() = default;
+  virtual Stream fork(Stream stream) = 0;
+  virtual void join(Stream stream) = 0;
+};
+std::unique_ptr<StreamFork> make_stream_fork(Device device);
+
 // The allocator of `device`. kCuda raises moekit::Error when moekit was built without CUDA or no
 // CUDA device is present.
 std::unique_ptr<Memory> make_memory(Device device);

@@ -30,6 +30,10 @@ struct FinalizeArgs {
   std::int64_t num_tokens = 0;
   ExpertsOutput experts;            // what the experts' run returned
   std::uint16_t* output = nullptr;  // (num_tokens, K) bf16, token order
+  // Add to the bf16 values already in `output` (the sum starts from them, one rounding): how the
+  // shared experts' combine joins the routed output. The local prepare/finalize only; the others
+  // raise moekit::Error.
+  bool accumulate = false;
 };
 
 class PrepareFinalize {

@@ -54,6 +54,14 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel
                         QuantScheme quant);
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
                         QuantScheme quant, Activation activation, std::optional<bool> fuse_w1 = std::nullopt);
+// The shared experts of a layer whose routed experts run `routed`: one MLP of
+// model.shared_intermediate_size (a family's several shared experts are one wider MLP) over this
+// rank's own tokens, as one expert in the standard format (E = E_local = topk = 1, M =
+// max_tokens_per_rank, one dispatcher: every rank holds it), with the routed problem's activation,
+// FP8 scheme and W1 recipe. nullopt when the model has none. Raises moekit::Error naming
+// shared_intermediate_size when the scheme cannot run that size.
+std::optional<MoeProblem> shared_experts_problem(const ModelConfig& model, const MoeProblem& routed);
+
 // Checks a problem built by hand (tests, bindings): the same rules as make_problem.
 void validate_problem(const MoeProblem& problem);
 

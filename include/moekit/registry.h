@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,10 +66,22 @@ std::string prepare_finalize_names(Device device, ActivationFormat format, std::
 const RouterEntry* find_router(Device device);
 
 // The layer's one workspace: the experts' section first (offset 0; its size is what `moekit plan`
-// calls the workspace), then the prepare/finalize's buffers, then the routing output. Raises
+// calls the workspace), then the prepare/finalize's buffers, then the routing output, then (with
+// `shared`, shared_experts_problem's) the shared experts' own step as one section. Raises
 // moekit::Error when the experts do not run `problem` (their unsupported() reason).
 // `prepare_finalize` names the dispatch/combine (empty: find_prepare_finalize's default).
 WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& experts, std::int64_t ep,
-                         std::int64_t guard_bytes = 0, std::string_view prepare_finalize = {});
+                         std::int64_t guard_bytes = 0, std::string_view prepare_finalize = {},
+                         const std::optional<MoeProblem>& shared = std::nullopt);
+
+// The shared experts' step on `device`: the standard experts, the local quantize/combine and the
+// shared route (Router::route_shared), planned as a layer of its own; plan_layer places it as
+// section kSharedExpertsSection, its regions prefixed kSharedExpertsPrefix, and the layer binds it
+// with Workspace::part.
+inline constexpr std::string_view kSharedExpertsSection = "shared-experts";
+inline constexpr std::string_view kSharedExpertsPrefix = "shared/";
+inline constexpr std::string_view kSharedExpertsImpl = "standard-fp8";
+inline constexpr std::string_view kSharedPrepareFinalize = "local";
+WorkspacePlan plan_shared_experts(const MoeProblem& shared, Device device, std::int64_t guard_bytes = 0);
 
 }  // namespace moekit

@@ -57,6 +57,12 @@ class Router {
   // routed nowhere (ids -1) meanwhile.
   virtual RouterOutput route(const MoeProblem& problem, const float* logits, std::int64_t num_tokens, const float* bias,
                              Workspace& workspace, Stream stream) = 0;
+  // The shared experts' route, on a router built for E = topk = 1 over shared_experts_problem's
+  // workspace: every token to expert 0 with weight 1, or, with `gate` ((K) bf16 on the router's
+  // device: Qwen2-MoE's shared_expert_gate), weight sigmoid(hidden[t] . gate) in fp32
+  // (numerics::shared_gate_*: the same bits on every device).
+  virtual RouterOutput route_shared(const MoeProblem& shared, const std::uint16_t* hidden, std::int64_t num_tokens,
+                                    const std::uint16_t* gate, Workspace& workspace, Stream stream) = 0;
   virtual void check_status(Workspace& workspace, Stream stream) = 0;
 };
 

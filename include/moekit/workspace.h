@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -99,6 +100,11 @@ class WorkspaceBuilder {
   void next_alternative();
   void end_alias();
 
+  // Places a whole plan of its own as section `name` (the shared experts' step beside the routed
+  // one): its regions renamed `prefix` + name, its alias groups prefixed alike, its guard bands kept.
+  // The plan must have been built with this builder's guard_bytes. Workspace::part binds it.
+  void add_plan(std::string name, const WorkspacePlan& plan, std::string_view prefix);
+
   void set_reference(std::string note);
   WorkspacePlan finish();
 
@@ -127,6 +133,10 @@ class Workspace {
   // the plan's figure and the free memory.
   Workspace(WorkspacePlan plan, Memory& memory);
   ~Workspace();
+  // The plan that WorkspaceBuilder::add_plan placed as section `section` of this workspace, bound at
+  // its offset (nothing allocated): its seams read their own region names. Raises moekit::Error when
+  // `plan` is not the one placed there.
+  std::unique_ptr<Workspace> part(WorkspacePlan plan, std::string_view section) const;
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
@@ -165,9 +175,12 @@ class Workspace {
   }
   void* region_ptr(std::string_view name, std::size_t elem_size, bool (*accepts_dtype)(DType)) const;
 
+  Workspace(WorkspacePlan plan, Memory& memory, std::byte* base);  // a part: owns nothing
+
   WorkspacePlan plan_;
   Memory& memory_;
   std::byte* base_ = nullptr;
+  bool owner_ = true;
 };
 
 }  // namespace moekit

@@ -27,6 +27,11 @@ Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales
   e_score_correction_bias (E,) float32 for models that route with it (DeepSeek-V3, Kimi-K2, GLM)
   w1_bias (E_local, N), w2_bias (E_local, K) float32 for models whose experts have biases (gpt-oss:
       gate_up_proj_bias, down_proj_bias), W1's in the row order of w1
+  shared_w1, shared_w1_scale, shared_w2, shared_w2_scale for models with shared experts (DeepSeek,
+      GLM, Qwen2-MoE): one expert of N = 2 * shared_intermediate_size in the layouts above, (1, N, K)
+      or (N, K) and so on; every rank holds all of it
+  shared_expert_gate (K,) or (1, K) bfloat16 for Qwen2-MoE: its shared output times
+      sigmoid(hidden . gate)
 Any other key, or one the model does not have, raises moekit.Error.
 Activations: hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32.
 """
@@ -148,7 +153,7 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
     def tensor(k, v):
         t = torch.from_numpy(v.view(np.int16) if v.dtype == np.uint16 else v)
         t = t.view(torch.bfloat16) if v.dtype == np.uint16 else t
-        t = t.view(torch.float8_e4m3fn) if k in ("w1", "w2") else t
+        t = t.view(torch.float8_e4m3fn) if k in ("w1", "w2", "shared_w1", "shared_w2") else t
         return t.to("cuda")
 
     return {k: tensor(k, v) for k, v in d.items()}
@@ -220,7 +225,8 @@ class TorchGroup:
         return out
 
 
-_WEIGHT_KEYS = ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias", "w1_bias", "w2_bias")
+_WEIGHT_KEYS = ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias", "w1_bias", "w2_bias", "shared_w1",
+                "shared_w1_scale", "shared_w2", "shared_w2_scale", "shared_expert_gate")
 # synthetic_inputs returns the tokens beside the weights; MoeLayer(weights=that dict) skips them.
 _INPUT_KEYS = ("hidden", "router_logits")
 
@@ -253,6 +259,9 @@ class MoeLayer:
                (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB of workspace, 1-7% slower than unfused on
                an H200: docs/PERF.md), W1 read in fp32 by the activation on every device; False: the
                unfused recipe (W1 into bf16 w1_out); True: fused, an error where it cannot run
+      shared_experts: True (default): the model's shared experts in the step (weights shared_*),
+               on a GPU on a second stream beside the routed experts; False: the routed experts
+               only, for an engine that runs the shared experts itself
     The workspace is allocated once, at construction (workspace_bytes, equal to moekit.plan's
     total for the layout); forward() chunks steps over max_tokens_per_rank. On a GPU, forward()
     runs on torch's current stream (or `stream`) and synchronizes it to check each chunk;
@@ -262,12 +271,20 @@ class MoeLayer:
     def __init__(self, model: str, weights: Mapping[str, Any], max_tokens_per_rank: int,
                  quant: str = "auto", experts: str = "batched-fp8", activation: Optional[str] = None,
                  num_threads: int = 1, device: Optional[str] = None, group: Any = None,
-                 dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None):
+                 dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None,
+                 shared_experts: bool = True):
         unknown = sorted(set(weights) - set(_WEIGHT_KEYS) - set(_INPUT_KEYS))
         if unknown:
             raise Error(f"unknown weight keys {unknown}: MoeLayer takes {list(_WEIGHT_KEYS)} (the module docstring "
                         "gives each one's layout); a weight it would not read changes nothing, so it is refused")
         self._weights = {k: weights[k] for k in _WEIGHT_KEYS if k in weights}
+        for k in ("shared_w1", "shared_w1_scale", "shared_w2", "shared_w2_scale"):
+            v = self._weights.get(k)
+            if v is not None and len(v.shape) == (2 if k.endswith("scale") else 3) - 1:
+                self._weights[k] = v[None]  # one expert: its (N, K) checkpoint shape as (1, N, K), a view
+        gate = self._weights.get("shared_expert_gate")
+        if gate is not None and len(gate.shape) == 2:
+            self._weights["shared_expert_gate"] = gate.reshape(-1)  # nn.Linear's (1, K), a view
         w = {k: ops._plain(v) for k, v in self._weights.items()}
         device = device or _device_of(weights["w1"])
         if group is not None and not hasattr(group, "all_gather"):
@@ -276,6 +293,8 @@ class MoeLayer:
         self._layer = _moekit.Layer(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
                                     dispatch or "", w["w1"], w["w1_scale"], w["w2"], w["w2_scale"],
                                     w.get("e_score_correction_bias"), w.get("w1_bias"), w.get("w2_bias"),
+                                    w.get("shared_w1"), w.get("shared_w1_scale"), w.get("shared_w2"),
+                                    w.get("shared_w2_scale"), w.get("shared_expert_gate"), shared_experts,
                                     num_threads, fuse_w1, group)
 
     @property

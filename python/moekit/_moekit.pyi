@@ -12,7 +12,10 @@ def synthetic(model: str, num_experts: int, tokens: int, max_tokens_per_rank: in
 class Layer:
     def __init__(self, model: str, num_experts: int, max_tokens_per_rank: int, quant: str, experts: str,
                  activation: Optional[str], device: str, dispatch: str, w1: Any, w1_scale: Any, w2: Any,
-                 w2_scale: Any, e_score_correction_bias: Optional[Any], num_threads: int, fuse_w1: bool,
+                 w2_scale: Any, e_score_correction_bias: Optional[Any], w1_bias: Optional[Any],
+                 w2_bias: Optional[Any], shared_w1: Optional[Any], shared_w1_scale: Optional[Any],
+                 shared_w2: Optional[Any], shared_w2_scale: Optional[Any], shared_expert_gate: Optional[Any],
+                 shared_experts: bool, num_threads: int, fuse_w1: Optional[bool],
                  group: Optional[Any]) -> None: ...
     def forward(self, hidden: Any, router_logits: Any, out: Any, stream: int) -> None: ...
     def enqueue(self, hidden: Any, router_logits: Any, out: Any, stream: int, max_tokens_any_rank: int) -> None: ...

@@ -343,7 +343,9 @@ class Layer {
   Layer(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
         const std::string& experts, std::optional<std::string> activation, const std::string& device,
         const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
-        std::optional<Array> w1_bias, std::optional<Array> w2_bias, int num_threads, std::optional<bool> fuse_w1,
+        std::optional<Array> w1_bias, std::optional<Array> w2_bias, std::optional<Array> shared_w1,
+        std::optional<Array> shared_w1_scale, std::optional<Array> shared_w2, std::optional<Array> shared_w2_scale,
+        std::optional<Array> shared_gate, bool shared_experts, int num_threads, std::optional<bool> fuse_w1,
         std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
@@ -354,6 +356,7 @@ class Layer {
     opt.quant = choose_quant(model_, quant).quant;
     if (activation) opt.activation = parse_activation(*activation);
     opt.fuse_w1 = fuse_w1;
+    opt.shared_experts = shared_experts;
     opt.num_threads = std::max(1, num_threads);
     if (group) {
       comm_ = std::make_unique<PyCommunicator>(*group);
@@ -391,9 +394,38 @@ class Layer {
       weights_.w1_bias = static_cast<const float*>(w1_bias->data());
       weights_.w2_bias = static_cast<const float*>(w2_bias->data());
     }
+    LayerWeights lw{weights_, bias_ptr};
+    // The shared experts: every rank's full copy, one expert of shared_experts_problem.
+    const bool any_shared = shared_w1 || shared_w1_scale || shared_w2 || shared_w2_scale || shared_gate;
+    const auto sp = shared_experts ? shared_experts_problem(model_, p) : std::nullopt;
+    if (!sp) {
+      MOEKIT_CHECK(!any_shared, "model '{}' ({}) {}, but the weights carry shared_* keys: drop them", model_.name,
+                   model_.model_type,
+                   model_.shared_intermediate_size == 0 ? "has no shared experts" : "runs with shared_experts=False");
+    } else {
+      MOEKIT_CHECK(shared_w1 && shared_w1_scale && shared_w2 && shared_w2_scale,
+                   "model '{}' ({}) has shared experts (shared_intermediate_size = {}): pass shared_w1 (1, {}, {}), "
+                   "shared_w1_scale, shared_w2 (1, {}, {}) and shared_w2_scale in the layouts of w1 .. w2_scale, or "
+                   "shared_experts=False to run the routed experts only",
+                   model_.name, model_.model_type, model_.shared_intermediate_size, sp->N, sp->K, sp->K, sp->I());
+      try {
+        lw.shared_experts = weights_of(*sp, *shared_w1, *shared_w1_scale, *shared_w2, *shared_w2_scale, place_);
+      } catch (const Error& e) {
+        MOEKIT_FAIL("the shared experts' weights (shared_w1 .. shared_w2_scale): {}", e.what());
+      }
+      MOEKIT_CHECK(shared_gate.has_value() == model_.shared_expert_gate, "model '{}' ({}) {}: {} shared_expert_gate",
+                   model_.name, model_.model_type,
+                   model_.shared_expert_gate ? "gates its shared experts" : "has no shared expert gate",
+                   model_.shared_expert_gate ? fmt::format("pass ({},) bfloat16 as", p.K) : "drop");
+      if (shared_gate) {
+        require(*shared_gate, "shared_expert_gate", {kBfloat, kUInt}, 16, {p.K}, "bfloat16 (or its uint16 bits)",
+                place_);
+        lw.shared_expert_gate = static_cast<const std::uint16_t*>(shared_gate->data());
+      }
+    }
     DeviceScope scope(place_);
     nb::gil_scoped_release release;  // NCCL's set-up blocks; the group takes the GIL back for its collectives
-    layer_ = std::make_unique<MoeLayer>(model_, par, opt, LayerWeights{weights_, bias_ptr}, comm);
+    layer_ = std::make_unique<MoeLayer>(model_, par, opt, lw, comm);
   }
 
   ~Layer() {
@@ -746,12 +778,14 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
   const MoeProblem p =
       make_problem(m, par, ActivationFormat::kBatchedExperts, choose_quant(m, quant).quant, m.activation);
   std::shared_ptr<synthetic::HostExpertWeights> w;
+  std::shared_ptr<synthetic::HostSharedExperts> sh;
   std::shared_ptr<synthetic::Tokens> t;
   {
     nb::gil_scoped_release release;
     cpu::ThreadPool pool(std::max(1, num_threads));
     w = std::make_shared<synthetic::HostExpertWeights>(
         synthetic::make_expert_weights(p, first_local_expert(par, p, static_cast<int>(rank)), seed, pool));
+    sh = std::make_shared<synthetic::HostSharedExperts>(synthetic::make_shared_experts(m, p, seed, pool));
     t = std::make_shared<synthetic::Tokens>(synthetic::make_tokens(p.K, p.E, rank * tokens, tokens, seed));
   }
   auto bias = std::make_shared<std::vector<float>>(m.has_score_correction_bias ? synthetic::make_routing_bias(p.E, seed)
@@ -772,6 +806,16 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
   d["hidden"] = owned(t, t->hidden.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.K)});
   d["router_logits"] = owned(t, t->logits.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.E)});
   if (!bias->empty()) d["e_score_correction_bias"] = owned(bias, bias->data(), {bias->size()});
+  if (sh->problem) {
+    auto& sw = sh->experts;  // writable arrays: the layer takes nb::ndarray<> (read-only ones are refused)
+    const auto N = static_cast<std::size_t>(sh->problem->N), I = static_cast<std::size_t>(sh->problem->I()),
+               K = static_cast<std::size_t>(p.K);
+    d["shared_w1"] = owned(sh, sw.w1.data(), {1, N, K});
+    d["shared_w2"] = owned(sh, sw.w2.data(), {1, K, I});
+    d["shared_w1_scale"] = owned(sh, sw.w1_scale.data(), {1, sw.w1_scale.size()});
+    d["shared_w2_scale"] = owned(sh, sw.w2_scale.data(), {1, sw.w2_scale.size()});
+    if (!sh->gate.empty()) d["shared_expert_gate"] = owned(sh, sh->gate.data(), {K});
+  }
   if (p.expert_bias) {
     d["w1_bias"] = owned(w, w->w1_bias.data(), {E, static_cast<std::size_t>(p.N)});
     d["w2_bias"] = owned(w, w->w2_bias.data(), {E, static_cast<std::size_t>(p.K)});
@@ -843,13 +887,16 @@ NB_MODULE(_moekit, m) {
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
-                    std::optional<Array>, std::optional<Array>, std::optional<Array>, int, std::optional<bool>,
-                    std::optional<nb::object>>(),
+                    std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>,
+                    std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>, bool, int,
+                    std::optional<bool>, std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
-           nb::arg("w1_bias").none(), nb::arg("w2_bias").none(), nb::arg("num_threads"), nb::arg("fuse_w1").none(),
-           nb::arg("group").none())
+           nb::arg("w1_bias").none(), nb::arg("w2_bias").none(), nb::arg("shared_w1").none(),
+           nb::arg("shared_w1_scale").none(), nb::arg("shared_w2").none(), nb::arg("shared_w2_scale").none(),
+           nb::arg("shared_expert_gate").none(), nb::arg("shared_experts"), nb::arg("num_threads"),
+           nb::arg("fuse_w1").none(), nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"),
            nb::arg("max_tokens_any_rank"))

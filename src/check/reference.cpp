@@ -67,23 +67,20 @@ void LayerReference::add(const std::uint16_t* hidden, const float* logits, std::
   }
 }
 
-void LayerReference::add_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t T,
-                               const std::uint16_t* output) {
-  const MoeProblem& p = problem_;
-  const std::int64_t K = p.K, I = p.I(), topk = p.topk;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
-  std::vector<float> weights(static_cast<std::size_t>(T * topk));
-  cpu::route(routing_, logits, T, bias_.empty() ? nullptr : bias_.data(), ids.data(), weights.data());
-  std::vector<fp8_t> q(static_cast<std::size_t>(T * K));
-  std::vector<float> qs(static_cast<std::size_t>(std::max<std::int64_t>(activation_scale_count(p.quant, T, K), 1)));
-  cpu::quantize_activation(p.quant, hidden, T, K, K, q.data(), K, qs.data());
-  const std::int64_t spr = activation_scales_per_row(p.quant, K);
+void LayerReference::set_shared(const MoeProblem& shared, const ExpertWeightsView& weights, const std::uint16_t* gate) {
+  MOEKIT_CHECK(shared.E == 1 && shared.topk == 1 && shared.K == problem_.K && shared.quant == problem_.quant,
+               "LayerReference: {} is not the shared experts of {}", shared.describe(), problem_.describe());
+  shared_ = shared;
+  shared_weights_ = weights;
+  shared_gate_ = gate;
+}
 
-  // Activations of every (token, slot) row; the weights views are fetched up front (the bank may
-  // generate an expert: not from the pool's threads).
-  std::vector<ExpertWeightsView> expert_of(static_cast<std::size_t>(T * topk));
-  for (std::int64_t i = 0; i < T * topk; ++i)
-    expert_of[static_cast<std::size_t>(i)] = weights_of_(ids[static_cast<std::size_t>(i)]);
+std::vector<double> LayerReference::expert_rows(const MoeProblem& p, std::int64_t T,
+                                                const std::vector<std::int32_t>& ids,
+                                                const std::vector<ExpertWeightsView>& expert_of,
+                                                const std::vector<fp8_t>& q, const std::vector<float>& qs) {
+  const std::int64_t K = p.K, I = p.I(), topk = p.topk;
+  const std::int64_t spr = activation_scales_per_row(p.quant, K);
   std::vector<double> act(static_cast<std::size_t>(T * topk * I));
   pool_.parallel_for(T * topk, [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) {
@@ -111,12 +108,43 @@ void LayerReference::add_chunk(const std::uint16_t* hidden, const float* logits,
       w2_ref(p, expert_of[static_cast<std::size_t>(i)], act.data() + i * I, tensor_scale[static_cast<std::size_t>(i)],
              y.data() + i * K);
   });
+  return y;
+}
+
+void LayerReference::add_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t T,
+                               const std::uint16_t* output) {
+  const MoeProblem& p = problem_;
+  const std::int64_t K = p.K, topk = p.topk;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
+  std::vector<float> weights(static_cast<std::size_t>(T * topk));
+  cpu::route(routing_, logits, T, bias_.empty() ? nullptr : bias_.data(), ids.data(), weights.data());
+  std::vector<fp8_t> q(static_cast<std::size_t>(T * K));
+  std::vector<float> qs(static_cast<std::size_t>(std::max<std::int64_t>(activation_scale_count(p.quant, T, K), 1)));
+  cpu::quantize_activation(p.quant, hidden, T, K, K, q.data(), K, qs.data());
+
+  // The weights views are fetched up front (the bank may generate an expert: not from the pool's threads).
+  std::vector<ExpertWeightsView> expert_of(static_cast<std::size_t>(T * topk));
+  for (std::int64_t i = 0; i < T * topk; ++i)
+    expert_of[static_cast<std::size_t>(i)] = weights_of_(ids[static_cast<std::size_t>(i)]);
+  const std::vector<double> y = expert_rows(p, T, ids, expert_of, q, qs);
+  // The shared experts see the same quantized tokens (one scheme, the same chunk).
+  std::vector<double> y_shared;
+  std::vector<std::int32_t> shared_ids(static_cast<std::size_t>(shared_ ? T : 0));
+  std::vector<float> shared_weight(shared_ids.size());
+  if (shared_) {
+    cpu::route_shared(hidden, T, K, shared_gate_, shared_ids.data(), shared_weight.data());
+    y_shared =
+        expert_rows(*shared_, T, shared_ids, std::vector<ExpertWeightsView>(shared_ids.size(), shared_weights_), q, qs);
+  }
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t c = 0; c < K; ++c) {
       double ref = 0;
       for (std::int64_t k = 0; k < topk; ++k)
         ref += static_cast<double>(weights[static_cast<std::size_t>(t * topk + k)]) *
                y[static_cast<std::size_t>((t * topk + k) * K + c)];
+      if (shared_)
+        ref += static_cast<double>(shared_weight[static_cast<std::size_t>(t)]) *
+               y_shared[static_cast<std::size_t>(t * K + c)];
       const double out = static_cast<double>(bf16_decode(output[t * K + c]));
       if (std::isnan(out)) ++error_.nan_outputs;
       error_.err_sq += (out - ref) * (out - ref);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -55,6 +56,10 @@ class LayerReference {
   LayerReference(const ModelConfig& model, const MoeProblem& problem, const float* routing_bias, WeightsOf weights_of,
                  cpu::ThreadPool& pool);
 
+  // The step's shared experts (shared_experts_problem) and their gate ((K) bf16 or nullptr): their
+  // rows, weighted 1 or sigmoid(hidden . gate), join the sum.
+  void set_shared(const MoeProblem& shared, const ExpertWeightsView& weights, const std::uint16_t* gate);
+
   // Adds the error of `output` (T, K) bf16 for tokens (T, K) / logits (T, E), in chunks of `chunk`.
   void add(const std::uint16_t* hidden, const float* logits, std::int64_t T, std::int64_t chunk,
            const std::uint16_t* output);
@@ -62,8 +67,15 @@ class LayerReference {
 
  private:
   void add_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t T, const std::uint16_t* output);
+  // Rows of `p`'s experts for each (token, slot) of `ids` (T * p.topk): y (T * topk, K) in double.
+  std::vector<double> expert_rows(const MoeProblem& p, std::int64_t T, const std::vector<std::int32_t>& ids,
+                                  const std::vector<ExpertWeightsView>& expert_of,
+                                  const std::vector<numerics::fp8_t>& q, const std::vector<float>& qs);
 
   MoeProblem problem_;
+  std::optional<MoeProblem> shared_;
+  ExpertWeightsView shared_weights_;
+  const std::uint16_t* shared_gate_ = nullptr;
   RoutingConfig routing_;
   std::vector<float> bias_;
   WeightsOf weights_of_;

@@ -23,6 +23,7 @@
 #include "moekit/check.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
+#include "numerics/fp8.h"
 #include "numerics/scales.h"
 #include "synthetic/synthetic.h"
 
@@ -46,6 +47,9 @@ struct BenchRequest {
   std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 2048, 8192};
   std::string quant = "auto";   // auto: the checkpoint's scheme (choose_quant)
   std::optional<bool> fuse_w1;  // the fused W1 (no w1_out): nullopt where it runs (fuse_w1_runs)
+  // The model's shared experts in the step: "on", "off" or both (each implementation measured both
+  // ways, in one process); a model without shared experts runs "off" only.
+  std::vector<std::string> shared{"on"};
   int iters = 50;
   std::uint64_t seed = 1;
   std::string format = "table";
@@ -84,7 +88,8 @@ struct Row {
   std::int64_t active_experts = 0;
   std::int64_t max_rows = 0;  // the most (token, slot) pairs one expert received
   double flops = 0, bytes = 0;
-  bool fused = false;  // the problem's recipe (MoeProblem::fuse_w1)
+  bool fused = false;   // the problem's recipe (MoeProblem::fuse_w1)
+  bool shared = false;  // the shared experts in the step
 };
 
 // The layer's weights on its device: seeded synthetic ones on the CPU; random FP8 codes with
@@ -96,11 +101,11 @@ struct BenchWeights {
   ExpertWeightsView view;
 };
 
-BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, std::uint64_t seed,
-                          cpu::ThreadPool& pool) {
+BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, std::uint64_t seed, cpu::ThreadPool& pool,
+                          std::int64_t first_expert = 0) {
   BenchWeights w;
   if (device == Device::kCpu) {
-    w.host = synthetic::make_expert_weights(p, 0, seed, pool);
+    w.host = synthetic::make_expert_weights(p, first_expert, seed, pool);
     w.view = w.host.view();
     return w;
   }
@@ -151,7 +156,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
   }
   const RoutingConfig routing = routing_config(model);
   const QuantScheme quant = choose_quant(model, req.quant).quant;
-  const std::size_t total_cases = req.experts.size() * req.tokens.size();
+  const std::size_t total_cases = req.experts.size() * req.tokens.size() * std::max<std::size_t>(1, req.shared.size());
   std::size_t done = 0;
   // Every implementation is built first; then each T is measured for each of them in turn, so that
   // no implementation gains or loses from its place in the sweep (measured one after the other, the
@@ -161,10 +166,20 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
     std::string name;
     MoeProblem p;
     std::size_t weights = 0;  // index into `weights`
+    bool shared = false;
   };
   std::vector<Impl> impls;
   std::vector<BenchWeights> weights;
-  weights.reserve(req.experts.size());  // the views point into them
+  weights.reserve(req.experts.size() + 1);     // the views point into them
+  std::optional<BenchWeights> shared_weights;  // one copy for every implementation (the same problem)
+  std::vector<std::uint16_t> shared_gate;
+  const std::uint16_t* shared_gate_dev = nullptr;
+  std::vector<bool> shared_modes;
+  for (const std::string& mode : req.shared) {
+    MOEKIT_CHECK(mode == "on" || mode == "off", "--shared-experts {}: on, off or on,off", mode);
+    const bool on = mode == "on" && model.shared_intermediate_size > 0;
+    if (std::find(shared_modes.begin(), shared_modes.end(), on) == shared_modes.end()) shared_modes.push_back(on);
+  }
   std::vector<MoeProblem> weight_shapes;
   for (const std::string& name : req.experts) {
     const ExpertsEntry& entry = find_experts(name, device);
@@ -182,7 +197,15 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
       weights.push_back(make_weights(p, device, *memory, req.seed, pool));
       weight_shapes.push_back(p);
     }
-    impls.push_back({name, p, wi});
+    for (const bool on : shared_modes) impls.push_back({name, p, wi, on});
+    const auto sp = shared_experts_problem(model, p);
+    if (sp && !shared_weights && std::find(shared_modes.begin(), shared_modes.end(), true) != shared_modes.end()) {
+      shared_weights = make_weights(*sp, device, *memory, req.seed + 7, pool, synthetic::kSharedExpertIndex);
+      if (model.shared_expert_gate) {
+        shared_gate.assign(static_cast<std::size_t>(p.K), numerics::bf16_encode(0.01f));
+        shared_gate_dev = inputs.put(shared_gate, "shared_expert_gate");
+      }
+    }
   }
   std::vector<std::vector<Row>> by_impl(impls.size());
   run_in_process(1, [&](Communicator& comm) {
@@ -194,9 +217,13 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
       opt.quant = im.p.quant;
       opt.fuse_w1 = im.p.fuse_w1;
       opt.num_threads = threads;
-      layers.push_back(std::make_unique<MoeLayer>(
-          model, par, opt, LayerWeights{weights[im.weights].view, model.has_score_correction_bias ? dbias : nullptr},
-          comm));
+      opt.shared_experts = im.shared;
+      LayerWeights lw{weights[im.weights].view, model.has_score_correction_bias ? dbias : nullptr};
+      if (im.shared) {
+        lw.shared_experts = shared_weights->view;
+        lw.shared_expert_gate = shared_gate_dev;
+      }
+      layers.push_back(std::make_unique<MoeLayer>(model, par, opt, lw, comm));
     }
     void* stream = device == Device::kCpu ? nullptr : cuda::create_stream();
     for (const std::int64_t T : req.tokens) {
@@ -204,9 +231,12 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         MoeLayer& layer = *layers[li];
         const MoeProblem& p = impls[li].p;
         const std::string& name = impls[li].name;
-        std::cerr << fmt::format("bench layer: {} T = {} ({}/{})\n", name, T, ++done, total_cases);
+        const auto shared_p = impls[li].shared ? layer.shared_problem() : std::nullopt;
+        std::cerr << fmt::format("bench layer: {}{} T = {} ({}/{})\n", name, shared_p ? " +shared" : "", T, ++done,
+                                 total_cases);
         Row r;
         r.experts = name;
+        r.shared = shared_p.has_value();
         r.T = T;
         std::vector<double> step;
         std::vector<std::vector<double>> stage(4);
@@ -264,6 +294,10 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         r.flops = 2.0 * static_cast<double>(T * p.topk) * static_cast<double>(p.N * p.K + p.K * p.I());
         r.bytes = static_cast<double>(r.active_experts) * static_cast<double>(expert_weight_bytes(one)) +
                   4.0 * static_cast<double>(T * p.K);
+        if (shared_p && T > 0) {  // every token through the shared experts: their FLOPs and weights
+          r.flops += 2.0 * static_cast<double>(T) * static_cast<double>(shared_p->N * p.K + p.K * shared_p->I());
+          r.bytes += static_cast<double>(expert_weight_bytes(*shared_p));
+        }
         if (peak_tflops > 0 && copy_gbs > 0)
           r.floor_ms = std::max(r.flops / (peak_tflops * 1e12), r.bytes / (copy_gbs * 1e9)) * 1e3;
         by_impl[li].push_back(r);
@@ -331,17 +365,12 @@ int bench_command(const BenchRequest& req) {
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json x = {{"experts", r.experts},
-                          {"T", r.T},
-                          {"median_ms", r.median_ms},
-                          {"p99_ms", r.p99_ms},
-                          {"floor_ms", r.floor_ms},
-                          {"active_experts", r.active_experts},
-                          {"max_rows", r.max_rows},
-                          {"fuse_w1", r.fused},
-                          {"flops", r.flops},
-                          {"bytes", r.bytes},
-                          {"stages_ms", nlohmann::json::object()}};
+      nlohmann::json x = {{"experts", r.experts},       {"T", r.T},
+                          {"median_ms", r.median_ms},   {"p99_ms", r.p99_ms},
+                          {"floor_ms", r.floor_ms},     {"active_experts", r.active_experts},
+                          {"max_rows", r.max_rows},     {"fuse_w1", r.fused},
+                          {"shared_experts", r.shared}, {"flops", r.flops},
+                          {"bytes", r.bytes},           {"stages_ms", nlohmann::json::object()}};
       for (int k = 0; k < 4; ++k) x["stages_ms"][kStages[k]] = r.stage_ms[k];
       j["rows"].push_back(x);
     }
@@ -357,21 +386,22 @@ int bench_command(const BenchRequest& req) {
   if (device == Device::kCuda)
     std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
                              copy_gbs, peak);
-  std::cout << fmt::format("{:<19} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>13}\n",
+  std::cout << fmt::format("{:<23} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>13}\n",
                            "experts", "T", "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts",
                            "finalize", "rest %", "TFLOP/s", "experts/most");
   for (const Row& r : rows) {
     const double rest = r.stage_ms[0] + r.stage_ms[1] + r.stage_ms[3];
     std::cout << fmt::format(
-        "{:<19} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f} "
+        "{:<23} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f} "
         "{:>13}\n",
-        r.experts + (r.fused ? " fused" : ""), r.T, r.median_ms, r.p99_ms, r.floor_ms,
+        r.experts + (r.fused ? " fused" : "") + (r.shared ? " +sh" : ""), r.T, r.median_ms, r.p99_ms, r.floor_ms,
         r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0, r.stage_ms[0], r.stage_ms[1], r.stage_ms[2], r.stage_ms[3],
         r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0, r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0,
         fmt::format("{}/{}", r.active_experts, r.max_rows));
   }
   std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth); "
-               "experts/most = experts that got a token / the most rows one got\n";
+               "experts/most = experts that got a token / the most rows one got; +sh: with the shared experts (their "
+               "FLOPs and weights in the floor)\n";
   return 0;
 }
 
@@ -410,6 +440,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
                   "per-tensor, per-token or block128")
       ->capture_default_str();
   add_fuse_w1_flags(*cmd, req->fuse_w1);
+  cmd->add_option("--shared-experts", req->shared,
+                  "layer: on (the model's shared experts in the step), off, or on,off (both, one process)")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
   cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")

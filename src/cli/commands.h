@@ -29,6 +29,7 @@ struct PlanRequest {
   std::string activation;            // empty: the model's
   std::string quant = "auto";        // auto: the checkpoint's scheme (choose_quant)
   std::optional<bool> fuse_w1;       // the fused W1 (no w1_out): nullopt where it runs (fuse_w1_runs)
+  bool shared_experts = true;        // the model's shared experts in the step (their section and weights)
   std::vector<std::string> experts;  // empty: every implementation on the device and the references
   std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
   std::string gpu_memory;            // empty: not shown
@@ -42,8 +43,8 @@ struct PlanEntry {
   WorkspacePlan plan;
   std::string config;            // the implementation's choices at capacity (GEMM configs)
   std::int64_t workspace_bytes;  // the "experts" section: the figure the upstream report is about
-  std::int64_t buffer_bytes;     // the other sections: the experts' input/output, routing
-  std::int64_t weight_bytes;     // the local experts' FP8 weights + scales
+  std::int64_t buffer_bytes;     // the other sections: the experts' input/output, routing, shared experts
+  std::int64_t weight_bytes;     // the local experts' FP8 weights + scales, the shared experts' included
 };
 
 struct PlanReport {
@@ -81,6 +82,8 @@ int bench_dispatch_command(const DispatchBenchRequest& request);
 // --fuse-w1 / --no-fuse-w1 of plan, run and bench: the fused W1 asked for (an Error where it
 // cannot run) or refused; neither: fused wherever it runs (make_problem's default).
 void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1);
+// --no-shared-experts (LayerOptions::shared_experts = false).
+void add_shared_experts_flag(CLI::App& cmd, bool& shared_experts);
 
 std::function<int()> add_plan_command(CLI::App& app);
 std::function<int()> add_run_command(CLI::App& app);

@@ -63,6 +63,13 @@ void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1) {
   on->excludes(off);
 }
 
+void add_shared_experts_flag(CLI::App& cmd, bool& shared_experts) {
+  cmd.add_flag_callback(
+      "--no-shared-experts", [&shared_experts] { shared_experts = false; },
+      "The routed experts only: leave the model's shared experts (DeepSeek, GLM, Qwen2-MoE) to the caller (by "
+      "default the step computes them beside the routed experts)");
+}
+
 std::string human_bytes(std::int64_t bytes) {
   const double b = static_cast<double>(bytes);
   const bool neg = b < 0;
@@ -99,11 +106,16 @@ PlanReport make_plan_report(const PlanRequest& req) {
     known.emplace_back(name);
     return req.experts.empty() || std::find(req.experts.begin(), req.experts.end(), name) != req.experts.end();
   };
+  // The local experts' weights, and every rank's copy of the shared experts (with the step's).
+  auto weight_bytes = [&](const MoeProblem& p) {
+    const auto shared = req.shared_experts ? shared_experts_problem(report.model, p) : std::nullopt;
+    return expert_weight_bytes(p) + (shared ? expert_weight_bytes(*shared) : 0);
+  };
   auto add = [&](WorkspacePlan plan, std::string config) {
-    const MoeProblem& p = plan.problem;
+    const std::int64_t weights = plan.reference ? expert_weight_bytes(plan.problem) : weight_bytes(plan.problem);
     const std::int64_t experts = plan.section_bytes("experts");
     const std::int64_t total = plan.total_bytes;
-    report.entries.push_back({std::move(plan), std::move(config), experts, total - experts, expert_weight_bytes(p)});
+    report.entries.push_back({std::move(plan), std::move(config), experts, total - experts, weights});
   };
   for (const auto& entry : experts_registry()) {
     if (entry.device != device || !wanted(entry.name)) continue;
@@ -115,13 +127,14 @@ PlanReport make_plan_report(const PlanRequest& req) {
       skipped.name = fmt::format("{} ({})", entry.name, device_name(entry.device));
       skipped.problem = problem;
       skipped.note = "does not run this problem: " + why;
-      report.entries.push_back({std::move(skipped), "", -1, -1, expert_weight_bytes(problem)});
+      report.entries.push_back({std::move(skipped), "", -1, -1, weight_bytes(problem)});
       continue;
     }
     const bool has_dispatch =
         !req.dispatch.empty() && find_prepare_finalize(device, entry.format, req.parallel.ep, req.dispatch) != nullptr;
     used_dispatch = used_dispatch || has_dispatch;
-    add(plan_layer(problem, entry, req.parallel.ep, 0, has_dispatch ? std::string_view(req.dispatch) : ""),
+    add(plan_layer(problem, entry, req.parallel.ep, 0, has_dispatch ? std::string_view(req.dispatch) : "",
+                   req.shared_experts ? shared_experts_problem(report.model, problem) : std::nullopt),
         experts->describe_config(problem, plan::step_tokens_per_rank(problem, 0, req.step_tokens)));
   }
   for (const auto& ref : plan::upstream_references()) {
@@ -295,6 +308,7 @@ std::function<int()> add_plan_command(CLI::App& app) {
                   "per-tensor, per-token or block128")
       ->capture_default_str();
   add_fuse_w1_flags(*cmd, req->fuse_w1);
+  add_shared_experts_flag(*cmd, req->shared_experts);
   cmd->add_option("--experts", req->experts,
                   "Only these experts implementations or references (repeatable; default: all)");
   cmd->add_option("--dispatch", req->dispatch,

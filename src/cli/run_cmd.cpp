@@ -40,6 +40,7 @@ struct RunRequest {
   std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
   std::string activation;
   std::optional<bool> fuse_w1;  // nullopt: fused where it runs (fuse_w1_runs)
+  bool shared_experts = true;   // the model's shared experts in the step (LayerOptions::shared_experts)
   std::int64_t steps = 2;
   bool check = false;
   std::uint64_t seed = 1;
@@ -80,6 +81,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.quant = quant.quant;
   if (!req.activation.empty()) opt.activation = parse_activation(req.activation);
   opt.fuse_w1 = req.fuse_w1;
+  opt.shared_experts = req.shared_experts;
   opt.checked = req.check;
   opt.num_threads = threads_per_rank;
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
@@ -97,6 +99,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
       synthetic::make_expert_weights(p, first_local_expert(par, p, comm.rank()), req.seed, pool);
   const std::vector<float> bias =
       model.has_score_correction_bias ? synthetic::make_routing_bias(p.E, req.seed) : std::vector<float>{};
+  const synthetic::HostSharedExperts shared =
+      req.shared_experts ? synthetic::make_shared_experts(model, p, req.seed, pool) : synthetic::HostSharedExperts{};
   const std::int64_t T = req.tokens_per_rank, K = p.K, E = p.E;
   const synthetic::Tokens tokens = synthetic::make_tokens(K, E, comm.rank() * T, T, req.seed);
 
@@ -114,7 +118,9 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
     output = out_dev.as<std::uint16_t>();
   }
 
-  MoeLayer layer(model, par, opt, {view, bias_ptr}, comm);
+  LayerWeights layer_weights{view, bias_ptr};
+  shared.set(layer_weights, dev);
+  MoeLayer layer(model, par, opt, layer_weights, comm);
   const MoeProblem& lp = layer.problem();
   if (root) {
     std::cout << fmt::format(
@@ -125,6 +131,12 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
         lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), lp.fuse_w1 ? " (fused W1)" : "",
         format_name(lp.format));
     std::cout << fmt::format("quantization: {}\n", quant.note);
+    if (const auto& sp = layer.shared_problem())
+      std::cout << fmt::format("shared experts: one MLP of I = {}{}, on every rank beside the routed experts\n",
+                               sp->I(),
+                               model.shared_expert_gate ? ", gated by sigmoid(hidden . shared_expert_gate)" : "");
+    else if (model.shared_intermediate_size > 0)
+      std::cout << fmt::format("shared experts: not in the step (--no-shared-experts)\n");
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
     std::cout << fmt::format(
@@ -160,7 +172,9 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
     LayerOptions cpu_opt = opt;
     cpu_opt.device = Device::kCpu;
     cpu_opt.prepare_finalize.clear();
-    MoeLayer cpu_layer(model, par, cpu_opt, {host_weights.view(), bias.empty() ? nullptr : bias.data()}, comm);
+    LayerWeights cpu_weights{host_weights.view(), bias.empty() ? nullptr : bias.data()};
+    shared.set(cpu_weights);
+    MoeLayer cpu_layer(model, par, cpu_opt, cpu_weights, comm);
     std::vector<std::uint16_t> cpu_out(out.size());
     cpu_layer.forward(tokens.hidden.data(), tokens.logits.data(), T, cpu_out.data());
     double err = 0, norm = 0;
@@ -207,6 +221,10 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
       model.has_score_correction_bias ? synthetic::make_routing_bias(p.E, req.seed) : std::vector<float>{};
   check::LayerReference reference(
       model, p, bias.empty() ? nullptr : bias.data(), [&](std::int64_t e) { return bank.expert(e); }, pool);
+  const synthetic::HostSharedExperts shared =
+      req.shared_experts ? synthetic::make_shared_experts(model, p, req.seed, pool) : synthetic::HostSharedExperts{};
+  if (shared.problem)
+    reference.set_shared(*shared.problem, shared.experts.view(), shared.gate.empty() ? nullptr : shared.gate.data());
   const std::int64_t T = req.tokens_per_rank;
   for (std::int64_t r = 0; r < req.dp; ++r) {
     const synthetic::Tokens t = synthetic::make_tokens(p.K, p.E, r * T, T, req.seed);
@@ -294,6 +312,7 @@ std::function<int()> add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--activation", req->activation, "Override the model's activation");
   add_fuse_w1_flags(*cmd, req->fuse_w1);
+  add_shared_experts_flag(*cmd, req->shared_experts);
   cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
   cmd->add_flag("--check", req->check,
                 "Checked mode (guard bands, NaN poisoning) and the float64 reference of the outputs");

@@ -19,6 +19,7 @@ std::unique_ptr<Router> make_router(const RoutingConfig& config, const ExecConte
 std::unique_ptr<PrepareFinalize> make_all_to_all(const ExecContext& ctx);
 // Standard format, ep == 1: quantize in place, combine the experts' permuted rows.
 std::unique_ptr<PrepareFinalize> make_local(const ExecContext& ctx);
-std::unique_ptr<Memory> make_host_memory();  // cpu/memory.cpp
+std::unique_ptr<Memory> make_host_memory();      // cpu/memory.cpp
+std::unique_ptr<StreamFork> make_stream_fork();  // cpu/memory.cpp: everything in order
 
 }  // namespace moekit::cpu

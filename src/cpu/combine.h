@@ -1,7 +1,7 @@
 // The combine on the CPU: out[t] = bf16(sum over slots k in order of w[t,k] * y(t,k)) with fp32
-// accumulation and one rounding: the one combine formula of both formats and every device, so their
-// outputs agree bit for bit. Row y(t,k) is rows + row_of[t*topk + k] * K (row_of == nullptr: row
-// t*topk + k; -1: slot skipped).
+// accumulation and one rounding (accumulate: the sum starts from out[t]'s own values): the one combine formula of both
+// formats and every device, so their outputs agree bit for bit. Row y(t,k) is rows + row_of[t*topk + k] * K (row_of ==
+// nullptr: row t*topk + k; -1: slot skipped).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,8 @@
 namespace moekit::cpu {
 
 void combine_topk(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights,
-                  const numerics::bf16_t* rows, const std::int32_t* row_of, numerics::bf16_t* output, ThreadPool& pool);
+                  const numerics::bf16_t* rows, const std::int32_t* row_of, numerics::bf16_t* output, ThreadPool& pool,
+                  bool accumulate = false);
 // The same sums left in fp32 (no rounding): an expert-parallel owner's partial of one token over the
 // slots it holds (weights and row_of per (record, slot), topk of them).
 void combine_topk_fp32(std::int64_t T, std::int64_t topk, std::int64_t K, const float* topk_weights,

@@ -175,6 +175,7 @@ class AllToAll final : public PrepareFinalize {
 
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "all-to-all finalize");
+    MOEKIT_CHECK(!a.accumulate, "the all-to-all finalize writes its output; it does not accumulate into it");
     const std::int64_t K = p.K, topk = p.topk, tc = a.num_tokens, ret = 4 * K;
     const int P = comm_->size();
     const auto uP = static_cast<std::size_t>(P);
@@ -257,7 +258,8 @@ class Local final : public PrepareFinalize {
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "local finalize");
     MOEKIT_CHECK(pool_ != nullptr, "the local finalize runs on a thread pool");
-    combine_topk(a.num_tokens, p.topk, p.K, a.topk_weights, a.experts.rows, a.experts.row_of, a.output, *pool_);
+    combine_topk(a.num_tokens, p.topk, p.K, a.topk_weights, a.experts.rows, a.experts.row_of, a.output, *pool_,
+                 a.accumulate);
   }
 
  private:

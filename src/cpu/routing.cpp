@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moekit/check.h"
+#include "numerics/fp8.h"
 #include "numerics/routing.h"
 
 namespace moekit::cpu {
@@ -166,6 +167,29 @@ void route(const RoutingConfig& config, const float* logits, std::int64_t num_to
 void route_ref(const RoutingConfig& config, const float* logits, std::int64_t num_tokens, const float* bias,
                std::int32_t* topk_ids, double* topk_weights) {
   route_impl<double>(config, logits, num_tokens, bias, topk_ids, topk_weights);
+}
+
+}  // namespace moekit::cpu
+
+namespace moekit::cpu {
+
+void route_shared(const std::uint16_t* hidden, std::int64_t num_tokens, std::int64_t K, const std::uint16_t* gate,
+                  std::int32_t* topk_ids, float* topk_weights) {
+  using Math = numerics::HostMath;
+  constexpr int kLanes = numerics::kSharedGateLanes;
+  for (std::int64_t t = 0; t < num_tokens; ++t) {
+    topk_ids[t] = 0;
+    if (gate == nullptr) {
+      topk_weights[t] = 1.0f;
+      continue;
+    }
+    float lanes[kLanes] = {};
+    const std::uint16_t* h = hidden + t * K;
+    for (std::int64_t c = 0; c < K; ++c)
+      lanes[c % kLanes] = numerics::shared_gate_lane<Math>(lanes[c % kLanes], numerics::bf16_decode(h[c]),
+                                                           numerics::bf16_decode(gate[c]));
+    topk_weights[t] = numerics::sigmoid_f32<Math>(numerics::shared_gate_reduce<Math>(lanes));
+  }
 }
 
 }  // namespace moekit::cpu

@@ -29,8 +29,9 @@ std::unique_ptr<PrepareFinalize> make_local(const ExecContext& ctx);
 // reference one (grouped send/recv, counts on the host).
 std::unique_ptr<PrepareFinalize> make_nccl_device(const ExecContext& ctx);
 std::unique_ptr<PrepareFinalize> make_nccl_reference(const ExecContext& ctx);
-std::unique_ptr<Memory> make_device_memory();  // cuda/memory.cu
-bool available();                              // built with CUDA and a device present (never raises)
+std::unique_ptr<Memory> make_device_memory();    // cuda/memory.cu
+std::unique_ptr<StreamFork> make_stream_fork();  // cuda/memory.cu: a non-blocking stream and two events
+bool available();                                // built with CUDA and a device present (never raises)
 
 struct BatchedExpertsLaunch;
 // The regions both CUDA experts add to the recipe (GEMM arguments, CUTLASS scratch, status words),

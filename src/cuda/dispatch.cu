@@ -228,7 +228,7 @@ constexpr int kCombineSlots = 8;  // slots whose loads are in flight together
 // slots, not twice per slot (measured: docs/PERF.md, "the decode step's small kernels").
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const std::int32_t* __restrict__ pair_row, const float* __restrict__ weights, int tokens, int topk,
-                   int K, const __nv_bfloat16* __restrict__ rows, __nv_bfloat16* __restrict__ out) {
+                   int K, const __nv_bfloat16* __restrict__ rows, __nv_bfloat16* __restrict__ out, bool accumulate) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int vecs = K / 8;
   const std::int64_t n = static_cast<std::int64_t>(tokens) * vecs;
@@ -236,6 +236,12 @@ __global__ void __launch_bounds__(kCombineThreads)
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int t = static_cast<int>(idx / vecs), c0 = static_cast<int>(idx % vecs) * 8;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (accumulate) {
+      const uint4 prior = *reinterpret_cast<const uint4*>(out + static_cast<std::int64_t>(t) * K + c0);
+      const auto* y = reinterpret_cast<const __nv_bfloat16*>(&prior);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = __bfloat162float(y[j]);
+    }
     const std::int64_t first = static_cast<std::int64_t>(t) * topk;
     for (int k0 = 0; k0 < topk; k0 += kCombineSlots) {
       std::int32_t row[kCombineSlots];
@@ -350,14 +356,14 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
 }
 
 void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std::int64_t tokens, int topk,
-                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream) {
+                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream, bool accumulate) {
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 8 == 0, "the CUDA combine takes K a multiple of 8");
   const std::int64_t threads = tokens * (K / 8);
   launch_pdl(combine_kernel, grid_for((threads + kCombineThreads - 1) / kCombineThreads, 65535), kCombineThreads, 0,
              static_cast<cudaStream_t>(stream), pair_row, topk_weights, static_cast<int>(tokens), topk,
              static_cast<int>(K), reinterpret_cast<const __nv_bfloat16*>(rows),
-             reinterpret_cast<__nv_bfloat16*>(output));
+             reinterpret_cast<__nv_bfloat16*>(output), accumulate);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

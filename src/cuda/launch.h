@@ -153,6 +153,9 @@ void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool
 // maximum under softmax) flags the status and routes the token nowhere (ids -1, weights 0).
 void launch_route(const RoutingConfig& config, const float* logits, std::int64_t num_tokens, const float* bias,
                   std::int32_t* topk_ids, float* topk_weights, std::int32_t* status, void* stream);
+// Router::route_shared: a warp a token, numerics::shared_gate_*'s order (the CPU's bits).
+void launch_route_shared(const std::uint16_t* hidden, std::int64_t num_tokens, std::int64_t K,
+                         const std::uint16_t* gate, std::int32_t* topk_ids, float* topk_weights, void* stream);
 inline constexpr int kMaxRouteExperts = 1024;  // the router kernels: a thread an expert at most
 // Up to this many tokens the router runs a block a token (latency), more a warp a token
 // (throughput). H200, DeepSeek-V3 (42869ff, ncu): block kernel 11.0 / 11.1 / 12.6 / 21.4 us at T = 1 /
@@ -196,9 +199,11 @@ struct QuantizeLaunch {
 void launch_quantize_tokens(const QuantizeLaunch& l, void* stream);
 
 // out[t] = bf16(sum over slots k in order of w[t,k] * rows[pair_row[t*topk+k]]) in fp32, one
-// rounding (numerics::combine_step): bit-identical to cpu::combine_topk.
+// rounding (numerics::combine_step): bit-identical to cpu::combine_topk (accumulate: the sum starts
+// from out[t]'s own values).
 void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std::int64_t tokens, int topk,
-                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream);
+                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream,
+                    bool accumulate = false);
 
 // The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it.
 void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int topk, std::int64_t K, QuantScheme quant,

@@ -56,7 +56,40 @@ class CudaMemory final : public Memory {
   }
 };
 
+class CudaStreamFork final : public StreamFork {
+ public:
+  CudaStreamFork() {
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
+    MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
+  }
+  ~CudaStreamFork() override {
+    cudaEventDestroy(joined_);
+    cudaEventDestroy(forked_);
+    cudaStreamDestroy(side_);
+  }
+  CudaStreamFork(const CudaStreamFork&) = delete;
+  CudaStreamFork& operator=(const CudaStreamFork&) = delete;
+  Stream fork(Stream stream) override {
+    MOEKIT_CUDA_CHECK(cudaEventRecord(forked_, static_cast<cudaStream_t>(stream)));
+    MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(side_, forked_, 0));
+    return side_;
+  }
+  void join(Stream stream) override {
+    MOEKIT_CUDA_CHECK(cudaEventRecord(joined_, side_));
+    MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), joined_, 0));
+  }
+
+ private:
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t forked_ = nullptr, joined_ = nullptr;
+};
+
 }  // namespace
+
+std::unique_ptr<StreamFork> make_stream_fork() {
+  return std::make_unique<CudaStreamFork>();
+}
 
 std::unique_ptr<Memory> make_device_memory() {
   MOEKIT_CUDA_REQUIRE(device_count() > 0, "no CUDA device is present: use --device cpu");

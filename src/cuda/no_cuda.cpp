@@ -19,6 +19,9 @@ namespace {
 std::unique_ptr<Memory> make_device_memory() {
   no_cuda("CUDA memory");
 }
+std::unique_ptr<StreamFork> make_stream_fork() {
+  no_cuda("a CUDA stream");
+}
 bool available() {
   return false;
 }
@@ -113,6 +116,10 @@ void launch_route(const RoutingConfig&, const float*, std::int64_t, const float*
                   void*) {
   no_cuda("the CUDA router");
 }
+void launch_route_shared(const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, std::int32_t*, float*,
+                         void*) {
+  no_cuda("the CUDA router");
+}
 void launch_row_map(const std::int32_t*, std::int64_t, int, int, bool, std::int64_t, std::int32_t*, std::int32_t*,
                     std::int32_t*, std::int32_t*, std::int32_t*, void*) {
   no_cuda("the CUDA dispatch");
@@ -121,7 +128,7 @@ void launch_quantize_tokens(const QuantizeLaunch&, void*) {
   no_cuda("the CUDA dispatch");
 }
 void launch_combine(const std::int32_t*, const float*, std::int64_t, int, std::int64_t, const std::uint16_t*,
-                    std::uint16_t*, void*) {
+                    std::uint16_t*, void*, bool) {
   no_cuda("the CUDA combine");
 }
 void launch_permute_rows(const std::int32_t*, std::int64_t, int, std::int64_t, QuantScheme, const std::uint8_t*,

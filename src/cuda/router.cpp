@@ -43,6 +43,16 @@ class CudaRouter final : public Router {
                  ws.get<std::int32_t>("router_status"), stream);
     return out;
   }
+  RouterOutput route_shared(const MoeProblem& p, const std::uint16_t* hidden, std::int64_t num_tokens,
+                            const std::uint16_t* gate, Workspace& ws, Stream stream) override {
+    ws.require(p, "the cuda router (shared experts)");
+    MOEKIT_CHECK(p.E == 1 && p.topk == 1 && num_tokens >= 0 && num_tokens <= p.max_tokens_per_rank,
+                 "route_shared: {} tokens of a one-expert problem with max_tokens_per_rank = {}, got {}", num_tokens,
+                 p.max_tokens_per_rank, p.describe());
+    const RouterOutput out{ws.get<std::int32_t>("topk_ids"), ws.get<float>("topk_weights")};
+    launch_route_shared(hidden, num_tokens, p.K, gate, out.topk_ids, out.topk_weights, stream);
+    return out;
+  }
   void check_status(Workspace& ws, Stream stream) override {
     check_status_words(ws.get<std::int32_t>("router_status"), "the cuda router", ws.problem().M, ws.problem().E,
                        stream);

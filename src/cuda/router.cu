@@ -9,6 +9,7 @@
 // argmax reductions; a thread a slot for the weights). The warp kernel alone ran ~3,950 dependent
 // warp instructions for a DeepSeek-V3 token: 18.7 us at T = 1; the block kernel's argmax rounds
 // ~13.8 K cycles (ncu, docs/PERF.md).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -330,7 +331,44 @@ __global__ void __launch_bounds__(kMaxExperts)
   }
 }
 
+// Router::route_shared: a warp a token; lane l sums columns l, l + 32, ... in order, the xor
+// butterfly adds the lanes as numerics::shared_gate_reduce does.
+__global__ void route_shared_kernel(const __nv_bfloat16* __restrict__ hidden, int tokens, int K,
+                                    const __nv_bfloat16* __restrict__ gate, std::int32_t* __restrict__ ids,
+                                    float* __restrict__ weights) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
+  const int lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  for (int t = blockIdx.x * warps + threadIdx.x / 32; t < tokens; t += gridDim.x * warps) {
+    float w = 1.0f;
+    if (gate != nullptr) {
+      const __nv_bfloat16* h = hidden + static_cast<std::int64_t>(t) * K;
+      float acc = 0.0f;
+      for (int c = lane; c < K; c += 32)
+        acc = numerics::shared_gate_lane<DeviceMath>(acc, __bfloat162float(h[c]), __bfloat162float(gate[c]));
+      for (int offset = 16; offset > 0; offset /= 2)
+        acc = DeviceMath::add(acc, __shfl_xor_sync(0xFFFFFFFFu, acc, offset));
+      w = numerics::sigmoid_f32<DeviceMath>(acc);
+    }
+    if (lane == 0) {
+      ids[t] = 0;
+      weights[t] = w;
+    }
+  }
+}
+
 }  // namespace
+
+void launch_route_shared(const std::uint16_t* hidden, std::int64_t num_tokens, std::int64_t K,
+                         const std::uint16_t* gate, std::int32_t* ids, float* weights, void* stream) {
+  if (num_tokens == 0) return;
+  constexpr int kWarps = 8;
+  const int blocks = static_cast<int>(std::min<std::int64_t>((num_tokens + kWarps - 1) / kWarps, 8192));
+  launch_pdl(route_shared_kernel, blocks, kWarps * 32, 0, static_cast<cudaStream_t>(stream),
+             reinterpret_cast<const __nv_bfloat16*>(hidden), static_cast<int>(num_tokens), static_cast<int>(K),
+             reinterpret_cast<const __nv_bfloat16*>(gate), ids, weights);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
 
 void launch_route(const RoutingConfig& c, const float* logits, std::int64_t num_tokens, const float* bias,
                   std::int32_t* ids, float* weights, std::int32_t* status, void* stream_ptr) {

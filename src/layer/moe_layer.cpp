@@ -46,6 +46,14 @@ struct MoeLayer::Impl {
   WorkspacePlan plan;              // unguarded: what `moekit plan` prints
   std::unique_ptr<Workspace> workspace;
   StepStats stats;
+  // The shared experts (when the step has them): their own seams over their section of the one
+  // workspace, on a second stream forked from the step's.
+  std::optional<MoeProblem> shared_problem;
+  std::unique_ptr<Router> shared_router;
+  std::unique_ptr<PrepareFinalize> shared_prepare_finalize;
+  std::unique_ptr<Experts> shared_experts;
+  std::unique_ptr<Workspace> shared_workspace;  // a part of `workspace`
+  std::unique_ptr<StreamFork> fork;
 
   Impl(const ModelConfig& model, const ParallelConfig& par, const LayerOptions& opt, const LayerWeights& w,
        Communicator& c)
@@ -88,14 +96,18 @@ struct MoeLayer::Impl {
                  "values on the {})",
                  model.name, problem.E, device_name(options.device));
 
+    if (options.shared_experts) shared_problem = shared_experts_problem(model, problem);
+    validate_shared_weights(model);
+
     const ExecContext ctx{&pool, &comm};
     router = router_entry->make(routing, ctx);
     prepare_finalize = pf->make(ctx);
     experts = entry.make(ctx);
     collective_chunks = pf->multi_rank;
-    plan = plan_layer(problem, entry, parallel.ep, 0, pf->name);
+    plan = plan_layer(problem, entry, parallel.ep, 0, pf->name, shared_problem);
+    const std::int64_t guard_bytes = options.checked ? options.guard_bytes : 0;
     WorkspacePlan allocated =
-        options.checked ? plan_layer(problem, entry, parallel.ep, options.guard_bytes, pf->name) : plan;
+        options.checked ? plan_layer(problem, entry, parallel.ep, guard_bytes, pf->name, shared_problem) : plan;
     // Ranks that exchange data must have planned the same layer: a transport stores at its own
     // region offsets in its peers' workspaces. Agreed before anything is allocated or registered.
     if (collective_chunks) require_same_plan(allocated);
@@ -105,6 +117,47 @@ struct MoeLayer::Impl {
     workspace = std::make_unique<Workspace>(std::move(allocated), *memory);
     if (options.checked) workspace->poison(nullptr);
     prepare_finalize->attach(*workspace, nullptr);
+    if (shared_problem) {
+      const ExecContext local{&pool, nullptr};
+      shared_router = router_entry->make(RoutingConfig{1, 1}, local);
+      shared_prepare_finalize =
+          find_prepare_finalize(options.device, ActivationFormat::kStandard, 1, kSharedPrepareFinalize)->make(local);
+      shared_experts = find_experts(kSharedExpertsImpl, options.device).make(local);
+      shared_workspace =
+          workspace->part(plan_shared_experts(*shared_problem, options.device, guard_bytes), kSharedExpertsSection);
+      fork = make_stream_fork(options.device);
+    }
+  }
+
+  // The shared experts' weights are there exactly when the step computes them, in their problem's
+  // shape; the gate exactly when the model has one.
+  void validate_shared_weights(const ModelConfig& model) {
+    const bool has = shared_problem.has_value();
+    const ExpertWeightsView& w = weights.shared_experts;
+    if (!has) {
+      MOEKIT_CHECK(w.w1 == nullptr && w.w2 == nullptr && weights.shared_expert_gate == nullptr,
+                   "LayerWeights holds shared experts, but {}: drop them",
+                   model.shared_intermediate_size == 0
+                       ? fmt::format("model '{}' ({}) has none", model.name, model.model_type)
+                       : std::string("LayerOptions::shared_experts is false (the caller runs them)"));
+      return;
+    }
+    MOEKIT_CHECK(
+        w.w1 != nullptr,
+        "model '{}' ({}) has shared experts (shared_intermediate_size = {}): pass LayerWeights::shared_experts "
+        "(one expert, N = {}, K = {}), or set LayerOptions::shared_experts = false to run the routed experts "
+        "only",
+        model.name, model.model_type, model.shared_intermediate_size, shared_problem->N, shared_problem->K);
+    try {
+      validate_weights(w, *shared_problem, options.device);
+    } catch (const Error& e) {
+      MOEKIT_FAIL("the shared experts' weights (LayerWeights::shared_experts): {}", e.what());
+    }
+    MOEKIT_CHECK(
+        (weights.shared_expert_gate != nullptr) == model.shared_expert_gate,
+        "model '{}' ({}) {}: {} LayerWeights::shared_expert_gate", model.name, model.model_type,
+        model.shared_expert_gate ? "gates its shared experts (shared_expert_gate)" : "has no shared expert gate",
+        model.shared_expert_gate ? fmt::format("pass {} bf16 values as", shared_problem->K) : "drop");
   }
 
   // Every rank's plan (problem, regions, offsets, sizes, guard bands) hashes the same, or every rank
@@ -140,6 +193,20 @@ struct MoeLayer::Impl {
       return result;
     };
     if (observe) observe("start", stream);
+    // The shared experts first, on the side stream: they need nothing from the routed step, which
+    // then overlaps them. On the CPU they simply run first.
+    RouterOutput shared;
+    ExpertsOutput shared_rows;
+    if (shared_problem) {
+      const auto t0 = Clock::now();
+      Workspace& sws = *shared_workspace;
+      const Stream side = fork->fork(stream);
+      shared = shared_router->route_shared(*shared_problem, hidden, tc, weights.shared_expert_gate, sws, side);
+      const ExpertsInput sin = shared_prepare_finalize->prepare(
+          *shared_problem, {hidden, shared.topk_ids, shared.topk_weights, tc}, sws, side);
+      shared_rows = shared_experts->run(*shared_problem, sin, weights.shared_experts, sws, side);
+      stats.shared_ms += ms_since(t0);
+    }
     const RouterOutput routed = stage("route", stats.route_ms, [&] {
       return router->route(problem, logits, tc, weights.e_score_correction_bias, ws, stream);
     });
@@ -151,6 +218,11 @@ struct MoeLayer::Impl {
         stage("experts", stats.experts_ms, [&] { return experts->run(problem, in, weights.experts, ws, stream); });
     stage("finalize", stats.finalize_ms, [&] {
       prepare_finalize->finalize(problem, {routed.topk_weights, tc, rows, out}, ws, stream);
+      if (shared_problem) {  // the routed output, then the shared experts' rows added to it
+        fork->join(stream);
+        shared_prepare_finalize->finalize(*shared_problem, {shared.topk_weights, tc, shared_rows, out, true},
+                                          *shared_workspace, stream);
+      }
       return 0;
     });
   }
@@ -172,6 +244,11 @@ struct MoeLayer::Impl {
     check([&] { prepare_finalize->check_status(*workspace, stream); });
     check([&] { router->check_status(*workspace, stream); });
     check([&] { experts->check_status(*workspace, stream); });
+    if (shared_problem) {
+      check([&] { shared_router->check_status(*shared_workspace, stream); });
+      check([&] { shared_prepare_finalize->check_status(*shared_workspace, stream); });
+      check([&] { shared_experts->check_status(*shared_workspace, stream); });
+    }
     if (first) std::rethrow_exception(first);
     if (options.checked) workspace->verify_guards(stream);
   }
@@ -237,6 +314,9 @@ void MoeLayer::check_status(Stream stream) {
 
 const MoeProblem& MoeLayer::problem() const {
   return impl_->problem;
+}
+const std::optional<MoeProblem>& MoeLayer::shared_problem() const {
+  return impl_->shared_problem;
 }
 const WorkspacePlan& MoeLayer::plan() const {
   return impl_->plan;

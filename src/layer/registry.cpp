@@ -95,8 +95,19 @@ std::unique_ptr<Memory> make_memory(Device device) {
   return device == Device::kCpu ? cpu::make_host_memory() : cuda::make_device_memory();
 }
 
+std::unique_ptr<StreamFork> make_stream_fork(Device device) {
+  return device == Device::kCpu ? cpu::make_stream_fork() : cuda::make_stream_fork();
+}
+
+WorkspacePlan plan_shared_experts(const MoeProblem& shared, Device device, std::int64_t guard_bytes) {
+  MOEKIT_CHECK(shared.format == ActivationFormat::kStandard && shared.E == 1 && shared.topk == 1,
+               "the shared experts' step runs one standard-format expert, got {}", shared.describe());
+  return plan_layer(shared, find_experts(kSharedExpertsImpl, device), 1, guard_bytes, kSharedPrepareFinalize);
+}
+
 WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& entry, std::int64_t ep,
-                         std::int64_t guard_bytes, std::string_view prepare_finalize) {
+                         std::int64_t guard_bytes, std::string_view prepare_finalize,
+                         const std::optional<MoeProblem>& shared) {
   validate_problem(problem);
   const auto experts = entry.make({});
   const std::string why = experts->unsupported(problem);
@@ -127,6 +138,9 @@ WorkspacePlan plan_layer(const MoeProblem& problem, const ExpertsEntry& entry, s
     router->make(RoutingConfig{problem.E, problem.topk}, {})->declare(problem, b);
   else
     declare_router_output(problem, b);
+  if (shared)
+    b.add_plan(std::string(kSharedExpertsSection), plan_shared_experts(*shared, entry.device, guard_bytes),
+               kSharedExpertsPrefix);
   WorkspacePlan plan = b.finish();
   plan.note = std::string(entry.summary);
   return plan;

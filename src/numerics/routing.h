@@ -48,4 +48,26 @@ MOEKIT_HD inline float combine_step(float acc, float w, float y) {
   return Math::add(acc, Math::mul(w, y));
 }
 
+// The shared experts' gate (Qwen2-MoE's shared_expert_gate): weight sigmoid(h . g) of a token's
+// hidden row h and the gate g, K bf16 values each, the dot in fp32 in one fixed order on every
+// device: 32 lane partials (lane l sums columns l, l + 32, l + 64, ... by fma, in order), then a
+// butterfly over the lanes (offsets 16, 8, 4, 2, 1: a warp's xor shuffles).
+inline constexpr int kSharedGateLanes = 32;
+
+template <class Math>
+MOEKIT_HD inline float shared_gate_lane(float acc, float h, float g) {
+  return Math::fma(h, g, acc);
+}
+
+// The butterfly on one thread: lanes[0] ends with what every lane of the warp holds.
+template <class Math>
+MOEKIT_HD inline float shared_gate_reduce(float (&lanes)[kSharedGateLanes]) {
+  for (int offset = kSharedGateLanes / 2; offset > 0; offset /= 2) {
+    float next[kSharedGateLanes];
+    for (int l = 0; l < kSharedGateLanes; ++l) next[l] = Math::add(lanes[l], lanes[l ^ offset]);
+    for (int l = 0; l < kSharedGateLanes; ++l) lanes[l] = next[l];
+  }
+  return lanes[0];
+}
+
 }  // namespace moekit::numerics

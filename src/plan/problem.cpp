@@ -109,6 +109,27 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
   return p;
 }
 
+std::optional<MoeProblem> shared_experts_problem(const ModelConfig& model, const MoeProblem& routed) {
+  if (model.shared_intermediate_size == 0) return std::nullopt;
+  MOEKIT_CHECK(model.shared_intermediate_size > 0, "{}: shared_intermediate_size = {} must be >= 0", model.name,
+               model.shared_intermediate_size);
+  MoeProblem p = routed;
+  p.format = ActivationFormat::kStandard;
+  p.N = is_gated(routed.activation) ? checked_mul(2, model.shared_intermediate_size, "shared N")
+                                    : model.shared_intermediate_size;
+  p.topk = p.E = p.E_local = 1;
+  p.num_dispatchers = 1;
+  p.M = routed.max_tokens_per_rank;
+  p.expert_bias = false;
+  try {
+    validate_problem(p);
+  } catch (const Error& e) {
+    MOEKIT_FAIL("{}: the shared experts (shared_intermediate_size = {}) cannot run as planned: {}", model.name,
+                model.shared_intermediate_size, e.what());
+  }
+  return p;
+}
+
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
                         QuantScheme quant) {
   return make_problem(model, parallel, format, quant, model.activation);

@@ -157,6 +157,28 @@ void WorkspaceBuilder::end_alias() {
   cursor_ = std::max(cursor_, alias_end_);
 }
 
+void WorkspaceBuilder::add_plan(std::string name, const WorkspacePlan& plan, std::string_view prefix) {
+  MOEKIT_CHECK(!finished_, "plan '{}' added after finish()", plan.name);
+  MOEKIT_CHECK(!plan.reference, "'{}' is a reference formula, not a plan to place", plan.name);
+  MOEKIT_CHECK(plan.guards.empty() == (guard_bytes_ == 0),
+               "plan '{}' was built {} guard bands, this workspace {}: build both with the same guard_bytes", plan.name,
+               plan.guards.empty() ? "without" : "with", guard_bytes_ == 0 ? "without" : "with");
+  MOEKIT_CHECK(!plan_.sections.empty(), "plan '{}' placed as the first section: it starts after another", plan.name);
+  begin_section(name, plan.name);
+  const std::int64_t base = plan_.sections.back().offset;  // begin_section aligned it
+  for (const Region& r : plan.regions) {
+    Region placed = r;
+    placed.name = std::string(prefix) + r.name;
+    MOEKIT_CHECK(plan_.find_region(placed.name) == nullptr, "region '{}' declared twice", placed.name);
+    placed.offset = base + r.offset;
+    if (!r.alias_group.empty()) placed.alias_group = std::string(prefix) + r.alias_group;
+    placed.section = name;
+    plan_.regions.push_back(std::move(placed));
+  }
+  for (const Guard& g : plan.guards) plan_.guards.push_back({base + g.offset, g.bytes});
+  cursor_ = base + plan.total_bytes;
+}
+
 void WorkspaceBuilder::set_reference(std::string note) {
   plan_.reference = true;
   plan_.note = std::move(note);
@@ -189,8 +211,19 @@ Workspace::Workspace(WorkspacePlan plan, Memory& memory) : plan_(std::move(plan)
   if (zeroed) memory_.synchronize(nullptr);
 }
 
+Workspace::Workspace(WorkspacePlan plan, Memory& memory, std::byte* base)
+    : plan_(std::move(plan)), memory_(memory), base_(base), owner_(false) {}
+
 Workspace::~Workspace() {
-  if (base_ != nullptr) memory_.deallocate(base_);
+  if (owner_ && base_ != nullptr) memory_.deallocate(base_);
+}
+
+std::unique_ptr<Workspace> Workspace::part(WorkspacePlan plan, std::string_view section) const {
+  const Section& s = plan_.section(section);
+  MOEKIT_CHECK(s.owner == plan.name && plan.total_bytes <= s.bytes,
+               "section '{}' of the {} workspace holds '{}' ({} bytes), not '{}' ({} bytes)", section, plan_.name,
+               s.owner, s.bytes, plan.name, plan.total_bytes);
+  return std::unique_ptr<Workspace>(new Workspace(std::move(plan), memory_, base_ + s.offset));
 }
 
 void Workspace::require(const MoeProblem& problem, std::string_view who) const {

@@ -17,6 +17,7 @@ enum class Purpose : std::uint64_t {
   kExpertTokens = 6,  // tests: tokens written straight into the batched experts' input
   kExpertBias = 8,    // gpt-oss style expert biases
   kExpertCounts = 7,  // tests: expert_num_tokens patterns
+  kSharedGate = 9,    // Qwen2-MoE style shared_expert_gate
 };
 
 struct SplitMix {

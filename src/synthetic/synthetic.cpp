@@ -32,6 +32,8 @@ ModelConfig tiny_model(bool grouped) {
     m.topk_group = 2;
     m.renormalize_epsilon = 1e-20;
     m.routed_scaling_factor = 2.5;
+    m.num_shared_experts = 1;  // DeepSeek-style: one shared expert of the routed experts' size
+    m.shared_intermediate_size = m.moe_intermediate_size;
   }
   return m;
 }
@@ -112,6 +114,33 @@ ExpertWeightsView ExpertBank::expert(std::int64_t g) {
   if (it != views_.end()) return it->second;
   const auto& w = owned_.emplace(g, make_expert_weights(one_, g, seed_, pool_)).first->second;
   return views_[g] = w.view();
+}
+
+HostSharedExperts make_shared_experts(const ModelConfig& model, const MoeProblem& routed, std::uint64_t seed,
+                                      cpu::ThreadPool& pool) {
+  HostSharedExperts s;
+  s.problem = shared_experts_problem(model, routed);
+  if (!s.problem) return s;
+  s.experts = make_expert_weights(*s.problem, kSharedExpertIndex, seed, pool);
+  if (model.shared_expert_gate) {
+    SplitMix r = stream(seed, Purpose::kSharedGate, 0);
+    const float stddev = 1.0f / std::sqrt(static_cast<float>(routed.K));
+    s.gate.resize(static_cast<std::size_t>(routed.K));
+    for (auto& g : s.gate) g = numerics::bf16_encode(stddev * r.normal());
+  }
+  return s;
+}
+
+void HostSharedExperts::set(LayerWeights& weights) const {
+  if (!problem) return;
+  weights.shared_experts = experts.view();
+  weights.shared_expert_gate = gate.empty() ? nullptr : gate.data();
+}
+
+void HostSharedExperts::set(LayerWeights& weights, DeviceCopies& copies) const {
+  if (!problem) return;
+  weights.shared_experts = experts.view(copies);
+  weights.shared_expert_gate = gate.empty() ? nullptr : copies.put(gate, "shared_expert_gate");
 }
 
 std::vector<float> make_routing_bias(std::int64_t E, std::uint64_t seed) {

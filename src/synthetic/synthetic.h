@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "moekit/layer.h"
 #include "moekit/memory.h"
 #include "moekit/model.h"
 #include "moekit/problem.h"
@@ -19,7 +21,7 @@ namespace moekit::synthetic {
 
 // A small model for tests and examples (K = 256, I = 128, 16 experts, top-4, silu): softmax
 // routing, or DeepSeek-style grouped sigmoid routing with a correction bias (4 groups, top-2 groups,
-// routed scaling 2.5).
+// routed scaling 2.5) and one shared expert of I = 128.
 ModelConfig tiny_model(bool grouped);
 
 // Host-owned expert weights in the layout of moekit/weights.h.
@@ -53,6 +55,21 @@ class ExpertBank {
   std::map<std::int64_t, ExpertWeightsView> views_;
   std::map<std::int64_t, HostExpertWeights> owned_;
 };
+
+// The shared experts of a step (shared_experts_problem), drawn as the routed experts are from the
+// global expert index kSharedExpertIndex, and the model's shared_expert_gate: normal(0, 1/sqrt(K))
+// bf16, so sigmoid(hidden . gate) spreads over (0, 1). Empty (no problem) when the step has none.
+inline constexpr std::int64_t kSharedExpertIndex = std::int64_t{1} << 40;
+struct HostSharedExperts {
+  std::optional<MoeProblem> problem;
+  HostExpertWeights experts;
+  std::vector<std::uint16_t> gate;  // (K) bf16 when the model gates them; else empty
+  // Into a layer's weights (on the host, or on the device of `copies`).
+  void set(LayerWeights& weights) const;
+  void set(LayerWeights& weights, DeviceCopies& copies) const;
+};
+HostSharedExperts make_shared_experts(const ModelConfig& model, const MoeProblem& routed, std::uint64_t seed,
+                                      cpu::ThreadPool& pool);
 
 // e_score_correction_bias of E experts: 0.1 * normal.
 std::vector<float> make_routing_bias(std::int64_t E, std::uint64_t seed);

@@ -225,6 +225,45 @@ void router_case(const OpCase& c, Device device) {
     // The GPU computes the CPU's float arithmetic in the CPU's order (numerics/routing.h): equal bits.
     EXPECT_EQ(got, w) << c.name() << " " << entry.name;
   }
+  // The shared experts' route (a router of one expert): ids 0, weights 1 or sigmoid(hidden . gate)
+  // over the model's K, in the CPU's bits.
+  MoeProblem one = p;
+  one.format = ActivationFormat::kStandard;
+  one.E = one.E_local = one.topk = one.num_dispatchers = 1;
+  one.M = one.max_tokens_per_rank;
+  const auto hid = synthetic::make_tokens(m.hidden_size, 1, 0, c.tokens, 33);
+  std::vector<std::uint16_t> gate(static_cast<std::size_t>(m.hidden_size));
+  for (std::size_t i = 0; i < gate.size(); ++i)
+    gate[i] = numerics::bf16_encode(
+        hid.hidden.empty() ? 0.0f : 0.03f * numerics::bf16_decode(hid.hidden[i % hid.hidden.size()]));
+  for (const bool gated : {false, true}) {
+    std::vector<std::int32_t> sid(static_cast<std::size_t>(c.tokens));
+    std::vector<float> sw(sid.size());
+    cpu::route_shared(hid.hidden.data(), c.tokens, m.hidden_size, gated ? gate.data() : nullptr, sid.data(), sw.data());
+    for (std::int64_t t = 0; t < c.tokens; ++t) {
+      EXPECT_EQ(sid[static_cast<std::size_t>(t)], 0);
+      if (!gated) {
+        EXPECT_EQ(sw[static_cast<std::size_t>(t)], 1.0f);
+      }
+    }
+    for (const auto& entry : router_registry()) {
+      if (entry.device != device) continue;
+      const auto router = entry.make(RoutingConfig{1, 1}, {});
+      WorkspaceBuilder b("shared route", one, kGuardBytes);
+      b.begin_section("routing", std::string(entry.name));
+      router->declare(one, b);
+      Workspace ws(b.finish(), *memory);
+      ws.poison(nullptr);
+      DeviceCopies copies(*memory);
+      const std::uint16_t* dh = copies.put(hid.hidden, "hidden");
+      const std::uint16_t* dg = copies.put(gate, "gate");
+      const RouterOutput out = router->route_shared(one, dh, c.tokens, gated ? dg : nullptr, ws, nullptr);
+      ws.verify_guards(nullptr);
+      EXPECT_EQ(to_host(*memory, out.topk_ids, c.tokens), sid) << c.name() << " " << entry.name << " shared";
+      EXPECT_EQ(to_host(*memory, out.topk_weights, c.tokens), sw)
+          << c.name() << " " << entry.name << (gated ? " shared gate" : " shared");
+    }
+  }
 }
 
 // --- quantize ---------------------------------------------------------------------------------------

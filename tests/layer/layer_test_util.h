@@ -68,7 +68,11 @@ inline LayoutResult run_layout(const ModelConfig& m, const synthetic::Tokens& to
     const MoeProblem p = make_problem(m, par, entry.format, opt.quant, opt.activation.value_or(m.activation));
     cpu::ThreadPool pool(1);
     synthetic::HostExpertWeights w = synthetic::make_expert_weights(p, first_local_expert(par, p, r), seed, pool);
-    MoeLayer layer(m, par, opt, {w.view(), bias.empty() ? nullptr : bias.data()}, comm);
+    const synthetic::HostSharedExperts shared =
+        opt.shared_experts ? synthetic::make_shared_experts(m, p, seed, pool) : synthetic::HostSharedExperts{};
+    LayerWeights lw{w.view(), bias.empty() ? nullptr : bias.data()};
+    shared.set(lw);
+    MoeLayer layer(m, par, opt, lw, comm);
     const std::int64_t o = offset[static_cast<std::size_t>(r)], n = counts[static_cast<std::size_t>(r)];
     for (int s = 0; s < steps; ++s)
       layer.forward(tokens.hidden.data() + o * K, tokens.logits.data() + o * E, n, res.output.data() + o * K);
@@ -86,6 +90,10 @@ inline LayoutResult run_layout(const ModelConfig& m, const synthetic::Tokens& to
     for (const auto& w : all_weights) bank.adopt(w);
     check::LayerReference ref(
         m, problem, bias.empty() ? nullptr : bias.data(), [&](std::int64_t e) { return bank.expert(e); }, pool);
+    const synthetic::HostSharedExperts shared =
+        opt.shared_experts ? synthetic::make_shared_experts(m, problem, seed, pool) : synthetic::HostSharedExperts{};
+    if (shared.problem)
+      ref.set_shared(*shared.problem, shared.experts.view(), shared.gate.empty() ? nullptr : shared.gate.data());
     for (int r = 0; r < P; ++r) {
       const std::int64_t o = offset[static_cast<std::size_t>(r)], n = counts[static_cast<std::size_t>(r)];
       ref.add(tokens.hidden.data() + o * K, tokens.logits.data() + o * E, n, max_tokens_per_rank,

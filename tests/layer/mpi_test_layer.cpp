@@ -46,7 +46,10 @@ TEST(MpiLayer, FourProcessesBitIdenticalToFourInProcessRanks) {
       const auto w = synthetic::make_expert_weights(p, first_local_expert(par, p, comm.rank()), seed, pool);
       const std::vector<float> bias =
           grouped ? synthetic::make_routing_bias(m.num_experts, seed) : std::vector<float>{};
-      MoeLayer layer(m, par, opt, {w.view(), grouped ? bias.data() : nullptr}, comm);
+      const auto shared = synthetic::make_shared_experts(m, p, seed, pool);
+      LayerWeights lw{w.view(), grouped ? bias.data() : nullptr};
+      shared.set(lw);
+      MoeLayer layer(m, par, opt, lw, comm);
       const std::int64_t r = comm.rank();
       std::vector<std::uint16_t> out(static_cast<std::size_t>(T * m.hidden_size));
       layer.forward(g.hidden.data() + r * T * m.hidden_size, g.logits.data() + r * T * m.num_experts, T, out.data());

@@ -38,8 +38,17 @@ struct Case {
   bool fuse_w1 = false;
 };
 
+// "tiny": DeepSeek-style (grouped sigmoid routing, one ungated shared expert); "tiny-gated":
+// Qwen2-MoE-style (softmax routing, a gated shared expert of twice the routed size); else a preset.
 ModelConfig model_of(const Case& c) {
-  ModelConfig m = c.model == "tiny" ? synthetic::tiny_model(true) : load_model(c.model);
+  ModelConfig m = c.model == "tiny"         ? synthetic::tiny_model(true)
+                  : c.model == "tiny-gated" ? synthetic::tiny_model(false)
+                                            : load_model(c.model);
+  if (c.model == "tiny-gated") {
+    m.shared_intermediate_size = 2 * m.moe_intermediate_size;
+    m.num_shared_experts = 1;
+    m.shared_expert_gate = true;
+  }
   if (c.num_experts > 0) m.num_experts = c.num_experts;
   m.activation = c.activation;
   m.expert_bias = false;  // gpt-oss's shapes; its biases run on the CPU only so far (tests/parity)
@@ -85,8 +94,11 @@ std::vector<std::uint16_t> with_layer(const Case& c, Device device, const synthe
   opt.fuse_w1 = c.fuse_w1;
   opt.checked = checked;
   opt.num_threads = 2;
+  const auto shared = synthetic::make_shared_experts(m, p, kSeed, pool);
+  LayerWeights lw{view, m.has_score_correction_bias ? dbias : nullptr};
+  shared.set(lw, copies);
   run_in_process(1, [&](Communicator& comm) {
-    MoeLayer layer(m, par, opt, {view, m.has_score_correction_bias ? dbias : nullptr}, comm);
+    MoeLayer layer(m, par, opt, lw, comm);
     LayerIo io{layer, hidden, logits, output};
     body(io);
   });
@@ -167,6 +179,11 @@ std::vector<Case> cases() {
     // format's one scale must not be cleared as E_local of them (that ran into w1_out: guard bands).
     all.push_back({"gpt-oss-120b", experts, QuantScheme::kPerTensor, Activation::kSwigluOai, 13, 72});
     all.push_back({"gpt-oss-120b", experts, QuantScheme::kPerTokenPerChannel, Activation::kSwigluOai, 13, 72});
+    // Qwen2-MoE's gated shared expert (its gate's dot product on the GPU, a shared N of 512),
+    // decode-sized and past one tile, every scheme.
+    all.push_back({"tiny-gated", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 13});
+    all.push_back({"tiny-gated", experts, QuantScheme::kPerTensor, Activation::kSilu, 13});
+    all.push_back({"tiny-gated", experts, QuantScheme::kBlock128, Activation::kSilu, 300, 0, true});
   }
   return all;
 }
@@ -231,31 +248,35 @@ INSTANTIATE_TEST_SUITE_P(Devices, LayerEveryDevice, ::testing::Values(Device::kC
 // most likely at one token, where every kernel is shortest.
 TEST(LayerOnGpu, GraphReplayEqualsEager) {
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* experts : {"batched-fp8", "standard-fp8"})
-    for (QuantScheme quant : {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128})
-      for (std::int64_t T : {1, 37}) {
-        const Case c{"tiny", experts, quant, Activation::kSilu, T};
-        const auto tokens = tokens_of(c);
-        const auto eager = run_layer(c, Device::kCuda, tokens);
-        std::vector<std::vector<std::uint16_t>> replays;
-        const auto memory = make_memory(Device::kCuda);
-        with_layer(c, Device::kCuda, tokens, false, [&](LayerIo& io) {
-          void* stream = cuda::create_stream();
-          {
-            cuda::Graph graph([&](void* s) { io.layer.enqueue(io.hidden, io.logits, c.tokens, io.output, s); }, stream);
-            for (int i = 0; i < 8; ++i) {
-              memory->fill(io.output, 0xFF, 2 * c.tokens * 256, stream);  // NaN before each replay
-              graph.replay(stream);
-              io.layer.check_status(stream);
-              std::vector<std::uint16_t> out(static_cast<std::size_t>(c.tokens * 256));
-              memory->to_host(out.data(), io.output, 2 * c.tokens * 256, stream);
-              replays.push_back(out);
+  // Both shared experts (tiny's, tiny-gated's) run on the layer's second stream inside the capture.
+  for (const char* model : {"tiny", "tiny-gated"})
+    for (const char* experts : {"batched-fp8", "standard-fp8"})
+      for (QuantScheme quant : {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128})
+        for (std::int64_t T : {1, 37}) {
+          const Case c{model, experts, quant, Activation::kSilu, T};
+          const auto tokens = tokens_of(c);
+          const auto eager = run_layer(c, Device::kCuda, tokens);
+          std::vector<std::vector<std::uint16_t>> replays;
+          const auto memory = make_memory(Device::kCuda);
+          with_layer(c, Device::kCuda, tokens, false, [&](LayerIo& io) {
+            void* stream = cuda::create_stream();
+            {
+              cuda::Graph graph([&](void* s) { io.layer.enqueue(io.hidden, io.logits, c.tokens, io.output, s); },
+                                stream);
+              for (int i = 0; i < 8; ++i) {
+                memory->fill(io.output, 0xFF, 2 * c.tokens * 256, stream);  // NaN before each replay
+                graph.replay(stream);
+                io.layer.check_status(stream);
+                std::vector<std::uint16_t> out(static_cast<std::size_t>(c.tokens * 256));
+                memory->to_host(out.data(), io.output, 2 * c.tokens * 256, stream);
+                replays.push_back(out);
+              }
             }
-          }
-          cuda::destroy_stream(stream);
-        });
-        for (const auto& r : replays) EXPECT_EQ(r, eager) << experts << " " << quant_name(quant) << " T = " << T;
-      }
+            cuda::destroy_stream(stream);
+          });
+          for (const auto& r : replays)
+            EXPECT_EQ(r, eager) << model << " " << experts << " " << quant_name(quant) << " T = " << T;
+        }
 }
 
 // A step's device flags outlive the steps after it (graph replays included) until check_status reads

@@ -123,7 +123,9 @@ std::vector<std::uint16_t> run_ranks(const Case& c, const synthetic::Tokens& glo
     const bool nccl = G > 1 || c.dispatch_on_one_rank;
     opt.prepare_finalize = nccl ? c.dispatch : "";
     opt.checked = checked;
-    MoeLayer layer(m, par, opt, {view, m.has_score_correction_bias ? copies.put(bias, "bias") : nullptr}, comm);
+    LayerWeights lw{view, m.has_score_correction_bias ? copies.put(bias, "bias") : nullptr};
+    synthetic::make_shared_experts(m, p, kSeed, pool).set(lw, copies);  // its host copy is not needed after
+    MoeLayer layer(m, par, opt, lw, comm);
     if (nccl) {
       EXPECT_EQ(layer.plan().section("prepare-finalize").owner, c.dispatch + " (cuda)");
     }

@@ -182,7 +182,8 @@ TEST(Layer, WorkspaceIsThePlan) {
   const auto r = run_layout(m, g, {4, 4}, 2, 4, options(QuantScheme::kPerTokenPerChannel), kSeed);
   const MoeProblem p =
       make_problem(m, ParallelConfig{2, 2, 4, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
-  const WorkspacePlan plan = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 2);
+  const WorkspacePlan plan =
+      plan_layer(p, find_experts("batched-fp8", Device::kCpu), 2, 0, {}, shared_experts_problem(m, p));
   EXPECT_EQ(r.workspace_bytes, plan.total_bytes);
   EXPECT_EQ(r.experts_workspace_bytes, plan.section_bytes("experts"));
 }
@@ -304,6 +305,107 @@ TEST(LayerBadInput, NaNLogitNamesTheToken) {
   synthetic::Tokens g = tokens(m, 4, 1);
   g.logits[static_cast<std::size_t>(2 * m.num_experts + 3)] = std::nanf("");
   expect_error([&] { run_layout(m, g, {4}, 1, 4, options(QuantScheme::kBlock128), kSeed); }, "token 2");
+}
+
+// A Qwen2-MoE-style model: softmax routing and one gated shared expert twice the routed ones' size.
+ModelConfig tiny_gated_shared() {
+  ModelConfig m = tiny_model(false);
+  m.name = "tiny-gated-shared";
+  m.num_shared_experts = 1;
+  m.shared_intermediate_size = 2 * m.moe_intermediate_size;
+  m.shared_expert_gate = true;
+  return m;
+}
+
+// Shared experts in the step (DeepSeek's ungated one, Qwen2-MoE's gated one), every scheme, both
+// formats, chunked: the float64 reference with them and, with LayerOptions::shared_experts = false,
+// without them; the two outputs differ by the shared experts' share, which is not small.
+TEST(SharedExperts, MatchTheReferenceInEveryScheme) {
+  for (const ModelConfig& m : {tiny_model(true), tiny_gated_shared()}) {
+    const synthetic::Tokens g = tokens(m, 20, 9);
+    for (QuantScheme q : all_quant_schemes()) {
+      for (const char* experts : {"batched-fp8", "standard-fp8"}) {
+        LayerOptions with = options(q, true), without = options(q, true);
+        with.experts = without.experts = experts;
+        without.shared_experts = false;
+        const auto a = run_layout(m, g, {20}, 1, 8, with, kSeed, 1, true);
+        const auto b = run_layout(m, g, {20}, 1, 8, without, kSeed, 1, true);
+        const std::string where = fmt::format("{} {} {}", m.name, quant_name(q), experts);
+        EXPECT_LT(a.error.relative(), kRelTolerance) << where;
+        EXPECT_LT(b.error.relative(), kRelTolerance) << where;
+        EXPECT_EQ(a.error.nan_outputs + b.error.nan_outputs, 0) << where;
+        EXPECT_GT(testing::relative_difference(b.output, a.output), 0.1) << where;
+        EXPECT_GT(a.workspace_bytes, b.workspace_bytes) << where;
+      }
+    }
+  }
+}
+
+// The shared experts' step is one section of the layer's one workspace, planned by
+// plan_shared_experts and bound under its prefix; across ranks every rank holds its own copy.
+TEST(SharedExperts, PlannedAsOneSectionOfTheWorkspace) {
+  const ModelConfig m = tiny_gated_shared();
+  const ParallelConfig par{1, 1, 16, 0};
+  const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
+  cpu::ThreadPool pool(1);
+  const auto w = synthetic::make_expert_weights(p, 0, kSeed, pool);
+  const auto shared = synthetic::make_shared_experts(m, p, kSeed, pool);
+  ASSERT_TRUE(shared.problem.has_value());
+  EXPECT_EQ(shared.problem->N, 2 * m.shared_intermediate_size);
+  EXPECT_EQ(shared.problem->M, 16);
+  EXPECT_EQ(shared.problem->format, ActivationFormat::kStandard);
+  LayerWeights lw{w.view(), nullptr};
+  shared.set(lw);
+  run_in_process(1, [&](Communicator& comm) {
+    MoeLayer layer(m, par, options(QuantScheme::kBlock128, true), lw, comm);
+    const WorkspacePlan& plan = layer.plan();
+    const WorkspacePlan alone = plan_shared_experts(*shared.problem, Device::kCpu);
+    EXPECT_EQ(plan.section(kSharedExpertsSection).owner, alone.name);
+    EXPECT_GE(plan.section_bytes(kSharedExpertsSection), alone.total_bytes);
+    for (const Region& r : alone.regions) {
+      const Region* placed = plan.find_region(std::string(kSharedExpertsPrefix) + r.name);
+      ASSERT_NE(placed, nullptr) << r.name;
+      EXPECT_EQ(placed->offset - plan.section(kSharedExpertsSection).offset, r.offset) << r.name;
+    }
+    EXPECT_EQ(layer.plan().total_bytes,
+              plan_layer(p, find_experts("batched-fp8", Device::kCpu), 1, 0, "", shared.problem).total_bytes);
+    EXPECT_GT(layer.allocated_workspace_bytes(), plan.total_bytes);  // checked: guard bands
+  });
+}
+
+TEST(SharedExperts, BadWeightsAreRefusedByName) {
+  const ModelConfig gated = tiny_gated_shared(), deepseek = tiny_model(true), none = tiny_model(false);
+  const ParallelConfig par{1, 1, 8, 0};
+  cpu::ThreadPool pool(1);
+  auto build = [&](const ModelConfig& m, const LayerOptions& o, const LayerWeights& lw) {
+    run_in_process(1, [&](Communicator& c) { MoeLayer l(m, par, o, lw, c); });
+  };
+  const MoeProblem p = make_problem(gated, par, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
+  const auto w = synthetic::make_expert_weights(p, 0, kSeed, pool);
+  const auto shared = synthetic::make_shared_experts(gated, p, kSeed, pool);
+  const std::vector<float> bias = synthetic::make_routing_bias(deepseek.num_experts, kSeed);
+  const LayerOptions o = options(QuantScheme::kBlock128);
+  LayerWeights routed_only{w.view(), nullptr}, full = routed_only;
+  shared.set(full);
+  expect_error([&] { build(gated, o, routed_only); }, "has shared experts (shared_intermediate_size = 256)");
+  expect_error([&] { build(none, o, full); }, "has none");
+  LayerOptions off = o;
+  off.shared_experts = false;
+  expect_error([&] { build(gated, off, full); }, "LayerOptions::shared_experts is false");
+  build(gated, off, routed_only);  // the routed experts alone
+  LayerWeights no_gate = full;
+  no_gate.shared_expert_gate = nullptr;
+  expect_error([&] { build(gated, o, no_gate); }, "pass 256 bf16 values as LayerWeights::shared_expert_gate");
+  // DeepSeek's shared expert has no gate, and is routed-size (N = 256): the gated model's (N = 512)
+  // is refused by shape.
+  LayerWeights wrong{w.view(), bias.data()};
+  shared.set(wrong);
+  wrong.shared_expert_gate = nullptr;
+  expect_error([&] { build(deepseek, o, wrong); }, "shared experts' weights");
+  LayerWeights extra_gate = wrong;
+  extra_gate.shared_experts = w.view().expert(0);
+  extra_gate.shared_expert_gate = shared.gate.data();
+  expect_error([&] { build(deepseek, o, extra_gate); }, "has no shared expert gate");
 }
 
 }  // namespace

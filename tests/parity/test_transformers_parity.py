@@ -1,9 +1,10 @@
 """moekit's layer against Hugging Face transformers' own MoE block classes (the truth for what a
-model computes), one small valid config per supported model_type.
+model computes), one small valid config per supported model_type: the whole block, routed and
+shared experts (Qwen2-MoE's gate included).
 
 Each case builds the family's block from transformers (e.g. DeepseekV3MoE(config)) with random
-weights, quantizes the experts' weights to FP8 in moekit's scheme and writes the dequantized values
-back into the block, so both sides hold the same weights. The block's router gives the logits both
+weights, quantizes the experts' weights (routed and shared) to FP8 in moekit's scheme and writes the
+dequantized values back into the block, so both sides hold the same weights. The block's router gives the logits both
 sides route from. The reference runs transformers' forward in float32 with moekit's two activation
 quantizations emulated (the input of every expert linear is quantized and dequantized as moekit
 quantizes it: per token, per 1x128 group, or per tensor), so what remains is accumulation order and
@@ -130,11 +131,11 @@ def quantize_activation(x, scheme, tensor_amax=None):
         amax = x.abs().amax() if tensor_amax is None else tensor_amax
         scale = amax / FP8_MAX if amax > 0 else torch.tensor(1.0)
         return fp8(x, scale).float() * scale
-    t, k = x.shape
-    g = torch.nn.functional.pad(x, (0, (-k) % 128)).reshape(t, -1, 128)
+    shape, k = x.shape, x.shape[-1]
+    g = torch.nn.functional.pad(x.reshape(-1, k), (0, (-k) % 128)).reshape(-1, (k + 127) // 128, 128)
     amax = g.abs().amax(-1, keepdim=True)
     scale = torch.where(amax > 0, amax / FP8_MAX, 1.0)
-    return (fp8(g, scale).float() * scale).reshape(t, -1)[:, :k]
+    return (fp8(g, scale).float() * scale).reshape(g.shape[0], -1)[:, :k].reshape(shape)
 
 
 @contextlib.contextmanager
@@ -166,6 +167,41 @@ def emulated_activation_quant(expert_weights, scheme, hidden_amax, w1_out_bf16):
 
 def bf16(x):
     return x.to(torch.bfloat16).float()
+
+
+def shared_mlp(block):
+    """The block's shared experts (one MLP: a family's several are one wider MLP), or None."""
+    return getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+
+
+def arrange_shared(block, scheme):
+    """The shared experts' FP8 weights in moekit's layout: W1 = gate_proj then up_proj (one expert,
+    block pairs under block128), W2 = down_proj; the dequantized ones written back. Qwen2-MoE's
+    shared_expert_gate is rounded to bf16, the dtype moekit takes it in."""
+    mlp = shared_mlp(block)
+    if mlp is None:
+        return {}
+    w1 = torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data])[None]
+    c1, s1, d1 = quantize_weight(w1, scheme)
+    c2, s2, d2 = quantize_weight(mlp.down_proj.weight.data[None], scheme)
+    half = mlp.gate_proj.weight.shape[0]
+    with torch.no_grad():
+        mlp.gate_proj.weight.copy_(d1[0, :half])
+        mlp.up_proj.weight.copy_(d1[0, half:])
+        mlp.down_proj.weight.copy_(d2[0])
+    codes1, scale1 = c1.view(torch.uint8).numpy(), s1.contiguous().numpy()
+    if scheme == "block128":
+        codes1, scale1 = moekit.arrange_w1_block_pairs(codes1, scale1)
+    out = {"shared_w1": np.ascontiguousarray(codes1[0]), "shared_w1_scale": np.ascontiguousarray(scale1[0]),
+           "shared_w2": np.ascontiguousarray(c2.view(torch.uint8).numpy()[0]),
+           "shared_w2_scale": np.ascontiguousarray(s2.contiguous().numpy()[0])}
+    gate = getattr(block, "shared_expert_gate", None)
+    if gate is not None:
+        with torch.no_grad():
+            gate.weight.copy_(bf16(gate.weight))
+        out["shared_expert_gate"] = gate.weight.detach().to(torch.bfloat16).view(torch.int16).numpy().view(
+            np.uint16).copy()  # (1, K): nn.Linear's shape
+    return out
 
 
 def arrange(block, scheme, transposed):
@@ -208,21 +244,13 @@ def router_of(block):
     return getattr(block, "gate", None) or block.router
 
 
-def shared_output(block, x):
-    """What the block adds beyond the routed experts (moekit's layer computes the routed part)."""
-    if hasattr(block, "shared_experts"):
-        return block.shared_experts(x)
-    if hasattr(block, "shared_expert"):
-        out = block.shared_expert(x)
-        if hasattr(block, "shared_expert_gate"):
-            out = torch.sigmoid(block.shared_expert_gate(x)) * out
-        return out
-    return torch.zeros_like(x)
-
-
-def run_case(tmp_path, case, scheme, T, seed):
+def run_case(tmp_path, case, scheme, T, seed, shared_experts=True):
     block, keys = build_block(case, seed)
     weights = arrange(block, scheme, case in TRANSPOSED)
+    shared_weights = arrange_shared(block, scheme)
+    if shared_experts:
+        weights.update(shared_weights)
+    mlp = shared_mlp(block)
     gen = torch.Generator().manual_seed(seed + 1000)
     x = bf16(torch.randn(T, K, generator=gen))
     router = router_of(block)
@@ -231,21 +259,25 @@ def run_case(tmp_path, case, scheme, T, seed):
         if case in TRANSPOSED:
             ref = reference_transposed(block, x, scheme)
         else:
-            with emulated_activation_quant({"w1": list(block.experts.gate_up_proj),
-                                            "w2": list(block.experts.down_proj)}, scheme, x.abs().amax(),
+            w1 = list(block.experts.gate_up_proj) + ([mlp.gate_proj.weight, mlp.up_proj.weight] if mlp else [])
+            w2 = list(block.experts.down_proj) + ([mlp.down_proj.weight] if mlp else [])
+            with emulated_activation_quant({"w1": w1, "w2": w2}, scheme, x.abs().amax(),
                                            w1_out_bf16=scheme != "block128"):
                 ref = block(x.reshape(1, T, K))
             ref = (ref[0] if isinstance(ref, tuple) else ref).reshape(T, K)
-            ref = ref - shared_output(block, x)
     if hasattr(router, "e_score_correction_bias"):
         weights["e_score_correction_bias"] = router.e_score_correction_bias.detach().float().numpy().copy()
     path = tmp_path / f"{case}.json"
     path.write_text(json.dumps(keys))
     if DEVICE == "cuda":
         weights = {k: torch.from_numpy(v).cuda() for k, v in weights.items()}
-        for k in ("w1", "w2"):
-            weights[k] = weights[k].view(torch.float8_e4m3fn)
-    layer = moekit.MoeLayer(str(path), weights=weights, max_tokens_per_rank=max(T, 1), quant=scheme, device=DEVICE)
+        for k in ("w1", "w2", "shared_w1", "shared_w2"):
+            if k in weights:
+                weights[k] = weights[k].view(torch.float8_e4m3fn)
+        if "shared_expert_gate" in weights:
+            weights["shared_expert_gate"] = weights["shared_expert_gate"].view(torch.bfloat16)
+    layer = moekit.MoeLayer(str(path), weights=weights, max_tokens_per_rank=max(T, 1), quant=scheme, device=DEVICE,
+                            shared_experts=shared_experts)
     if DEVICE == "cuda":
         got = layer(x.to(torch.bfloat16).cuda(), logits.cuda()).float().cpu()
     else:
@@ -270,3 +302,11 @@ def test_layer_matches_transformers(tmp_path, case, scheme):
             worst = max(worst, err)
             assert err < TOL, f"{case} {scheme} T={T} seed={seed}: relative error {err:.3e} >= {TOL}"
     print(f"{case:28s} {scheme:10s} worst relative error {worst:.2e}")
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3", "qwen2_moe"])
+def test_shared_experts_are_part_of_the_block(tmp_path, case):
+    """Without its shared experts (shared_experts=False) the layer is not the block: the check above
+    would fail by their share of the output."""
+    err = run_case(tmp_path, case, "block128", 64, 1, shared_experts=False)
+    assert err > 0.1, f"{case}: the block without its shared experts is only {err:.3e} away"

@@ -99,6 +99,9 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
   const ParallelConfig par{dp, model.num_experts / E_local, kMaxTokensPerRank, E_local};
   for (QuantScheme quant : all_quant_schemes()) {
     const MoeProblem p = make_problem(model, par, format, quant, act);
+    // DeepSeek-V3's shared expert: its own step, one section of the same allocation (checked with it).
+    const std::optional<MoeProblem> shared = shared_experts_problem(model, p);
+    ASSERT_TRUE(shared.has_value());
     const std::int64_t I = activation_out_dim(act, p.N);
     const std::string ctx = p.describe();
 
@@ -121,7 +124,8 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
         expect_error([&] { plan_layer(p, entry, par.ep); }, {std::string(entry.name), why.substr(0, 20)});
         continue;
       }
-      const WorkspacePlan plan = plan_layer(p, entry, par.ep);
+      const WorkspacePlan plan = plan_layer(p, entry, par.ep, 0, {}, shared);
+      EXPECT_EQ(plan.section(kSharedExpertsSection).owner, plan_shared_experts(*shared, entry.device).name) << c;
       expect_live_regions_disjoint(plan, c);
       expect_sections_tile(plan, c);
       EXPECT_EQ(plan.total_bytes, expected_total(plan)) << c;
@@ -205,7 +209,7 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
       EXPECT_EQ(plan.region("topk_ids").shape, (std::vector<std::int64_t>{p.max_tokens_per_rank, p.topk})) << c;
 
       // Checked mode: guard bands before and after every region, none inside a region.
-      const WorkspacePlan guarded = plan_layer(p, entry, par.ep, 4096);
+      const WorkspacePlan guarded = plan_layer(p, entry, par.ep, 4096, {}, shared);
       ASSERT_EQ(guarded.regions.size(), plan.regions.size()) << c;
       EXPECT_GT(guarded.total_bytes, plan.total_bytes) << c;
       expect_sections_tile(guarded, c + " guarded");

@@ -15,13 +15,14 @@ import moekit
 CLI = os.environ.get("MOEKIT_CLI", "moekit")
 
 
-def small_model(tmp_path, name="qwen3-30b-a3b", experts=16):
-    """A preset's config.json with fewer experts: the same shapes, a short run."""
+def small_model(tmp_path, name="qwen3-30b-a3b", experts=16, **keys):
+    """A preset's config.json with fewer experts: the same shapes, a short run (`keys` override more)."""
     src = os.path.join(os.path.dirname(__file__), "..", "..", "models", f"{name}.json")
     data = json.load(open(src))
     for key in ("num_experts", "n_routed_experts", "num_local_experts"):
         if key in data:
             data[key] = experts
+    data.update(keys)
     path = tmp_path / f"{name}-{experts}.json"
     path.write_text(json.dumps(data))
     return str(path)
@@ -162,6 +163,36 @@ def test_expert_biases_are_required_where_the_model_has_them(tmp_path):
     zero = {**w, "w2_bias": np.zeros_like(w["w2_bias"])}
     assert not np.array_equal(moekit.MoeLayer(model, weights=zero, max_tokens_per_rank=3)(w["hidden"], w["router_logits"]),
                               with_bias)
+
+
+def test_shared_experts_are_part_of_the_layer(tmp_path):
+    """DeepSeek-V3's shared expert: synthetic_inputs draws it (shared_*), the layer computes it, its
+    checkpoint's 2-D shapes are taken as well; without it the layer is refused, unless asked to run
+    the routed experts only; a model without shared experts refuses shared_* keys."""
+    model = small_model(tmp_path, "deepseek-v3", experts=16, hidden_size=256, moe_intermediate_size=128, n_group=4,
+                        topk_group=2, num_experts_per_tok=4)
+    w = moekit.synthetic_inputs(model, tokens=3, quant="per-token")
+    assert w["shared_w1"].shape == (1, 2 * 128, 256) and w["shared_w2"].shape == (1, 256, 128)
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=3, quant="per-token")
+    out = layer(w["hidden"], w["router_logits"])
+    two_d = {**w, **{k: w[k][0] for k in ("shared_w1", "shared_w1_scale", "shared_w2", "shared_w2_scale")}}
+    assert np.array_equal(moekit.MoeLayer(model, weights=two_d, max_tokens_per_rank=3, quant="per-token")(
+        w["hidden"], w["router_logits"]), out)
+    routed = {k: v for k, v in w.items() if not k.startswith("shared_")}
+    with pytest.raises(moekit.Error, match="has shared experts .shared_intermediate_size = 128.: pass shared_w1"):
+        moekit.MoeLayer(model, weights=routed, max_tokens_per_rank=3, quant="per-token")
+    alone = moekit.MoeLayer(model, weights=routed, max_tokens_per_rank=3, quant="per-token", shared_experts=False)
+    assert alone.workspace_bytes < layer.workspace_bytes
+    assert not np.array_equal(alone(w["hidden"], w["router_logits"]), out)
+    with pytest.raises(moekit.Error, match="runs with shared_experts=False"):
+        moekit.MoeLayer(model, weights=w, max_tokens_per_rank=3, quant="per-token", shared_experts=False)
+    with pytest.raises(moekit.Error, match="has no shared expert gate: drop shared_expert_gate"):
+        moekit.MoeLayer(model, weights={**w, "shared_expert_gate": w["hidden"][0]}, max_tokens_per_rank=3,
+                        quant="per-token")
+    qwen = small_model(tmp_path)
+    q = moekit.synthetic_inputs(qwen, tokens=3)
+    with pytest.raises(moekit.Error, match="has no shared experts"):
+        moekit.MoeLayer(qwen, weights={**q, "shared_w1": q["w1"][:1]}, max_tokens_per_rank=3)
 
 
 def rss_bytes():
