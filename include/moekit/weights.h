@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "moekit/problem.h"
 #include "moekit/types.h"
@@ -52,6 +53,17 @@ struct ExpertWeightsView {
 // Raises moekit::Error unless I is a positive multiple of 128.
 void arrange_w1_block_pairs(std::int64_t I, std::int64_t K, const std::uint8_t* halves, const float* halves_scale,
                             std::uint8_t* pairs, float* pairs_scale);
+
+// The inverse: block pairs back to halves (the layout a checkpoint stores), out of place, on the host.
+void arrange_w1_halves(std::int64_t I, std::int64_t K, const std::uint8_t* pairs, const float* pairs_scale,
+                       std::uint8_t* halves, float* halves_scale);
+
+// W1 rows as transformers' and the checkpoints' modules hold them ("gate_up": gate_proj's rows then
+// up_proj's; gpt-oss's interleaved pairs, its stored order, for swigluoai) or as block128's recipe
+// reads them ("block_pairs"). Whether `layout` must be arranged (arrange_w1_block_pairs) for the
+// recipe of (activation, quant): raises moekit::Error for "block_pairs" where the recipe reads
+// another layout (it would compute something else) and for an unknown name.
+bool w1_needs_block_pairs(std::string_view layout, Activation activation, QuantScheme quant);
 
 // Raises moekit::Error naming the field, its value and what the problem needs.
 void validate_weights(const ExpertWeightsView& weights, const MoeProblem& problem, Device device);

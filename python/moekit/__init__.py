@@ -17,13 +17,16 @@ torch.compile and CUDA graphs). Arrays are validated where they enter (dtype, sh
 C-contiguity); anything wrong raises moekit.Error with the C++ message: the value, the limit, the
 fix.
 
-Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales, docs/DESIGN.md):
-  w1 (E_local, N, K): gate rows [0, I) then up rows [I, 2I) (interleaved pairs for swigluoai); under
-      block128, block pairs instead: per 256 rows a 128-row gate block then its up block, with
-      w1_scale's block rows in the same order (moekit.arrange_w1_block_pairs does it once at load)
-  w2 (E_local, K, I)
-  w1_scale (E_local, s1), w2_scale (E_local, s2): per-channel (s = output rows), per-tensor (1) or
-  128x128 blocks (row-major over blocks), by `quant`
+Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales, docs/DESIGN.md),
+as checkpoints store them:
+  w1 (E_local, N, K): gate rows [0, I) then up rows [I, 2I) (gate_proj and up_proj stacked, or
+      transformers' gate_up_proj; interleaved pairs for swigluoai, gpt-oss's order); under block128
+      MoeLayer arranges them into the block pairs its recipe reads, once, into its own copy
+      (w1_layout="block_pairs" takes an arranged W1 as it is: moekit.arrange_w1_block_pairs)
+  w2 (E_local, K, I): down_proj
+  w1_scale, w2_scale: per expert, per-channel (one per output row), per-tensor (1) or 128x128 blocks
+      (row-major over blocks, the checkpoint's weight_scale_inv), by `quant`; any shape with E_local
+      first and those values after it: (E_local, s), (E_local, N / 128, K / 128), (E_local, N, 1), ...
   e_score_correction_bias (E,) float32 for models that route with it (DeepSeek-V3, Kimi-K2, GLM)
   w1_bias (E_local, N), w2_bias (E_local, K) float32 for models whose experts have biases (gpt-oss:
       gate_up_proj_bias, down_proj_bias), W1's in the row order of w1
@@ -33,7 +36,8 @@ Weights (one rank's E_local experts, FP8 e4m3 codes as uint8 with float32 scales
   shared_expert_gate (K,) or (1, K) bfloat16 for Qwen2-MoE: its shared output times
       sigmoid(hidden . gate)
 Any other key, or one the model does not have, raises moekit.Error.
-Activations: hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32.
+Activations: hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32 (torch
+bfloat16 / float16 logits are converted: a float32 copy per call).
 """
 from __future__ import annotations
 
@@ -231,6 +235,14 @@ _WEIGHT_KEYS = ("w1", "w1_scale", "w2", "w2_scale", "e_score_correction_bias", "
 _INPUT_KEYS = ("hidden", "router_logits")
 
 
+def _logits(x):
+    """Router logits as the layer reads them: float32; a torch gate's bfloat16 / float16 output
+    converted (a copy)."""
+    if ops._is_torch(x) and x.dtype in (ops._torch.bfloat16, ops._torch.float16):
+        return x.float()
+    return x
+
+
 def _device_of(x) -> str:
     return "cuda" if ops._is_torch(x) and x.is_cuda else "cpu"
 
@@ -259,6 +271,9 @@ class MoeLayer:
                (DeepSeek-V3 DP 32: 1.26 -> 0.27 GiB of workspace, 1-7% slower than unfused on
                an H200: docs/PERF.md), W1 read in fp32 by the activation on every device; False: the
                unfused recipe (W1 into bf16 w1_out); True: fused, an error where it cannot run
+      w1_layout: "gate_up" (default): W1 as checkpoints store it (gate rows then up rows), arranged
+               once where the recipe reads block pairs (block128); "block_pairs": already arranged
+               (moekit.arrange_w1_block_pairs), an error where the recipe reads another layout
       shared_experts: True (default): the model's shared experts in the step (weights shared_*),
                on a GPU on a second stream beside the routed experts; False: the routed experts
                only, for an engine that runs the shared experts itself
@@ -272,16 +287,23 @@ class MoeLayer:
                  quant: str = "auto", experts: str = "batched-fp8", activation: Optional[str] = None,
                  num_threads: int = 1, device: Optional[str] = None, group: Any = None,
                  dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None,
-                 shared_experts: bool = True):
+                 shared_experts: bool = True, w1_layout: str = "gate_up"):
         unknown = sorted(set(weights) - set(_WEIGHT_KEYS) - set(_INPUT_KEYS))
         if unknown:
             raise Error(f"unknown weight keys {unknown}: MoeLayer takes {list(_WEIGHT_KEYS)} (the module docstring "
                         "gives each one's layout); a weight it would not read changes nothing, so it is refused")
         self._weights = {k: weights[k] for k in _WEIGHT_KEYS if k in weights}
-        for k in ("shared_w1", "shared_w1_scale", "shared_w2", "shared_w2_scale"):
+        for k in ("shared_w1", "shared_w2"):
             v = self._weights.get(k)
-            if v is not None and len(v.shape) == (2 if k.endswith("scale") else 3) - 1:
+            if v is not None and len(v.shape) == 2:
                 self._weights[k] = v[None]  # one expert: its (N, K) checkpoint shape as (1, N, K), a view
+        for k in ("w1_scale", "w2_scale", "shared_w1_scale", "shared_w2_scale"):
+            v = self._weights.get(k)
+            count = 1 if k.startswith("shared_") else (v.shape[0] if v is not None and len(v.shape) else 0)
+            if v is not None and count and (len(v.shape) != 2 or v.shape[0] != count):
+                # the checkpoint's (E, N / 128, K / 128) blocks, (E, N, 1) channels, ...: the same
+                # values per expert, read as (E, s) (a view of a contiguous array)
+                self._weights[k] = v.reshape(count, -1)
         gate = self._weights.get("shared_expert_gate")
         if gate is not None and len(gate.shape) == 2:
             self._weights["shared_expert_gate"] = gate.reshape(-1)  # nn.Linear's (1, K), a view
@@ -295,7 +317,10 @@ class MoeLayer:
                                     w.get("e_score_correction_bias"), w.get("w1_bias"), w.get("w2_bias"),
                                     w.get("shared_w1"), w.get("shared_w1_scale"), w.get("shared_w2"),
                                     w.get("shared_w2_scale"), w.get("shared_expert_gate"), shared_experts,
-                                    num_threads, fuse_w1, group)
+                                    w1_layout, num_threads, fuse_w1, group)
+        if self._layer.owns_w1:  # arranged into the layer's own copy: the caller's arrays may go
+            for k in ("w1", "w1_scale", "shared_w1", "shared_w1_scale"):
+                self._weights.pop(k, None)
 
     @property
     def workspace_bytes(self) -> int:
@@ -338,7 +363,8 @@ class MoeLayer:
         layer's device. `out` (optional) receives the result in place. Every rank of a group calls it
         (T may differ between ranks, and be 0)."""
         out = self._out(hidden, out)
-        self._layer.forward(ops._plain(hidden), ops._plain(router_logits), ops._plain(out), ops._stream(hidden, stream))
+        self._layer.forward(ops._plain(hidden), ops._plain(_logits(router_logits)), ops._plain(out),
+                            ops._stream(hidden, stream))
         return out
 
     __call__ = forward
@@ -354,7 +380,7 @@ class MoeLayer:
         experts; an expert that receives more than the bound allows is raised by check_status()."""
         self._layer.enqueue(
             ops._plain(hidden),
-            ops._plain(router_logits),
+            ops._plain(_logits(router_logits)),
             ops._plain(out),
             ops._stream(hidden, stream),
             int(max_tokens_any_rank),

@@ -33,6 +33,7 @@
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
+#include "numerics/activation.h"
 #include "numerics/scales.h"
 #include "synthetic/synthetic.h"
 
@@ -334,6 +335,29 @@ class PyCommunicator final : public Communicator {
   std::uint64_t sequence_ = 0;
 };
 
+// W1 of `w` (E_local experts of `p`) from the checkpoint's gate-then-up rows to the block pairs p's
+// recipe reads (arrange_w1_block_pairs, expert by expert on the host), into buffers `owned` keeps on
+// `memory`'s device; the view then reads them. Once, at construction: a GPU's W1 goes to the host and
+// back.
+ExpertWeightsView with_block_pairs(const MoeProblem& p, ExpertWeightsView w, Memory& memory,
+                                   std::vector<DeviceBuffer>& owned) {
+  const std::int64_t I = p.I(), N = p.N, K = p.K, s1 = w.w1_scale_stride();
+  std::vector<std::uint8_t> halves(static_cast<std::size_t>(w.E_local * N * K)), pairs(halves.size());
+  std::vector<float> halves_scale(static_cast<std::size_t>(w.E_local * s1)), pairs_scale(halves_scale.size());
+  memory.to_host(halves.data(), w.w1, static_cast<std::int64_t>(halves.size()), nullptr);
+  memory.to_host(halves_scale.data(), w.w1_scale, static_cast<std::int64_t>(4 * halves_scale.size()), nullptr);
+  for (std::int64_t e = 0; e < w.E_local; ++e)
+    arrange_w1_block_pairs(I, K, halves.data() + e * N * K, halves_scale.data() + e * s1, pairs.data() + e * N * K,
+                           pairs_scale.data() + e * s1);
+  owned.emplace_back(memory, static_cast<std::int64_t>(pairs.size()), "W1 in block pairs");
+  memory.from_host(owned.back().get(), pairs.data(), static_cast<std::int64_t>(pairs.size()), nullptr);
+  w.w1 = owned.back().as<std::uint8_t>();
+  owned.emplace_back(memory, static_cast<std::int64_t>(4 * pairs_scale.size()), "W1 block scales in block pairs");
+  memory.from_host(owned.back().get(), pairs_scale.data(), static_cast<std::int64_t>(4 * pairs_scale.size()), nullptr);
+  w.w1_scale = owned.back().as<float>();
+  return w;
+}
+
 // One rank's layer over arrays the caller keeps alive (the wrapper holds references to them), on
 // the CPU or the current CUDA device. Without a group: one rank holding every expert (dp = ep = 1).
 // With one: dp = ep = the group's size, this rank's E / size experts, NCCL between GPUs (the
@@ -345,8 +369,8 @@ class Layer {
         const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
         std::optional<Array> w1_bias, std::optional<Array> w2_bias, std::optional<Array> shared_w1,
         std::optional<Array> shared_w1_scale, std::optional<Array> shared_w2, std::optional<Array> shared_w2_scale,
-        std::optional<Array> shared_gate, bool shared_experts, int num_threads, std::optional<bool> fuse_w1,
-        std::optional<nb::object> group)
+        std::optional<Array> shared_gate, bool shared_experts, const std::string& w1_layout, int num_threads,
+        std::optional<bool> fuse_w1, std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -370,6 +394,12 @@ class Layer {
         make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation), opt.fuse_w1);
     const MoeProblem& p = problem_;
     weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
+    const bool arrange = w1_needs_block_pairs(w1_layout, p.activation, p.quant);
+    if (arrange) {
+      DeviceScope scope(place_);
+      memory_ = make_memory(place_.device());
+      weights_ = with_block_pairs(p, weights_, *memory_, owned_);
+    }
     const float* bias_ptr = nullptr;
     if (model_.has_score_correction_bias) {
       MOEKIT_CHECK(bias.has_value(), "model '{}' routes with e_score_correction_bias: pass {} float32 values",
@@ -412,6 +442,10 @@ class Layer {
         lw.shared_experts = weights_of(*sp, *shared_w1, *shared_w1_scale, *shared_w2, *shared_w2_scale, place_);
       } catch (const Error& e) {
         MOEKIT_FAIL("the shared experts' weights (shared_w1 .. shared_w2_scale): {}", e.what());
+      }
+      if (arrange) {
+        DeviceScope scope(place_);
+        lw.shared_experts = with_block_pairs(*sp, lw.shared_experts, *memory_, owned_);
       }
       MOEKIT_CHECK(shared_gate.has_value() == model_.shared_expert_gate, "model '{}' ({}) {}: {} shared_expert_gate",
                    model_.name, model_.model_type,
@@ -473,6 +507,8 @@ class Layer {
   std::string device() const { return place_.text(); }
   std::string problem() const { return problem_.describe(); }
   std::string dispatch() const { return layer_->plan().section("prepare-finalize").owner; }
+  // W1 (and the shared experts') were arranged into the layer's own copy: the caller's may go.
+  bool owns_w1() const { return !owned_.empty(); }
 
  private:
   std::int64_t check_step(const Array& hidden, const Array& logits, const Array& out) const {
@@ -523,7 +559,9 @@ class Layer {
   Place place_;
   MoeProblem problem_;
   ExpertWeightsView weights_;
-  std::unique_ptr<Group> group_;  // destroyed after layer_ (declared before it)
+  std::unique_ptr<Memory> memory_;   // the arranged W1's device (with w1_layout = gate_up under block128)
+  std::vector<DeviceBuffer> owned_;  // the arranged W1 and scales, routed then shared
+  std::unique_ptr<Group> group_;     // destroyed after layer_ (declared before it)
   std::unique_ptr<PyCommunicator> comm_;
   std::mutex mu_;
   std::unique_ptr<MoeLayer> layer_;
@@ -786,6 +824,18 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
     w = std::make_shared<synthetic::HostExpertWeights>(
         synthetic::make_expert_weights(p, first_local_expert(par, p, static_cast<int>(rank)), seed, pool));
     sh = std::make_shared<synthetic::HostSharedExperts>(synthetic::make_shared_experts(m, p, seed, pool));
+    // As a checkpoint stores W1 (gate rows then up rows): the layer arranges block pairs itself.
+    auto to_halves = [](const MoeProblem& q, std::vector<std::uint8_t>& w1, std::vector<float>& w1_scale) {
+      if (numerics::w1_rows(q.activation, q.quant) != numerics::W1Rows::kBlockPairs) return;
+      const std::vector<std::uint8_t> pairs = w1;
+      const std::vector<float> pairs_scale = w1_scale;
+      const std::int64_t s1 = numerics::weight_scale_count(q.quant, q.N, q.K);
+      for (std::int64_t e = 0; e < q.E_local; ++e)
+        arrange_w1_halves(q.I(), q.K, pairs.data() + e * q.N * q.K, pairs_scale.data() + e * s1,
+                          w1.data() + e * q.N * q.K, w1_scale.data() + e * s1);
+    };
+    to_halves(p, w->w1, w->w1_scale);
+    if (sh->problem) to_halves(*sh->problem, sh->experts.w1, sh->experts.w1_scale);
     t = std::make_shared<synthetic::Tokens>(synthetic::make_tokens(p.K, p.E, rank * tokens, tokens, seed));
   }
   auto bias = std::make_shared<std::vector<float>>(m.has_score_correction_bias ? synthetic::make_routing_bias(p.E, seed)
@@ -888,15 +938,15 @@ NB_MODULE(_moekit, m) {
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
                     std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>,
-                    std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>, bool, int,
-                    std::optional<bool>, std::optional<nb::object>>(),
+                    std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>, bool,
+                    const std::string&, int, std::optional<bool>, std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
            nb::arg("w1_bias").none(), nb::arg("w2_bias").none(), nb::arg("shared_w1").none(),
            nb::arg("shared_w1_scale").none(), nb::arg("shared_w2").none(), nb::arg("shared_w2_scale").none(),
-           nb::arg("shared_expert_gate").none(), nb::arg("shared_experts"), nb::arg("num_threads"),
-           nb::arg("fuse_w1").none(), nb::arg("group").none())
+           nb::arg("shared_expert_gate").none(), nb::arg("shared_experts"), nb::arg("w1_layout"),
+           nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"),
            nb::arg("max_tokens_any_rank"))
@@ -909,5 +959,6 @@ NB_MODULE(_moekit, m) {
       .def_prop_ro("ranks", &Layer::ranks)
       .def_prop_ro("device", &Layer::device)
       .def_prop_ro("dispatch", &Layer::dispatch)
+      .def_prop_ro("owns_w1", &Layer::owns_w1)
       .def_prop_ro("problem", &Layer::problem);
 }

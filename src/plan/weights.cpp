@@ -38,6 +38,38 @@ void arrange_w1_block_pairs(std::int64_t I, std::int64_t K, const std::uint8_t* 
   }
 }
 
+void arrange_w1_halves(std::int64_t I, std::int64_t K, const std::uint8_t* pairs, const float* pairs_scale,
+                       std::uint8_t* halves, float* halves_scale) {
+  MOEKIT_CHECK(I > 0 && I % kQuantBlock == 0 && K > 0,
+               "arrange_w1_halves: I = {} must be a positive multiple of 128 and K = {} positive (block128)", I, K);
+  MOEKIT_CHECK(halves != nullptr && halves_scale != nullptr && pairs != nullptr && pairs_scale != nullptr &&
+                   halves != pairs && halves_scale != pairs_scale,
+               "arrange_w1_halves: four distinct non-null buffers are needed (out of place)");
+  const numerics::W1Rows rows = numerics::W1Rows::kBlockPairs;
+  const std::int64_t k_blocks = numerics::ceil_div(K, kQuantBlock);
+  for (std::int64_t c = 0; c < I; ++c) {
+    std::copy_n(pairs + numerics::gate_column(rows, I, c) * K, K, halves + c * K);
+    std::copy_n(pairs + numerics::up_column(rows, I, c) * K, K, halves + (I + c) * K);
+  }
+  for (std::int64_t b = 0; b < I / kQuantBlock; ++b) {
+    std::copy_n(pairs_scale + 2 * b * k_blocks, k_blocks, halves_scale + b * k_blocks);
+    std::copy_n(pairs_scale + (2 * b + 1) * k_blocks, k_blocks, halves_scale + (I / kQuantBlock + b) * k_blocks);
+  }
+}
+
+bool w1_needs_block_pairs(std::string_view layout, Activation activation, QuantScheme quant) {
+  MOEKIT_CHECK(layout == "gate_up" || layout == "block_pairs",
+               "w1_layout = '{}': 'gate_up' (gate_proj's rows then up_proj's, as checkpoints store them) or "
+               "'block_pairs' (block128's arranged layout, arrange_w1_block_pairs)",
+               layout);
+  const bool pairs = numerics::w1_rows(activation, quant) == numerics::W1Rows::kBlockPairs;
+  MOEKIT_CHECK(layout == "gate_up" || pairs,
+               "w1_layout = 'block_pairs' is block128's arranged W1 for gated activations, but this layer runs {} "
+               "with {}, which reads W1 as stored: pass w1_layout='gate_up' with the checkpoint's rows",
+               quant_name(quant), activation_name(activation));
+  return pairs && layout == "gate_up";
+}
+
 ExpertWeightsView ExpertWeightsView::expert(std::int64_t e) const {
   MOEKIT_CHECK(e >= 0 && e < E_local, "expert {} is outside the view's [0, {})", e, E_local);
   ExpertWeightsView v = *this;

@@ -122,6 +122,15 @@ def quantize_weight(w, scheme):
     return codes.reshape(e, n, kb * 128)[:, :, :k].contiguous(), scale.reshape(e, nb * kb), deq
 
 
+def checkpoint_scale(scale, shape, scheme):
+    """Block scales in the checkpoint's (E, n / 128, k / 128) shape (weight_scale_inv, one expert's
+    per block row); the other schemes' as they are."""
+    if scheme != "block128":
+        return scale
+    e, n, k = shape
+    return scale.reshape(e, n // 128, (k + 127) // 128)
+
+
 def quantize_activation(x, scheme, tensor_amax=None):
     """Rows of x as moekit's activation quantization leaves them (dequantized)."""
     if scheme == "per-token":
@@ -190,8 +199,6 @@ def arrange_shared(block, scheme):
         mlp.up_proj.weight.copy_(d1[0, half:])
         mlp.down_proj.weight.copy_(d2[0])
     codes1, scale1 = c1.view(torch.uint8).numpy(), s1.contiguous().numpy()
-    if scheme == "block128":
-        codes1, scale1 = moekit.arrange_w1_block_pairs(codes1, scale1)
     out = {"shared_w1": np.ascontiguousarray(codes1[0]), "shared_w1_scale": np.ascontiguousarray(scale1[0]),
            "shared_w2": np.ascontiguousarray(c2.view(torch.uint8).numpy()[0]),
            "shared_w2_scale": np.ascontiguousarray(s2.contiguous().numpy()[0])}
@@ -213,13 +220,13 @@ def arrange(block, scheme, transposed):
     with torch.no_grad():
         experts.gate_up_proj.copy_(t(w1_deq))
         experts.down_proj.copy_(t(w2_deq))
+    # As a checkpoint stores them: W1 gate rows then up rows (the layer arranges block128's block
+    # pairs itself), block scales in weight_scale_inv's (E, n / 128, k / 128) shape.
     codes1 = w1.view(torch.uint8).numpy()
-    scale1 = w1_scale.contiguous().numpy()
-    if scheme == "block128" and not transposed:  # W1 as block128 reads it (gate / up blocks paired)
-        codes1, scale1 = moekit.arrange_w1_block_pairs(codes1, scale1)
+    scale1 = checkpoint_scale(w1_scale.contiguous(), w1.shape, scheme).numpy()
     out = {"w1": np.ascontiguousarray(codes1), "w1_scale": np.ascontiguousarray(scale1),
            "w2": np.ascontiguousarray(w2.view(torch.uint8).numpy()),
-           "w2_scale": np.ascontiguousarray(w2_scale.contiguous().numpy())}
+           "w2_scale": np.ascontiguousarray(checkpoint_scale(w2_scale.contiguous(), w2.shape, scheme).numpy())}
     if hasattr(experts, "gate_up_proj_bias"):  # in W1's row order already (interleaved)
         out["w1_bias"] = experts.gate_up_proj_bias.detach().float().numpy().copy()
         out["w2_bias"] = experts.down_proj_bias.detach().float().numpy().copy()

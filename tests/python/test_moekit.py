@@ -339,3 +339,46 @@ def test_arrange_w1_block_pairs():
         moekit.arrange_w1_block_pairs(w1[:, :384], scale)
     with pytest.raises(moekit.Error, match="w1_scale"):
         moekit.arrange_w1_block_pairs(w1, scale[:, :-1])
+
+
+def test_w1_as_checkpoints_store_it(tmp_path):
+    """W1 in the checkpoint's gate-then-up rows (the default) is arranged by the layer under block128:
+    the same bits as an arranged W1 passed with w1_layout="block_pairs"; block scales in
+    weight_scale_inv's 3-D shape are read as they are; "block_pairs" where the recipe reads W1 as
+    stored is refused (it would compute something else), and so is an unknown layout."""
+    model = small_model(tmp_path, "deepseek-v3", experts=16, hidden_size=256, moe_intermediate_size=256, n_group=4,
+                        topk_group=2, num_experts_per_tok=4)
+    w = moekit.synthetic_inputs(model, tokens=5, quant="block128")
+    E, N, K = w["w1"].shape
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=5, quant="block128")
+    out = layer(w["hidden"], w["router_logits"])
+    assert "w1" not in layer._weights  # arranged into the layer's own copy
+    pairs, pairs_scale = moekit.arrange_w1_block_pairs(w["w1"], w["w1_scale"])
+    shared_pairs, shared_scale = moekit.arrange_w1_block_pairs(w["shared_w1"], w["shared_w1_scale"])
+    arranged = {**w, "w1": pairs, "w1_scale": pairs_scale, "shared_w1": shared_pairs, "shared_w1_scale": shared_scale}
+    same = moekit.MoeLayer(model, weights=arranged, max_tokens_per_rank=5, quant="block128", w1_layout="block_pairs")
+    assert np.array_equal(same(w["hidden"], w["router_logits"]), out)
+    blocks = {**w, "w1_scale": w["w1_scale"].reshape(E, N // 128, K // 128),
+              "w2_scale": w["w2_scale"].reshape(E, K // 128, -1)}
+    assert np.array_equal(moekit.MoeLayer(model, weights=blocks, max_tokens_per_rank=5, quant="block128")(
+        w["hidden"], w["router_logits"]), out)
+    # Passing the halves as if arranged is the mistake the default prevents: a different layer.
+    wrong = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=5, quant="block128", w1_layout="block_pairs")
+    assert not np.array_equal(wrong(w["hidden"], w["router_logits"]), out)
+    t = moekit.synthetic_inputs(model, tokens=5, quant="per-token")
+    with pytest.raises(moekit.Error, match="w1_layout = 'block_pairs' is block128's arranged W1"):
+        moekit.MoeLayer(model, weights=t, max_tokens_per_rank=5, quant="per-token", w1_layout="block_pairs")
+    with pytest.raises(moekit.Error, match="w1_layout = 'pairs'"):
+        moekit.MoeLayer(model, weights=t, max_tokens_per_rank=5, quant="per-token", w1_layout="pairs")
+
+
+def test_bf16_router_logits_are_read_as_float32(tmp_path):
+    """A torch gate's bfloat16 logits (what transformers' Qwen3 / Mixtral gates return) route as their
+    float32 values do."""
+    torch = pytest.importorskip("torch")
+    model = small_model(tmp_path)
+    w = moekit.synthetic_inputs(model, tokens=4)
+    layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4)
+    hidden = torch.from_numpy(w["hidden"].view(np.int16)).view(torch.bfloat16)
+    logits = torch.from_numpy(w["router_logits"]).to(torch.bfloat16)
+    assert torch.equal(layer(hidden, logits), layer(hidden, logits.float()))
