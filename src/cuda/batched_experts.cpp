@@ -26,7 +26,7 @@ class CudaBatchedExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override {
     if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
-    if (p.expert_bias) return plan::kExpertBiasCpuOnly;
+    if (p.expert_bias && p.fuse_w1) return plan::kExpertBiasUnfusedOnly;
     if (p.M > std::numeric_limits<std::int32_t>::max() || p.E_local > 65535)
       return fmt::format(
           "M = {} and E_local = {} must fit the kernels' 32-bit rows and grid (M < 2^31, E_local <= "
@@ -63,8 +63,8 @@ class CudaBatchedExperts final : public Experts {
            DType::kInt32,
            {p.E_local + 1},
            Stage::kPrepare,
-           Stage::kActivation,
-           "first valid row of each expert over the valid rows: the activation's row index"});
+           Stage::kGemm2,
+           "first valid row of each expert over the valid rows: the activation's (and W2's biases') row index"});
   }
 
   ExpertsOutput run(const MoeProblem& p, const ExpertsInput& in, const ExpertWeightsView& w, Workspace& ws,

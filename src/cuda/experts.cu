@@ -203,6 +203,9 @@ struct ActivationRows {
   int E, M, small_rows;
   bool contiguous;
   bool by_slot = false;
+  // Find each row's expert in a contiguous w1_out too (its expert biases need it); the per-tensor
+  // amax stays the slab's one (amax_index).
+  bool locate = false;
 
   // The walk's length; chooses the walk (call once, before at(), by every thread of the block).
   // Stages row_offsets into `staged` (kActStagedExperts + 1 ints of shared memory) when they fit:
@@ -219,15 +222,15 @@ struct ActivationRows {
     by_slot = small_rows > 0 && E * small_rows < valid;
     return by_slot ? E * small_rows : valid;
   }
-  // Walk index i -> its input row, output row and expert (0 for a contiguous w1_out); false when
-  // step i holds no row to run.
+  // Walk index i -> its input row, output row and expert (0 for a contiguous w1_out unless locate);
+  // false when step i holds no row to run.
   __device__ bool at(int i, std::int64_t& in_row, std::int64_t& out_row, int& e) const {
     int r = i;
     e = 0;
     if (by_slot) {
       e = i / small_rows;
       r = i - e * small_rows;
-    } else if (!contiguous || small_rows > 0) {
+    } else if (!contiguous || small_rows > 0 || locate) {
       locate_row(row_offsets, E, i, e, r);  // contiguous w1_out: one tensor (e = 0) of rows i
     }
     if (small_rows == 0) {
@@ -240,6 +243,8 @@ struct ActivationRows {
     out_row = contiguous ? first + r : static_cast<std::int64_t>(e) * M + r;
     return true;
   }
+  // The per-tensor amax of expert e's rows: its own batched, the slab's one contiguous.
+  __device__ int amax_index(int e) const { return contiguous ? 0 : e; }
 };
 
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) {
@@ -261,10 +266,18 @@ __device__ __forceinline__ void load8(const float* p, float (&out)[8]) {
   out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
 
+// W1's output at column `col` of a row, with the expert's bias (fp32, null: none) added: the bias
+// reaches the activation in fp32 (the CPU adds it before w1_out's bf16 rounding: an ulp apart at most).
 template <class In>
-__device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows w1, const In* row, int I, int c) {
-  return numerics::activation_value<float, DeviceMath>(act, to_float(row[numerics::gate_column(w1, I, c)]),
-                                                       to_float(row[numerics::up_column(w1, I, c)]));
+__device__ __forceinline__ float w1_value(const In* row, const float* bias, int col) {
+  return bias != nullptr ? to_float(row[col]) + bias[col] : to_float(row[col]);
+}
+
+template <class In>
+__device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows w1, const In* row, const float* bias,
+                                               int I, int c) {
+  return numerics::activation_value<float, DeviceMath>(act, w1_value(row, bias, numerics::gate_column(w1, I, c)),
+                                                       w1_value(row, bias, numerics::up_column(w1, I, c)));
 }
 
 // The generic activation kernel: what the row-per-block kernel below does not take (I > 8192; it
@@ -278,8 +291,8 @@ __device__ __forceinline__ float activation_at(Activation act, numerics::W1Rows 
 template <class In>
 __global__ void __launch_bounds__(kActThreads)
     activation_quant_kernel(Activation act, numerics::W1Rows w1, int pass, bool per_tensor, bool block,
-                            ActivationRows rows, const In* __restrict__ w1_rows, int N, int I,
-                            __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
+                            ActivationRows rows, const In* __restrict__ w1_rows, const float* __restrict__ w1_bias,
+                            int N, int I, __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                             unsigned int* expert_amax) {
   // cuda/pdl.cuh: before any global memory access. No early launch_dependents: W2 follows, whose
   // CTAs would take whole SMs (waiting) from this grid's unplaced blocks (pdl.cuh).
@@ -291,6 +304,7 @@ __global__ void __launch_bounds__(kActThreads)
     std::int64_t in_row = 0, row_idx = 0;
     if (!rows.at(i, in_row, row_idx, e)) continue;
     const In* row = w1_rows + in_row * N;
+    const float* bias = w1_bias != nullptr ? w1_bias + static_cast<std::int64_t>(e) * N : nullptr;
     if (block) {
       const int groups = static_cast<int>(numerics::ceil_div(I, kQuantBlock));
       const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -300,7 +314,7 @@ __global__ void __launch_bounds__(kActThreads)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
-          v[j] = c < I ? activation_at(act, w1, row, I, c) : 0.0f;
+          v[j] = c < I ? activation_at(act, w1, row, bias, I, c) : 0.0f;
           m = fmaxf(m, fabsf(v[j]));
         }
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
@@ -321,21 +335,22 @@ __global__ void __launch_bounds__(kActThreads)
     }
     float amax = 0.0f;
     if (!per_tensor || pass == 0) {
-      for (int c = threadIdx.x; c < I; c += kActThreads) amax = fmaxf(amax, fabsf(activation_at(act, w1, row, I, c)));
+      for (int c = threadIdx.x; c < I; c += kActThreads)
+        amax = fmaxf(amax, fabsf(activation_at(act, w1, row, bias, I, c)));
       amax = block_max<kActThreads>(amax);
       if (per_tensor) {
-        if (threadIdx.x == 0) atomicMax(expert_amax + e, __float_as_uint(amax));
+        if (threadIdx.x == 0) atomicMax(expert_amax + rows.amax_index(e), __float_as_uint(amax));
         continue;
       }
     } else {
-      amax = __uint_as_float(expert_amax[e]);
+      amax = __uint_as_float(expert_amax[rows.amax_index(e)]);
     }
     const float scale = numerics::fp8_scale(amax);
     if (!per_tensor && threadIdx.x == 0) act_scale[row_idx] = scale;
     __nv_fp8_e4m3* out = act_q + row_idx * I;
     numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {  // one range test for the row
       for (int c = threadIdx.x; c < I; c += kActThreads)
-        out[c] = __nv_fp8_e4m3(quotient(activation_at(act, w1, row, I, c)));  // RNE, saturating to 448
+        out[c] = __nv_fp8_e4m3(quotient(activation_at(act, w1, row, bias, I, c)));  // RNE, saturating to 448
     });
   }
 }
@@ -351,8 +366,9 @@ __global__ void __launch_bounds__(kActThreads)
 template <int kChunks, Activation kAct, int kPass, class In>
 __global__ void __launch_bounds__(kActThreads)
     activation_quant_row_per_block(numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
-                                   const In* __restrict__ w1_rows, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
-                                   float* __restrict__ act_scale, unsigned int* expert_amax) {
+                                   const In* __restrict__ w1_rows, const float* __restrict__ w1_bias, int N, int I,
+                                   __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
+                                   unsigned int* expert_amax) {
   // cuda/pdl.cuh: before any global memory access. No early launch_dependents: W2 follows, whose
   // CTAs would take whole SMs (waiting) from this grid's unplaced blocks (pdl.cuh).
   pdl_wait();
@@ -364,6 +380,15 @@ __global__ void __launch_bounds__(kActThreads)
     std::int64_t in_row = 0, row_idx = 0;
     if (!rows.at(i, in_row, row_idx, e)) continue;
     const In* row = w1_rows + in_row * N;
+    const float* bias = w1_bias != nullptr ? w1_bias + static_cast<std::int64_t>(e) * N : nullptr;
+    // 8 W1 outputs from column `col` on, with the bias (fp32) added.
+    auto load8_biased = [&](int col, float(&v)[8]) {
+      load8(row + col, v);
+      if (bias != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] += bias[col + j];
+      }
+    };
     QuantRowOf<kChunks> q;
     q.load_with(I, [&](int c0, float(&out)[8]) {
       // c0 is a multiple of 8: its 8 gate (and up) inputs are contiguous in every layout; interleaved,
@@ -371,16 +396,16 @@ __global__ void __launch_bounds__(kActThreads)
       float g8[8], u8[8];
       if constexpr (numerics::w1_rows(kAct, QuantScheme::kPerTokenPerChannel) == numerics::W1Rows::kInterleaved) {
         float lo[8], hi[8];
-        load8(row + numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
-        load8(row + numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
+        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
+        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           g8[j] = lo[2 * j], u8[j] = lo[2 * j + 1];
           g8[j + 4] = hi[2 * j], u8[j + 4] = hi[2 * j + 1];
         }
       } else {
-        load8(row + numerics::gate_column(w1, I, c0), g8);
-        load8(row + numerics::up_column(w1, I, c0), u8);
+        load8_biased(numerics::gate_column(w1, I, c0), g8);
+        load8_biased(numerics::up_column(w1, I, c0), u8);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j]);
@@ -388,9 +413,10 @@ __global__ void __launch_bounds__(kActThreads)
     auto* out = reinterpret_cast<std::uint8_t*>(act_q + row_idx * I);
     if constexpr (kPass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
       const float amax = block_max<kActThreads>(q.amax_thread);
-      if (threadIdx.x == 0) atomicMax(expert_amax + e, __float_as_uint(amax));
+      if (threadIdx.x == 0) atomicMax(expert_amax + rows.amax_index(e), __float_as_uint(amax));
     } else if constexpr (kPass == 1) {
-      q.store(QuantScheme::kPerTensor, numerics::fp8_scale(__uint_as_float(expert_amax[e])), I, out, nullptr);
+      q.store(QuantScheme::kPerTensor, numerics::fp8_scale(__uint_as_float(expert_amax[rows.amax_index(e)])), I, out,
+              nullptr);
     } else {
       q.store(quant, q.token_scale(quant), I, out, act_scale + row_idx * spr);
     }
@@ -402,6 +428,30 @@ __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float*
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (e >= E_local) return;
   act_scale[e] = numerics::fp8_scale(__uint_as_float(expert_amax[e]));
+}
+
+// W2's expert biases: b2[e] added to each valid output row of expert e (fp32, one more bf16
+// rounding: the CPU adds it before W2's store, an ulp apart at most), the rows found as the
+// activation finds them (row_offsets, never a padding row). A block a row, 8 columns a thread.
+__global__ void __launch_bounds__(kActThreads)
+    w2_bias_kernel(ActivationRows rows, const float* __restrict__ w2_bias, int K, __nv_bfloat16* __restrict__ out) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
+  __shared__ std::int32_t staged[kActStagedExperts + 1];
+  const int total = rows.begin(staged);
+  for (int i = blockIdx.x; i < total; i += gridDim.x) {
+    int e = 0;
+    std::int64_t in_row = 0, out_row = 0;
+    if (!rows.at(i, in_row, out_row, e)) continue;
+    const float* b = w2_bias + static_cast<std::int64_t>(e) * K;
+    __nv_bfloat16* y = out + out_row * K;
+    for (int c0 = static_cast<int>(threadIdx.x) * 8; c0 < K; c0 += kActThreads * 8) {
+      uint4 raw = *reinterpret_cast<const uint4*>(y + c0);
+      auto* v = reinterpret_cast<__nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = __float2bfloat16_rn(DeviceMath::add(__bfloat162float(v[j]), b[c0 + j]));
+      *reinterpret_cast<uint4*>(y + c0) = raw;
+    }
+  }
 }
 
 GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
@@ -513,7 +563,9 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   };
   auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(l.w1_out);
   auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(l.act_q);
-  const ActivationRows rows{l.row_offsets, E, M, small ? static_cast<int>(plan::w1_small_rows(p)) : 0, l.contiguous};
+  const float* w1_bias = l.weights.w1_bias;
+  ActivationRows rows{l.row_offsets, E, M, small ? static_cast<int>(plan::w1_small_rows(p)) : 0, l.contiguous};
+  rows.locate = w1_bias != nullptr;
   // The W1 rows the kernels read: bf16 w1_out, or fp32 w1_small (block128 only: the fused recipe).
   auto with_rows = [&](auto&& launch) {
     if (small)
@@ -541,8 +593,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     with_rows([&]<class In>(const In* in) {
       auto launch = [&](auto k) {
-        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, w1, p.quant, rows, in, N, I,
-                   act_q, l.act_scale, amax);
+        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, w1, p.quant, rows, in,
+                   w1_bias, N, I, act_q, l.act_scale, amax);
         MOEKIT_CUDA_CHECK_LAUNCH();
       };
       auto launch_passes = [&]<int kChunks, Activation kAct>() {
@@ -571,7 +623,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       const int grid = one_wave(reinterpret_cast<const void*>(k));
       for (int pass = per_tensor ? 0 : 1; pass < 2; ++pass) {
         launch_pdl(k, grid, kActThreads, 0, stream, p.activation, w1, pass, per_tensor,
-                   p.quant == QuantScheme::kBlock128, rows, in, N, I, act_q, l.act_scale, amax);
+                   p.quant == QuantScheme::kBlock128, rows, in, w1_bias, N, I, act_q, l.act_scale, amax);
         MOEKIT_CUDA_CHECK_LAUNCH();
       }
     });
@@ -582,11 +634,31 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+void launch_w2_bias(const BatchedExpertsLaunch& l, void* stream_ptr) {
+  const MoeProblem& p = l.problem;
+  MOEKIT_CUDA_REQUIRE(l.weights.w2_bias != nullptr && p.K % 8 == 0,
+                      "launch_w2_bias: no w2_bias, or K not a multiple of 8");
+  ActivationRows rows{l.row_offsets, static_cast<int>(p.E_local), static_cast<int>(p.M), 0, l.contiguous};
+  rows.locate = true;
+  int per_sm = 0;
+  MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w2_bias_kernel, kActThreads, 0));
+  launch_pdl(w2_bias_kernel, std::max(1, per_sm) * l.num_sms, kActThreads, 0, static_cast<cudaStream_t>(stream_ptr),
+             rows, l.weights.w2_bias, static_cast<int>(p.K), reinterpret_cast<__nv_bfloat16*>(l.output));
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void launch_batched_experts(const BatchedExpertsLaunch& l, void* stream) {
+  MOEKIT_CUDA_REQUIRE(l.weights.w1_bias == nullptr || !l.gemms.fused_w1,
+                      "expert biases run the unfused recipe (the fused W1's epilogue adds none)");
   launch_experts_prepare(l, stream);
   launch_experts_gemm(l, 1, stream);  // fused: writes act_q / act_scale itself (but for w1_small's experts)
   if (plan::runs_activation_kernel(l.gemms)) launch_activation_quant(l, ActivationKernel::kAuto, stream);
   launch_experts_gemm(l, 2, stream);
+  if (l.weights.w2_bias != nullptr) launch_w2_bias(l, stream);
 }
 
 }  // namespace moekit::cuda

@@ -24,10 +24,10 @@ void declare_standard_recipe(const MoeProblem& problem, WorkspaceBuilder& builde
 // Empty when `problem` is in the format `experts` takes; otherwise the reason.
 std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& problem);
 
-// Why the CUDA experts refuse a problem with expert biases (MoeProblem::expert_bias): their GEMM
-// epilogues do not add them yet.
-inline constexpr const char* kExpertBiasCpuOnly =
-    "the model's experts have biases (gpt-oss: gate_up_proj_bias, down_proj_bias), which the CUDA experts' GEMM "
-    "epilogues do not add yet; run it on the CPU (--device cpu)";
+// Why the CUDA experts refuse expert biases (MoeProblem::expert_bias) with the fused W1: its
+// epilogue adds none (the unfused recipe adds W1's in the activation kernel, W2's after W2).
+inline constexpr const char* kExpertBiasUnfusedOnly =
+    "the model's experts have biases (gpt-oss: gate_up_proj_bias, down_proj_bias), which the CUDA experts add in "
+    "the unfused recipe only: drop --fuse-w1 (fuse_w1=False)";
 
 }  // namespace moekit::plan

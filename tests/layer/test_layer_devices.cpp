@@ -51,7 +51,7 @@ ModelConfig model_of(const Case& c) {
   }
   if (c.num_experts > 0) m.num_experts = c.num_experts;
   m.activation = c.activation;
-  m.expert_bias = false;  // gpt-oss's shapes; its biases run on the CPU only so far (tests/parity)
+  m.expert_bias = m.expert_bias && c.activation == Activation::kSwigluOai;  // gpt-oss's biases, with its activation
   return m;
 }
 
