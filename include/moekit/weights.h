@@ -14,7 +14,8 @@
 //             one per 128x128 block, row-major over blocks.
 //   w1_bias   (E_local, N) and w2_bias (E_local, K) fp32, in W1's row order: the expert biases of
 //             the models that have them (gpt-oss's gate_up_proj_bias, down_proj_bias), added to
-//             each GEMM's output before it is stored; null for the others.
+//             each GEMM's output in fp32 (the CPU before its bf16 store; CUDA after it, within an
+//             ulp: docs/DESIGN.md); null for the others.
 #pragma once
 
 #include <cstdint>
