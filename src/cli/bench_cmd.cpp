@@ -127,6 +127,16 @@ BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, st
   memory.from_host(w.device[3].get(), sc2.data(), w.device[3].bytes(), nullptr);
   w.view = ExpertWeightsView::of(p, device, w.device[0].as<std::uint8_t>(), w.device[2].as<float>(),
                                  w.device[1].as<std::uint8_t>(), w.device[3].as<float>());
+  if (p.expert_bias) {  // gpt-oss: its W1 and W2 biases, small constants (their values do not move the time)
+    const std::vector<float> b1(static_cast<std::size_t>(p.E_local * p.N), 0.01f),
+        b2(static_cast<std::size_t>(p.E_local * p.K), 0.01f);
+    w.device.emplace_back(memory, 4 * p.E_local * p.N, "W1 biases");
+    memory.from_host(w.device.back().get(), b1.data(), w.device.back().bytes(), nullptr);
+    w.view.w1_bias = w.device.back().as<float>();
+    w.device.emplace_back(memory, 4 * p.E_local * p.K, "W2 biases");
+    memory.from_host(w.device.back().get(), b2.data(), w.device.back().bytes(), nullptr);
+    w.view.w2_bias = w.device.back().as<float>();
+  }
   return w;
 }
 
