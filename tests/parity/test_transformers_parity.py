@@ -8,7 +8,7 @@ dequantized values back into the block, so both sides hold the same weights. The
 sides route from. The reference runs transformers' forward in float32 with moekit's two activation
 quantizations emulated (the input of every expert linear is quantized and dequantized as moekit
 quantizes it: per token, per 1x128 group, or per tensor), so what remains is accumulation order and
-the bf16 roundings (TOL below). A routing rule moekit got wrong moves whole experts: 10-100% error.
+the bf16 roundings (tolerance() below). A routing rule moekit got wrong moves whole experts: 10-100% error.
 
 torch and transformers come from PyPI through scripts/install-deps.sh (versions pinned there); the
 module is skipped by name where they are missing. MOEKIT_PARITY_DEVICE=cuda runs the layer on a GPU.
@@ -27,9 +27,16 @@ import moekit  # noqa: E402
 
 DEVICE = os.environ.get("MOEKIT_PARITY_DEVICE", "cpu")
 FP8_MAX = 448.0
-# The CPU computes the emulated recipe up to bf16 roundings and summation order (2.4-3.2e-3
-# measured); a GPU adds its GEMMs' accumulation (moekit's device-against-CPU bound).
-TOL = 5e-3 if DEVICE == "cpu" else 3e-2
+# The CPU computes the emulated recipe up to bf16 roundings and summation order (2.4-3.4e-3
+# measured); a GPU adds its GEMMs' accumulation and the FP8 code flips that follow: moekit's
+# device-against-CPU bound (check::device_vs_cpu_tolerance), wider where one per-tensor scale spans
+# the rows (a moved scale re-rounds every code).
+CPU_TOL = 5e-3
+GPU_TOL = {"per-token": 3e-2, "block128": 3e-2, "per-tensor": 5e-2}
+
+
+def tolerance(scheme):
+    return CPU_TOL if DEVICE == "cpu" else GPU_TOL[scheme]
 
 K, I, E, TOPK = 256, 128, 16, 4  # block128 needs K and I in whole 128 blocks
 BASE = {"hidden_size": K, "num_hidden_layers": 2, "hidden_act": "silu"}
@@ -303,7 +310,8 @@ def test_layer_matches_transformers(tmp_path, case, scheme):
         for seed in (1, 2):
             err = run_case(tmp_path, case, scheme, T, seed)
             worst = max(worst, err)
-            assert err < TOL, f"{case} {scheme} T={T} seed={seed}: relative error {err:.3e} >= {TOL}"
+            assert err < tolerance(scheme), \
+                f"{case} {scheme} T={T} seed={seed}: relative error {err:.3e} >= {tolerance(scheme)}"
     print(f"{case:28s} {scheme:10s} worst relative error {worst:.2e}")
 
 
