@@ -153,6 +153,11 @@ struct NoauxTcDefaults {
   std::int64_t n_group, topk_group;
   double routed_scaling_factor;
   std::int64_t first_k_dense_replace;
+  bool norm_topk_prob = true;
+  std::int64_t n_shared_experts = 1;  // < 0: no default (the key is required)
+  // > 0: transformers keeps exactly this many dense layers first whatever first_k_dense_replace says
+  // (a config that says otherwise is refused: the checkpoint's layers would not be where moekit counts).
+  std::int64_t fixed_dense_layers = 0;
 };
 
 void read_noaux_tc(const Reader& r, ModelConfig& m, const NoauxTcDefaults& d) {
@@ -166,10 +171,11 @@ void read_noaux_tc(const Reader& r, ModelConfig& m, const NoauxTcDefaults& d) {
   m.n_group = r.integer_or({"n_group"}, d.n_group, 1);
   m.topk_group = r.integer_or({"topk_group"}, d.topk_group, 1);
   m.group_score = GroupScore::kTop2Sum;
-  m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  m.norm_topk_prob = r.boolean_or("norm_topk_prob", d.norm_topk_prob);
   m.renormalize_epsilon = 1e-20;
   m.routed_scaling_factor = r.number_or("routed_scaling_factor", d.routed_scaling_factor);
-  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 1, 0);
+  m.num_shared_experts = d.n_shared_experts < 0 ? r.integer({"n_shared_experts"}, 0)
+                                                : r.integer_or({"n_shared_experts"}, d.n_shared_experts, 0);
   m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
   m.activation = activation_from_config(r);
   r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
@@ -177,6 +183,13 @@ void read_noaux_tc(const Reader& r, ModelConfig& m, const NoauxTcDefaults& d) {
   if (const json* types = r.find({"mlp_layer_types"})) {
     MOEKIT_CHECK(types->is_array(), "{}: field 'mlp_layer_types' must be a list, got {}", r.source, types->dump());
     m.num_moe_layers = std::count(types->begin(), types->end(), json("sparse"));
+  } else if (d.fixed_dense_layers > 0) {
+    const std::int64_t k = r.integer_or({"first_k_dense_replace"}, d.fixed_dense_layers, 0);
+    MOEKIT_CHECK(k == d.fixed_dense_layers,
+                 "{}: field 'first_k_dense_replace' = {}: {}'s transformers code keeps exactly {} dense layer(s) "
+                 "first whatever it says; moekit counts the layers as that code builds them",
+                 r.source, k, d.family, d.fixed_dense_layers);
+    m.num_moe_layers = m.num_layers - d.fixed_dense_layers;
   } else {
     m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, d.first_k_dense_replace, 0);
   }
@@ -190,6 +203,19 @@ void read_glm4_moe(const Reader& r, ModelConfig& m) {
 }
 void read_glm_moe_dsa(const Reader& r, ModelConfig& m) {
   read_noaux_tc(r, m, {"GLM", 1, 1, 2.5, 3});
+}
+// DeepseekV32MoE: DeepSeek-V3's block and defaults.
+void read_deepseek_v32(const Reader& r, ModelConfig& m) {
+  read_noaux_tc(r, m, {"DeepSeek-V3.2", 8, 4, 2.5, 3});
+}
+// Glm4MoeLiteMoE: GLM's block, routed_scaling_factor 1.8 by default, one dense layer first.
+void read_glm4_moe_lite(const Reader& r, ModelConfig& m) {
+  read_noaux_tc(r, m, {"GLM-4.7-Flash (glm4_moe_lite)", 1, 1, 1.8, 1, true, 1, 1});
+}
+// Dots1MoE: DeepSeek-V3's block; not renormalized by default, n_shared_experts required (no
+// default in Dots1Config), n_group / topk_group null in the released configs (1).
+void read_dots1(const Reader& r, ModelConfig& m) {
+  read_noaux_tc(r, m, {"dots.llm1", 1, 1, 1.0, 0, false, -1});
 }
 
 // DeepseekV2Moe: softmax scores; topk_method greedy (all experts) or group_limited_greedy (groups
@@ -271,21 +297,65 @@ void read_qwen2_moe(const Reader& r, ModelConfig& m) {
   m.shared_expert_gate = m.num_shared_experts > 0;
 }
 
+// Qwen3NextSparseMoeBlock: Qwen2-MoE's block (gated shared expert) with Qwen3-Next's defaults:
+// norm_topk_prob true, shared_expert_intermediate_size 512.
+void read_qwen3_next(const Reader& r, ModelConfig& m) {
+  read_qwen2_moe(r, m);
+  m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
+  m.shared_intermediate_size = r.integer_or({"shared_expert_intermediate_size"}, 512, 0);
+  m.num_shared_experts = m.shared_intermediate_size > 0 ? 1 : 0;
+  m.shared_expert_gate = m.num_shared_experts > 0;
+}
+
 // OlmoeSparseMoeBlock: every layer is MoE; intermediate_size is the experts' width.
 void read_olmoe(const Reader& r, ModelConfig& m) {
   read_softmax_topk(r, m, "intermediate_size");
   m.num_moe_layers = m.num_layers;
 }
 
-// MixtralSparseMoeBlock: softmax, top-k, always renormalized; every layer is MoE.
-void read_mixtral(const Reader& r, ModelConfig& m) {
+// FlexOlmoSparseMoeBlock: OLMoE's block.
+void read_flex_olmo(const Reader& r, ModelConfig& m) {
+  read_olmoe(r, m);
+}
+
+// MixtralSparseMoeBlock: softmax, top-k, always renormalized; every layer is MoE. MiniMax-Text-01
+// (MiniMaxSparseMoeBlock) and Granite (GraniteMoeMoE: softmax over the top-k logits, the same
+// renormalized weights) run the same block under Mixtral's keys.
+void read_mixtral_block(const Reader& r, ModelConfig& m, std::initializer_list<const char*> experts_keys) {
   m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
-  m.num_experts = r.integer({"num_local_experts"}, 1);
+  m.num_experts = r.integer(experts_keys, 1);
   m.topk = r.integer({"num_experts_per_tok"}, 1);
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = true;
   m.activation = activation_from_config(r);
   m.num_moe_layers = m.num_layers;
+}
+void read_mixtral(const Reader& r, ModelConfig& m) {
+  read_mixtral_block(r, m, {"num_local_experts"});
+}
+void read_granitemoe(const Reader& r, ModelConfig& m) {
+  read_mixtral_block(r, m, {"num_local_experts"});
+  r.require_number("shared_intermediate_size", 0, "GraniteMoeMoE has no shared expert (granitemoeshared's does)");
+}
+// MiniMaxConfig takes num_experts for num_local_experts.
+void read_minimax(const Reader& r, ModelConfig& m) {
+  read_mixtral_block(r, m, {"num_local_experts", "num_experts"});
+  r.require_number("shared_intermediate_size", 0, "MiniMaxSparseMoeBlock has no shared expert");
+}
+
+// JambaSparseMoeBlock: softmax top-k, never renormalized; layer i is MoE when i %
+// expert_layer_period == expert_layer_offset (2 and 1 by default).
+void read_jamba(const Reader& r, ModelConfig& m) {
+  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
+  m.num_experts = r.integer({"num_experts"}, 1);
+  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.scoring = Scoring::kSoftmax;
+  m.norm_topk_prob = false;
+  m.activation = activation_from_config(r);
+  const std::int64_t period = r.integer_or({"expert_layer_period"}, 2, 1);
+  const std::int64_t offset = r.integer_or({"expert_layer_offset"}, 1, 0);
+  m.num_moe_layers = 0;
+  for (std::int64_t i = 0; i < m.num_layers; ++i) m.num_moe_layers += i % period == offset;
 }
 
 // GptOssMLP: the top-k of the logits, softmax over those k (the renormalized softmax), experts with
@@ -329,11 +399,22 @@ const std::vector<Row>& rows() {
       {{"glm4_moe", "Glm4MoeMoE", "DeepSeek-V3's routing with GLM's defaults; shared experts"}, read_glm4_moe},
       {{"glm_moe_dsa", "GlmMoeDsaMoE", "GLM-5: the glm4_moe block (routed_scaling_factor 2.5 by default)"},
        read_glm_moe_dsa},
+      {{"deepseek_v32", "DeepseekV32MoE", "DeepSeek-V3.2: the deepseek_v3 block and defaults"}, read_deepseek_v32},
+      {{"glm4_moe_lite", "Glm4MoeLiteMoE", "the glm4_moe block, routed_scaling_factor 1.8, one dense layer first"},
+       read_glm4_moe_lite},
+      {{"dots1", "Dots1MoE", "the deepseek_v3 block; not renormalized unless norm_topk_prob"}, read_dots1},
       {{"qwen2_moe", "Qwen2MoeSparseMoeBlock", "softmax top-k (norm_topk_prob); a shared expert behind a sigmoid gate"},
        read_qwen2_moe},
+      {{"qwen3_next", "Qwen3NextSparseMoeBlock",
+        "the qwen2_moe block (gated shared expert), norm_topk_prob true by default"},
+       read_qwen3_next},
       {{"qwen3_moe", "Qwen3MoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_qwen3_moe},
       {{"olmoe", "OlmoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_olmoe},
+      {{"flex_olmo", "FlexOlmoSparseMoeBlock", "the olmoe block"}, read_flex_olmo},
       {{"mixtral", "MixtralSparseMoeBlock", "softmax top-k, always renormalized"}, read_mixtral},
+      {{"minimax", "MiniMaxSparseMoeBlock", "the mixtral block (MiniMax-Text-01)"}, read_minimax},
+      {{"granitemoe", "GraniteMoeMoE", "the mixtral block: softmax over the top-k logits"}, read_granitemoe},
+      {{"jamba", "JambaSparseMoeBlock", "softmax top-k, never renormalized"}, read_jamba},
       {{"gpt_oss", "GptOssMLP", "softmax over the top-k logits; expert biases; clamped SwiGLU (limit 7)"},
        read_gpt_oss},
       {{"llama4_text", "Llama4TextMoe", "refused: the router weights the experts' input"}, refuse_llama4},

@@ -40,6 +40,7 @@ def tolerance(scheme):
 
 K, I, E, TOPK = 256, 128, 16, 4  # block128 needs K and I in whole 128 blocks
 BASE = {"hidden_size": K, "num_hidden_layers": 2, "hidden_act": "silu"}
+HEADS = {"num_attention_heads": 4, "num_key_value_heads": 4}
 
 
 # ---- the families: transformers' config and block, the config keys moekit reads ------------------
@@ -80,6 +81,24 @@ CASES = {
                 _softmax({}, "intermediate_size", "num_local_experts")),
     "gpt_oss": ("gpt_oss", "GptOssConfig", "gpt_oss", "GptOssMLP",
                 _softmax({"swiglu_limit": 7.0}, "intermediate_size", "num_local_experts")),
+    # Families that run one of the blocks above under their own config class and defaults.
+    "deepseek_v32": ("deepseek_v32", "DeepseekV32Config", "deepseek_v32", "DeepseekV32MoE",
+                     _ds({"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
+                          **HEADS})),
+    "glm4_moe_lite": ("glm4_moe_lite", "Glm4MoeLiteConfig", "glm4_moe_lite", "Glm4MoeLiteMoE",
+                      _ds({"n_shared_experts": 1, "first_k_dense_replace": 1, **HEADS})),
+    "dots1": ("dots1", "Dots1Config", "dots1", "Dots1MoE",
+              _ds({"n_group": 4, "topk_group": 2, "n_shared_experts": 2, "routed_scaling_factor": 2.5, **HEADS})),
+    "dots1_no_norm": ("dots1", "Dots1Config", "dots1", "Dots1MoE", _ds({"n_shared_experts": 1, **HEADS})),
+    "qwen3_next": ("qwen3_next", "Qwen3NextConfig", "qwen3_next", "Qwen3NextSparseMoeBlock",
+                   _softmax({"shared_expert_intermediate_size": 2 * I, **HEADS})),
+    "flex_olmo": ("flex_olmo", "FlexOlmoConfig", "flex_olmo", "FlexOlmoSparseMoeBlock",
+                  _softmax({**HEADS}, "intermediate_size")),
+    "minimax": ("minimax", "MiniMaxConfig", "minimax", "MiniMaxSparseMoeBlock",
+                _softmax({**HEADS}, "intermediate_size", "num_local_experts")),
+    "granitemoe": ("granitemoe", "GraniteMoeConfig", "granitemoe", "GraniteMoeMoE",
+                   _softmax({**HEADS}, "intermediate_size", "num_local_experts")),
+    "jamba": ("jamba", "JambaConfig", "jamba", "JambaSparseMoeBlock", _softmax({**HEADS}, "intermediate_size")),
 }
 # Experts stored as x @ W (transformers' (E, K, N) layout), gate / up interleaved, with biases.
 TRANSPOSED = {"gpt_oss"}
@@ -269,7 +288,8 @@ def run_case(tmp_path, case, scheme, T, seed, shared_experts=True):
     x = bf16(torch.randn(T, K, generator=gen))
     router = router_of(block)
     with torch.no_grad():
-        logits = router(x)[0].float().contiguous()
+        routed = router(x)  # a Linear (Jamba) or a router module returning (logits, ...)
+        logits = (routed[0] if isinstance(routed, tuple) else routed).float().contiguous()
         if case in TRANSPOSED:
             ref = reference_transposed(block, x, scheme)
         else:

@@ -199,6 +199,30 @@ TEST(Model, ArchitectureTableReadsEachFamilyAsTransformersDoes) {
   EXPECT_TRUE(oss.expert_bias);
   EXPECT_EQ(oss.activation, Activation::kSwigluOai);
   EXPECT_EQ(load_model("kimi-k2").moe_block, "DeepseekV3MoE");
+
+  // Families on the blocks above, with their own config classes' defaults.
+  const ModelConfig dots = parse_model_config(config("dots1", R"(, "n_shared_experts": 2, "n_group": null)"), "d");
+  EXPECT_FALSE(dots.norm_topk_prob);  // Dots1Config: false
+  EXPECT_EQ(dots.n_group, 1);         // null in the released configs
+  EXPECT_DOUBLE_EQ(dots.routed_scaling_factor, 1.0);
+  EXPECT_EQ(dots.shared_intermediate_size, 64);
+  EXPECT_DOUBLE_EQ(parse_model_config(config("glm4_moe_lite", ""), "g").routed_scaling_factor, 1.8);
+  EXPECT_EQ(parse_model_config(config("glm4_moe_lite", ""), "g").num_moe_layers, 3);
+  EXPECT_EQ(parse_model_config(config("deepseek_v32", ""), "v32").n_group, 8);
+  const ModelConfig next = parse_model_config(config("qwen3_next", ""), "n");
+  EXPECT_TRUE(next.norm_topk_prob);
+  EXPECT_EQ(next.shared_intermediate_size, 512);
+  EXPECT_TRUE(next.shared_expert_gate);
+  EXPECT_EQ(parse_model_config(R"({"model_type": "minimax", "hidden_size": 64, "intermediate_size": 48,
+    "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2})",
+                               "mm")
+                .num_experts,
+            8);
+  EXPECT_TRUE(parse_model_config(config("granitemoe", ""), "gr").norm_topk_prob);
+  const ModelConfig jamba = parse_model_config(config("jamba", ""), "j");
+  EXPECT_FALSE(jamba.norm_topk_prob);
+  EXPECT_EQ(jamba.num_moe_layers, 2);  // layers 1 and 3 of 4 (period 2, offset 1)
+  EXPECT_EQ(parse_model_config(config("flex_olmo", ""), "f").moe_intermediate_size, 48);
 }
 
 TEST(Model, ArchitectureTableRefusesWhatItCannotHonor) {
@@ -224,6 +248,12 @@ TEST(Model, ArchitectureTableRefusesWhatItCannotHonor) {
   EXPECT_NE(e.find("'swiglu_limit' = 10"), std::string::npos) << e;
   e = refused("deepseek_v3", R"(, "moe_layer_freq": 2)");
   EXPECT_NE(e.find("'moe_layer_freq' = 2"), std::string::npos) << e;
+  e = refused("dots1", "");
+  EXPECT_NE(e.find("missing field 'n_shared_experts'"), std::string::npos) << e;
+  e = refused("glm4_moe_lite", R"(, "first_k_dense_replace": 0)");
+  EXPECT_NE(e.find("'first_k_dense_replace' = 0"), std::string::npos) << e;
+  e = refused("minimax", R"(, "shared_intermediate_size": 64)");
+  EXPECT_NE(e.find("'shared_intermediate_size' = 64"), std::string::npos) << e;
   e = refused("deepseek_v3", R"(, "routed_scaling_factor": 0)");
   EXPECT_NE(e.find("routed_scaling_factor = 0"), std::string::npos) << e;
 }
