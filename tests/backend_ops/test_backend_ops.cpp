@@ -179,6 +179,17 @@ class BackendOps : public ::testing::TestWithParam<Param> {};
 
 // --- router -----------------------------------------------------------------------------------------
 
+// A router's own workspace (its declaration alone, guard bands around it), poisoned.
+std::unique_ptr<Workspace> router_workspace(const Router& router, std::string_view name, const MoeProblem& p,
+                                            Memory& memory) {
+  WorkspaceBuilder b("router", p, kGuardBytes);
+  b.begin_section("routing", std::string(name));
+  router.declare(p, b);
+  auto ws = std::make_unique<Workspace>(b.finish(), memory);
+  ws->poison(nullptr);
+  return ws;
+}
+
 void router_case(const OpCase& c, Device device) {
   const ModelConfig m = model_named(c.model);
   const RoutingConfig cfg = routing_config(m);
@@ -209,11 +220,8 @@ void router_case(const OpCase& c, Device device) {
   for (const auto& entry : router_registry()) {
     if (entry.device != device) continue;
     const auto router = entry.make(cfg, {});
-    WorkspaceBuilder b("router", p, kGuardBytes);
-    b.begin_section("routing", std::string(entry.name));
-    router->declare(p, b);
-    Workspace ws(b.finish(), *memory);
-    ws.poison(nullptr);
+    const std::unique_ptr<Workspace> held = router_workspace(*router, entry.name, p, *memory);
+    Workspace& ws = *held;
     DeviceCopies copies(*memory);
     const float* logits = copies.put(tok.logits, "logits");
     const float* dbias = copies.put(bias, "bias");
@@ -249,11 +257,8 @@ void router_case(const OpCase& c, Device device) {
     for (const auto& entry : router_registry()) {
       if (entry.device != device) continue;
       const auto router = entry.make(RoutingConfig{1, 1}, {});
-      WorkspaceBuilder b("shared route", one, kGuardBytes);
-      b.begin_section("routing", std::string(entry.name));
-      router->declare(one, b);
-      Workspace ws(b.finish(), *memory);
-      ws.poison(nullptr);
+      const std::unique_ptr<Workspace> held = router_workspace(*router, entry.name, one, *memory);
+      Workspace& ws = *held;
       DeviceCopies copies(*memory);
       const std::uint16_t* dh = copies.put(hid.hidden, "hidden");
       const std::uint16_t* dg = copies.put(gate, "gate");
