@@ -18,43 +18,59 @@ std::int64_t ExpertWeightsView::w2_scale_stride() const {
   return numerics::weight_scale_count(quant, K, I);
 }
 
+namespace {
+
+// The arguments both arrangements take: block128's shapes, four distinct buffers (out of place).
+void check_arrangement(const char* who, std::int64_t I, std::int64_t K, const void* from, const void* from_scale,
+                       const void* to, const void* to_scale) {
+  MOEKIT_CHECK(I > 0 && I % kQuantBlock == 0 && K > 0,
+               "{}: I = {} must be a positive multiple of 128 and K = {} positive (block128)", who, I, K);
+  MOEKIT_CHECK(from != nullptr && from_scale != nullptr && to != nullptr && to_scale != nullptr && from != to &&
+                   from_scale != to_scale,
+               "{}: four distinct non-null buffers are needed (out of place)", who);
+}
+
+}  // namespace
+
+namespace {
+
+// Row h of the halves (gate rows [0, I), then up rows) is this row of the block pairs; halves
+// scale-block row b is block row pair_block(b) (per 256 rows: gate block, then its up block).
+std::int64_t pair_row(std::int64_t I, std::int64_t h) {
+  const numerics::W1Rows rows = numerics::W1Rows::kBlockPairs;
+  return h < I ? numerics::gate_column(rows, I, h) : numerics::up_column(rows, I, h - I);
+}
+std::int64_t pair_block(std::int64_t I, std::int64_t b) {
+  const std::int64_t blocks = I / kQuantBlock;
+  return b < blocks ? 2 * b : 2 * (b - blocks) + 1;
+}
+
+// One expert's W1 codes and block scales between the two layouts, rows and scales moved whole.
+void move_w1(std::int64_t I, std::int64_t K, const std::uint8_t* from, const float* from_scale, std::uint8_t* to,
+             float* to_scale, bool to_pairs) {
+  const std::int64_t k_blocks = numerics::ceil_div(K, kQuantBlock);
+  for (std::int64_t h = 0; h < 2 * I; ++h) {
+    const std::int64_t p = pair_row(I, h);
+    std::copy_n(from + (to_pairs ? h : p) * K, K, to + (to_pairs ? p : h) * K);
+  }
+  for (std::int64_t b = 0; b < 2 * I / kQuantBlock; ++b) {
+    const std::int64_t p = pair_block(I, b);
+    std::copy_n(from_scale + (to_pairs ? b : p) * k_blocks, k_blocks, to_scale + (to_pairs ? p : b) * k_blocks);
+  }
+}
+
+}  // namespace
+
 void arrange_w1_block_pairs(std::int64_t I, std::int64_t K, const std::uint8_t* halves, const float* halves_scale,
                             std::uint8_t* pairs, float* pairs_scale) {
-  MOEKIT_CHECK(I > 0 && I % kQuantBlock == 0 && K > 0,
-               "arrange_w1_block_pairs: I = {} must be a positive multiple of 128 and K = {} positive (block128)", I,
-               K);
-  MOEKIT_CHECK(halves != nullptr && halves_scale != nullptr && pairs != nullptr && pairs_scale != nullptr &&
-                   halves != pairs && halves_scale != pairs_scale,
-               "arrange_w1_block_pairs: four distinct non-null buffers are needed (out of place)");
-  const numerics::W1Rows rows = numerics::W1Rows::kBlockPairs;
-  const std::int64_t k_blocks = numerics::ceil_div(K, kQuantBlock);
-  for (std::int64_t c = 0; c < I; ++c) {
-    std::copy_n(halves + c * K, K, pairs + numerics::gate_column(rows, I, c) * K);
-    std::copy_n(halves + (I + c) * K, K, pairs + numerics::up_column(rows, I, c) * K);
-  }
-  for (std::int64_t b = 0; b < I / kQuantBlock; ++b) {
-    std::copy_n(halves_scale + b * k_blocks, k_blocks, pairs_scale + 2 * b * k_blocks);
-    std::copy_n(halves_scale + (I / kQuantBlock + b) * k_blocks, k_blocks, pairs_scale + (2 * b + 1) * k_blocks);
-  }
+  check_arrangement("arrange_w1_block_pairs", I, K, halves, halves_scale, pairs, pairs_scale);
+  move_w1(I, K, halves, halves_scale, pairs, pairs_scale, true);
 }
 
 void arrange_w1_halves(std::int64_t I, std::int64_t K, const std::uint8_t* pairs, const float* pairs_scale,
                        std::uint8_t* halves, float* halves_scale) {
-  MOEKIT_CHECK(I > 0 && I % kQuantBlock == 0 && K > 0,
-               "arrange_w1_halves: I = {} must be a positive multiple of 128 and K = {} positive (block128)", I, K);
-  MOEKIT_CHECK(halves != nullptr && halves_scale != nullptr && pairs != nullptr && pairs_scale != nullptr &&
-                   halves != pairs && halves_scale != pairs_scale,
-               "arrange_w1_halves: four distinct non-null buffers are needed (out of place)");
-  const numerics::W1Rows rows = numerics::W1Rows::kBlockPairs;
-  const std::int64_t k_blocks = numerics::ceil_div(K, kQuantBlock);
-  for (std::int64_t c = 0; c < I; ++c) {
-    std::copy_n(pairs + numerics::gate_column(rows, I, c) * K, K, halves + c * K);
-    std::copy_n(pairs + numerics::up_column(rows, I, c) * K, K, halves + (I + c) * K);
-  }
-  for (std::int64_t b = 0; b < I / kQuantBlock; ++b) {
-    std::copy_n(pairs_scale + 2 * b * k_blocks, k_blocks, halves_scale + b * k_blocks);
-    std::copy_n(pairs_scale + (2 * b + 1) * k_blocks, k_blocks, halves_scale + (I / kQuantBlock + b) * k_blocks);
-  }
+  check_arrangement("arrange_w1_halves", I, K, pairs, pairs_scale, halves, halves_scale);
+  move_w1(I, K, pairs, pairs_scale, halves, halves_scale, false);
 }
 
 bool w1_needs_block_pairs(std::string_view layout, Activation activation, QuantScheme quant) {
