@@ -33,6 +33,12 @@ cmake -S . -B build-py312 -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -
   -DPython_EXECUTABLE="$py" >/dev/null
 cmake --build build-py312 -j "$(nproc)" --target _moekit
 mkdir -p .gpu/python && cp -r build-py312/python/moekit .gpu/python/
+# transformers (the version install-deps.sh pins) and its dependencies for Python 3.12, for the
+# parity tests on the GPU (gpu-check.sh parity): the GPU image has torch and numpy, not this version.
+mkdir -p .gpu/wheels
+"$py" -m pip download -q "transformers==5.24.0" pytest --python-version 3.12 --only-binary=:all: \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels
+rm -f .gpu/wheels/numpy-*.whl
 { git rev-parse HEAD; git status --porcelain | grep -q . && echo "(with uncommitted changes)" || true; } > .gpu/COMMIT
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 du -sh .gpu

@@ -27,6 +27,8 @@
 #          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
 #   routing: `moekit bench layer` (block128, 256 experts) under the model's routing and under uniform
 #          routing, fused and --no-fuse-w1, alternated twice.
+#   parity: tests/parity on the GPU (transformers' wheels from gpu-bundle.sh), and `moekit bench
+#          layer --shared-experts on,off`.
 #   decode: a decode step's small kernels: ncu's time of every kernel of one step at T = 1 (block128
 #          and per-token, uniform routing), the layer at T = 1 / 8 / 32 / 128 alternated twice, the
 #          row map and scatter cases of the backend ops under memcheck; each against
@@ -35,7 +37,7 @@
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|parity|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -289,6 +291,19 @@ if [[ $part == python ]]; then
     PYTHONUNBUFFERED=1 run timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/python 2>&1 \
     | tee "$OUT/python_tests.log" | grep -vE '^\s*$' | tail -40
   echo "python tests rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == parity ]]; then
+  echo "== tests/parity on the GPU: the CUDA layer against transformers' MoE blocks (wheels from gpu-bundle.sh)"
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-deps --no-index --target "$site" $BIN/wheels/*.whl
+  PYTHONPATH="$site:$PWD/$BIN/python" MOEKIT_PARITY_DEVICE=cuda PYTHONUNBUFFERED=1 run timeout 400 python3 -m pytest \
+    -q -s -p no:cacheprovider tests/parity 2>&1 | grep -v ExpertsInterface | tee "$OUT/parity_cuda.log" | tail -70
+  echo "== the layer with and without its shared expert (DeepSeek-V3, block128, the modes alternated)"
+  for order in on,off off,on; do
+    run timeout 150 $BIN/moekit bench layer --experts batched-fp8 --tokens 1,8,128,512,2048,8192 \
+      --shared-experts $order --iters 50 2>/dev/null | grep fused | tee -a "$OUT/bench_shared.txt"
+  done
 fi
 
 if [[ $part == ep-layer ]]; then
