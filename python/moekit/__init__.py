@@ -143,9 +143,11 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
                      device: str = "cpu", num_threads: Optional[int] = None) -> dict[str, Any]:
     """Seeded weights and tokens, the values `moekit run --dp ranks --seed seed` draws for rank
     `rank`: its E / ranks experts (w1, w1_scale, w2, w2_scale, e_score_correction_bias when the model
-    routes with it) and its `tokens` tokens (hidden, router_logits). NumPy arrays; device="cuda":
-    torch tensors on the current GPU. num_experts > 0 overrides the model's routed experts (shorter
-    runs of the same shapes, as the CLI's --num-experts)."""
+    routes with it, w1_bias / w2_bias, the shared experts' shared_* when it has them) and its
+    `tokens` tokens (hidden, router_logits). W1 as a checkpoint stores it (gate rows then up rows),
+    what MoeLayer takes; moekit.ops read block128's W1 in block pairs (moekit.arrange_w1_block_pairs).
+    NumPy arrays; device="cuda": torch tensors on the current GPU. num_experts > 0 overrides the
+    model's routed experts (shorter runs of the same shapes, as the CLI's --num-experts)."""
     d = dict(_moekit.synthetic(model, num_experts, tokens, max_tokens_per_rank or max(tokens, 1), quant, seed, rank,
                                ranks, num_threads or ops._THREADS))
     if device == "cpu":
