@@ -32,6 +32,8 @@ struct MoeProblem {
   bool fuse_w1 = false;
   // Expert biases on W1 and W2 (ModelConfig::expert_bias: gpt-oss), in the weights view.
   bool expert_bias = false;
+  // swigluoai's clamp (ModelConfig::swiglu_limit); the other activations ignore it. Finite, > 0.
+  float swiglu_limit = kDefaultSwigluLimit;
 
   std::int64_t I() const { return activation_out_dim(activation, N); }
   bool operator==(const MoeProblem&) const = default;

@@ -34,6 +34,10 @@ bool is_gated(Activation act);
 // Columns the activation writes for a W1 output of width N (N/2 when gated; N must then be even).
 std::int64_t activation_out_dim(Activation act, std::int64_t N);
 const std::vector<Activation>& all_activations();
+// swigluoai's clamp (gpt-oss's config.swiglu_limit; transformers' GptOssConfig default): the gate is
+// clamped above at the limit, the up projection to [-limit, limit]. Its alpha (1.702) is a constant
+// of the block's code, not of the config.
+inline constexpr float kDefaultSwigluLimit = 7.0f;
 
 // Quantization of the FP8 operands (activations x weights); fp32 scales everywhere.
 //   kPerTensor:          one scale per activation tensor (per expert) x one per weight tensor.

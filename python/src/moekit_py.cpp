@@ -601,7 +601,7 @@ class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
                const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
-               int num_threads, std::uintptr_t stream, std::int64_t max_rows) {
+               int num_threads, std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -615,6 +615,7 @@ class ExpertsOp {
     p.topk = 1;
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
+    p.swiglu_limit = swiglu_limit;
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {p.E_local, p.M}, p.N, p.K, true);
     p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
     validate_problem(p);
@@ -650,7 +651,7 @@ class ExpertsOp {
 
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
                 Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
-                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream) {
+                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
                  "{}, {} and {}",
@@ -667,6 +668,7 @@ class ExpertsOp {
     p.E = std::max(p.E_local, p.topk);  // ids are local: topk may exceed E_local (the rest are -1)
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
+    p.swiglu_limit = swiglu_limit;
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
     p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
     validate_problem(p);
@@ -890,24 +892,25 @@ NB_MODULE(_moekit, m) {
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
-         std::uintptr_t stream, std::int64_t max_rows) {
+         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
-                             num_threads, stream, max_rows);
+                             num_threads, stream, max_rows, swiglu_limit);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
       nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"));
+      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"),
+      nb::arg("swiglu_limit"));
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
          Array w2_scale, Array out, const std::string& activation, const std::string& quant,
-         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream) {
+         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                              quant, fuse_w1, num_threads, stream);
+                              quant, fuse_w1, num_threads, stream, swiglu_limit);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"));
+      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("swiglu_limit"));
   m.def(
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });

@@ -368,7 +368,11 @@ void read_gpt_oss(const Reader& r, ModelConfig& m) {
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = true;
   m.activation = Activation::kSwigluOai;
-  r.require_number("swiglu_limit", 7.0, "the clamped SwiGLU's limit is fixed at 7.0 in moekit's activation");
+  const double limit = r.number_or("swiglu_limit", kDefaultSwigluLimit);
+  MOEKIT_CHECK(std::isfinite(limit) && limit > 0 && limit <= 65504,
+               "{}: field 'swiglu_limit' = {} must be a finite number in (0, 65504] (the clamp of the SwiGLU)",
+               r.source, limit);
+  m.swiglu_limit = static_cast<float>(limit);
   m.expert_bias = true;
   m.num_moe_layers = m.num_layers;
 }

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "moekit/check.h"
 #include "numerics/activation.h"
 
@@ -21,10 +23,11 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
 
 std::string MoeProblem::describe() const {
   return fmt::format(
-      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={} quant={}{}{}",
+      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={}{} quant={}{}{}",
       format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
-      max_tokens_per_rank, activation_name(activation), quant_name(quant), fuse_w1 ? " fused-w1" : "",
-      expert_bias ? " expert-bias" : "");
+      max_tokens_per_rank, activation_name(activation),
+      activation == Activation::kSwigluOai ? fmt::format("(limit {})", swiglu_limit) : "", quant_name(quant),
+      fuse_w1 ? " fused-w1" : "", expert_bias ? " expert-bias" : "");
 }
 
 bool fuse_w1_runs(QuantScheme quant, Activation activation) {
@@ -53,6 +56,8 @@ void validate_problem(const MoeProblem& p) {
                "max_tokens_per_rank * num_dispatchers, already global, and is never multiplied again",
                p.M, format_name(p.format), expected_M, p.max_tokens_per_rank, p.num_dispatchers);
   const std::int64_t I = activation_out_dim(p.activation, p.N);  // checks N even when gated
+  MOEKIT_CHECK(std::isfinite(p.swiglu_limit) && p.swiglu_limit > 0,
+               "swiglu_limit = {} must be a finite number > 0 (swigluoai's clamp; gpt-oss: 7)", p.swiglu_limit);
   // FP8 rows are read by TMA in 16-byte units: K and I must be multiples of 16 elements.
   MOEKIT_CHECK(p.K % 16 == 0 && I % 16 == 0,
                "K = {} and I = {} must be multiples of 16 (16-byte aligned FP8 rows for the GEMMs)", p.K, I);
@@ -105,6 +110,7 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
                                                     : par.max_tokens_per_rank;
   p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(quant, activation));
   p.expert_bias = model.expert_bias;
+  p.swiglu_limit = model.swiglu_limit;
   validate_problem(p);
   return p;
 }

@@ -200,10 +200,10 @@ class Rows {
     auto activation_of = [&](std::int64_t e, std::int64_t r, float* dst) {
       const float* row = values_.data() + in_row(e, r) * N;
       if (small()) {
-        cpu::activation_rows(p_.activation, row, 1, N, N, dst, I, p_.quant);
+        cpu::activation_rows(p_.activation, row, 1, N, N, dst, I, p_.quant, p_.swiglu_limit);
       } else {
         for (std::int64_t j = 0; j < N; ++j) rounded[static_cast<std::size_t>(j)] = numerics::bf16_encode(row[j]);
-        cpu::activation_rows(p_.activation, rounded.data(), 1, N, N, dst, I, p_.quant);
+        cpu::activation_rows(p_.activation, rounded.data(), 1, N, N, dst, I, p_.quant, p_.swiglu_limit);
       }
     };
     if (p_.quant == QuantScheme::kPerTensor) {

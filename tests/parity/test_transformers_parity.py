@@ -81,6 +81,9 @@ CASES = {
                 _softmax({}, "intermediate_size", "num_local_experts")),
     "gpt_oss": ("gpt_oss", "GptOssConfig", "gpt_oss", "GptOssMLP",
                 _softmax({"swiglu_limit": 7.0}, "intermediate_size", "num_local_experts")),
+    # A limit inside the W1 outputs' range: the clamp bites on most values.
+    "gpt_oss_limit": ("gpt_oss", "GptOssConfig", "gpt_oss", "GptOssMLP",
+                      _softmax({"swiglu_limit": 0.25}, "intermediate_size", "num_local_experts")),
     # Families that run one of the blocks above under their own config class and defaults.
     "deepseek_v32": ("deepseek_v32", "DeepseekV32Config", "deepseek_v32", "DeepseekV32MoE",
                      _ds({"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
@@ -101,7 +104,7 @@ CASES = {
     "jamba": ("jamba", "JambaConfig", "jamba", "JambaSparseMoeBlock", _softmax({**HEADS}, "intermediate_size")),
 }
 # Experts stored as x @ W (transformers' (E, K, N) layout), gate / up interleaved, with biases.
-TRANSPOSED = {"gpt_oss"}
+TRANSPOSED = {"gpt_oss", "gpt_oss_limit"}
 SCHEMES = ["per-token", "block128", "per-tensor"]
 TOKENS = [1, 7, 64, 300]
 
@@ -277,7 +280,9 @@ def router_of(block):
     return getattr(block, "gate", None) or block.router
 
 
-def run_case(tmp_path, case, scheme, T, seed, shared_experts=True):
+def run_case(tmp_path, case, scheme, T, seed, shared_experts=True, moekit_keys=None):
+    """The relative error of moekit's layer against the block; moekit_keys: config keys that
+    moekit's copy of the config changes (a deliberately wrong config)."""
     block, keys = build_block(case, seed)
     weights = arrange(block, scheme, case in TRANSPOSED)
     shared_weights = arrange_shared(block, scheme)
@@ -302,7 +307,7 @@ def run_case(tmp_path, case, scheme, T, seed, shared_experts=True):
     if hasattr(router, "e_score_correction_bias"):
         weights["e_score_correction_bias"] = router.e_score_correction_bias.detach().float().numpy().copy()
     path = tmp_path / f"{case}.json"
-    path.write_text(json.dumps(keys))
+    path.write_text(json.dumps({**keys, **(moekit_keys or {})}))
     if DEVICE == "cuda":
         weights = {k: torch.from_numpy(v).cuda() for k, v in weights.items()}
         for k in ("w1", "w2", "shared_w1", "shared_w2"):
@@ -341,3 +346,10 @@ def test_shared_experts_are_part_of_the_block(tmp_path, case):
     would fail by their share of the output."""
     err = run_case(tmp_path, case, "block128", 64, 1, shared_experts=False)
     assert err > 0.1, f"{case}: the block without its shared experts is only {err:.3e} away"
+
+
+def test_swiglu_limit_is_the_configs(tmp_path):
+    """gpt-oss's clamp comes from its config: the block with swiglu_limit 0.25 is not the layer run
+    with the default limit (7)."""
+    err = run_case(tmp_path, "gpt_oss_limit", "per-token", 64, 1, moekit_keys={"swiglu_limit": 7.0})
+    assert err > 0.1, f"the limit changed the block's output by only {err:.3e}"

@@ -7,6 +7,7 @@
 
 #include "moekit/check.h"
 #include "moekit/model.h"
+#include "moekit/problem.h"
 
 namespace moekit {
 namespace {
@@ -198,6 +199,14 @@ TEST(Model, ArchitectureTableReadsEachFamilyAsTransformersDoes) {
   const ModelConfig oss = parse_model_config(config("gpt_oss", R"(, "hidden_act": "silu", "swiglu_limit": 7.0)"), "o");
   EXPECT_TRUE(oss.expert_bias);
   EXPECT_EQ(oss.activation, Activation::kSwigluOai);
+  EXPECT_EQ(oss.swiglu_limit, 7.0f);
+  // The limit is the config's, and reaches the problem every device runs.
+  const ModelConfig oss10 = parse_model_config(config("gpt_oss", R"(, "swiglu_limit": 10.0)"), "o");
+  EXPECT_EQ(oss10.swiglu_limit, 10.0f);
+  const MoeProblem p10 = make_problem(oss10, ParallelConfig{.max_tokens_per_rank = 16}, ActivationFormat::kStandard,
+                                      QuantScheme::kPerTokenPerChannel);
+  EXPECT_EQ(p10.swiglu_limit, 10.0f);
+  EXPECT_NE(p10.describe().find("swigluoai(limit 10)"), std::string::npos) << p10.describe();
   EXPECT_EQ(load_model("kimi-k2").moe_block, "DeepseekV3MoE");
 
   // Families on the blocks above, with their own config classes' defaults.
@@ -244,8 +253,10 @@ TEST(Model, ArchitectureTableRefusesWhatItCannotHonor) {
   EXPECT_NE(e.find("'norm_topk_prob' = true"), std::string::npos) << e;
   e = refused("deepseek_v2", R"(, "topk_method": "group_limited_greedy")");
   EXPECT_NE(e.find("missing field 'n_group'"), std::string::npos) << e;
-  e = refused("gpt_oss", R"(, "swiglu_limit": 10.0)");
-  EXPECT_NE(e.find("'swiglu_limit' = 10"), std::string::npos) << e;
+  e = refused("gpt_oss", R"(, "swiglu_limit": 0)");
+  EXPECT_NE(e.find("'swiglu_limit' = 0"), std::string::npos) << e;
+  e = refused("gpt_oss", R"(, "swiglu_limit": -7.0)");
+  EXPECT_NE(e.find("'swiglu_limit' = -7"), std::string::npos) << e;
   e = refused("deepseek_v3", R"(, "moe_layer_freq": 2)");
   EXPECT_NE(e.find("'moe_layer_freq' = 2"), std::string::npos) << e;
   e = refused("dots1", "");
