@@ -19,6 +19,7 @@
 // Writes JSON (argv[1]) for bench/torch_baseline.py.
 //
 // Run: ./bench_gpu_experts out.json [--quick] [--case M m_e]... [--quant per-token,block128] [--configs a,b]
+//      [--fast-accumulation] (per-token and per-tensor with Accumulation::kFast; default precise)
 //      [--model NAME] (a model of models/: its shapes and activation; default deepseek-v3) [--rule-first] (the
 //      runtime's rule measured before the configs too: the sweep's order effect)
 //      [--max-rows R] (the rules planned for steps of up to R rows an expert, as the runtime plans for
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> only_configs;   // empty: every config of the table (unless quick)
   std::string baseline;                    // --baseline: the config every variant is a ratio to
   std::string model_name = "deepseek-v3";  // --model: its shapes and activation
+  bool fast_accumulation = false;          // --fast-accumulation: per-token / per-tensor with Accumulation::kFast
   auto split = [](const std::string& list) {
     std::vector<std::string> items;
     for (std::size_t pos = 0; pos <= list.size();) {
@@ -137,7 +139,8 @@ int main(int argc, char** argv) {
                                flag == "--model" || flag == "--baseline"
                            ? 1
                            : 0;
-    if (values == 0 && flag != "--quick" && flag != "--rule-first" && flag != "--graph-parts") {
+    if (values == 0 && flag != "--quick" && flag != "--rule-first" && flag != "--graph-parts" &&
+        flag != "--fast-accumulation") {
       std::fprintf(
           stderr, "bench_gpu_experts: unknown argument '%s' (the flags: the top of bench/cuda/bench_gpu_experts.cpp)\n",
           flag.c_str());
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
     const char* value = values > 0 ? argv[a + 1] : nullptr;
     a += values;
     if (flag == "--quick") quick = true;
+    if (flag == "--fast-accumulation") fast_accumulation = true;
     if (flag == "--rule-first") rule_first = true;
     if (flag == "--graph-parts") graph_parts = true;
     if (flag == "--max-rows") {
@@ -300,6 +304,7 @@ int main(int argc, char** argv) {
       p.quant = quant;
       p.max_tokens_per_rank = M;
       p.num_dispatchers = 1;
+      if (fast_accumulation && quant != QuantScheme::kBlock128) p.accumulation = Accumulation::kFast;
       try {
         validate_problem(p);
       } catch (const Error& e) {  // e.g. block128 with I not a multiple of 128 (gpt-oss)

@@ -32,6 +32,8 @@ struct LayerOptions {
   // The fused W1 (no w1_out, MoeProblem::fuse_w1): nullopt, where it runs (fuse_w1_runs); true
   // where it cannot is an Error; false, the unfused recipe.
   std::optional<bool> fuse_w1;
+  // The GPU GEMMs' sum over K (MoeProblem::accumulation): precise unless asked for fast.
+  Accumulation accumulation = Accumulation::kPrecise;
   // Checked mode: guard bands around every region, workspace and outputs poisoned with NaN before
   // each step, guards and outputs verified after it.
   bool checked = false;

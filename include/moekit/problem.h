@@ -34,6 +34,9 @@ struct MoeProblem {
   bool expert_bias = false;
   // swigluoai's clamp (ModelConfig::swiglu_limit); the other activations ignore it. Finite, > 0.
   float swiglu_limit = kDefaultSwigluLimit;
+  // The GPU GEMMs' sum over K (moekit/types.h): precise unless the request asks for fast
+  // (--accumulation fast), which block128 refuses.
+  Accumulation accumulation = Accumulation::kPrecise;
 
   std::int64_t I() const { return activation_out_dim(activation, N); }
   bool operator==(const MoeProblem&) const = default;
@@ -55,7 +58,8 @@ bool fuse_w1_runs(QuantScheme quant, Activation activation);
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
                         QuantScheme quant);
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& parallel, ActivationFormat format,
-                        QuantScheme quant, Activation activation, std::optional<bool> fuse_w1 = std::nullopt);
+                        QuantScheme quant, Activation activation, std::optional<bool> fuse_w1 = std::nullopt,
+                        Accumulation accumulation = Accumulation::kPrecise);
 // The shared experts of a layer whose routed experts run `routed`: one MLP of
 // model.shared_intermediate_size (a family's several shared experts are one wider MLP) over this
 // rank's own tokens, as one expert in the standard format (E = E_local = topk = 1, M =

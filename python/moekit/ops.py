@@ -1,7 +1,8 @@
 """Low-level ops in the conventions an inference engine's fused-MoE path already uses.
 
 batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                quant=None, stream=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0)
+                quant=None, stream=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0,
+                accumulation="precise")
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
       a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
@@ -18,7 +19,8 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
     W1 -> activation -> FP8 -> W2, fp32 accumulation.
 
 standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                 quant=None, stream=None, fuse_w1=None, swiglu_limit=7.0)
+                 quant=None, stream=None, fuse_w1=None, swiglu_limit=7.0,
+                 accumulation="precise")
     The same experts in the standard (token-order) convention, with the top-k weighted sum:
       a1q (T, K) FP8, a1q_scale (1,) per-tensor, (T,) per-token or (T, ceil(K/128)) 1x128
       topk_ids (T, topk) int32 local expert ids in [0, E_local), -1: the slot is skipped
@@ -27,7 +29,10 @@ standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_sc
       rounding, as the layer's combine)
 
 `swiglu_limit`: swigluoai's clamp (gpt-oss's config.swiglu_limit; the gate is clamped above at it,
-the up projection to [-limit, limit]); the other activations ignore it.
+the up projection to [-limit, limit]); the other activations ignore it. `accumulation`: "precise"
+(default) moves the GPU GEMMs' FP8 partial sums into fp32 every 128 elements of K; "fast" (per-token
+and per-tensor only) keeps the whole K loop in the tensor cores' FP8 accumulation: faster, and up to
+~20% low at K = 7168 on all-positive products. The CPU sums in fp32 either way.
 
 Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
 zero copy. `quant` is inferred from the scales' shapes (pass "per-token", "per-tensor" or
@@ -98,22 +103,22 @@ def _stream(x, stream) -> int:
 
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
                     quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None,
-                    max_rows: int = 0, swiglu_limit: float = 7.0):
+                    max_rows: int = 0, swiglu_limit: float = 7.0, accumulation: str = "precise"):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
                             _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "", fuse_w1, _THREADS,
-                            _stream(a1q, stream), int(max_rows), float(swiglu_limit))
+                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), accumulation)
     return out
 
 
 def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                      activation: str = "silu", quant: Optional[str] = None, stream: Any = None,
-                     fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0):
+                     fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0, accumulation: str = "precise"):
     """The experts in the standard convention with the top-k weighted sum (module docstring);
     returns `out`."""
     _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(topk_ids), _plain(topk_weights), _plain(w1),
                              _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "",
-                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit))
+                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), accumulation)
     return out
 
 
@@ -136,10 +141,10 @@ torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
 # torch.library.custom_op's Python wrapper.
 _BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
             "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None, "
-            "int max_rows=0, float swiglu_limit=7.0) -> ()")
+            "int max_rows=0, float swiglu_limit=7.0, str accumulation='precise') -> ()")
 _STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
              "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
-             "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0) -> ()")
+             "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0, str accumulation='precise') -> ()")
 if _torch is None:
     torch_op_error = "torch is not installed"
 else:
@@ -149,26 +154,26 @@ else:
         _lib.define(_STANDARD)
 
         def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                            quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0):
+                            quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise"):
             batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant,
-                            fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit)
+                            fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit, accumulation=accumulation)
 
         def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
-                             activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0):
+                             activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise"):
             standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                             quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit)
+                             quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit, accumulation=accumulation)
 
         _lib.impl("batched_experts", _batched_kernel, "CompositeExplicitAutograd")
         _lib.impl("standard_experts", _standard_kernel, "CompositeExplicitAutograd")
 
         @_torch.library.register_fake("moekit::batched_experts")
         def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None,
-              fuse_w1=None, max_rows=0, swiglu_limit=7.0):
+              fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise"):
             return None
 
         @_torch.library.register_fake("moekit::standard_experts")
         def _(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
-              quant=None, fuse_w1=None, swiglu_limit=7.0):
+              quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise"):
             return None
     except Exception as e:  # an older torch: the NumPy / tensor path still works
         torch_op_error = f"{type(e).__name__}: {e}"

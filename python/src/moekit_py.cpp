@@ -185,9 +185,10 @@ ModelConfig model_with(const std::string& name, std::int64_t num_experts) {
 std::string plan_json_text(const std::string& model, std::int64_t dp, std::int64_t ep, std::int64_t max_tokens,
                            std::int64_t local_experts, const std::string& device, const std::string& quant,
                            const std::string& activation, const std::vector<std::string>& experts,
-                           const std::string& dispatch, std::optional<bool> fuse_w1) {
+                           const std::string& dispatch, std::optional<bool> fuse_w1, const std::string& accumulation) {
   cli::PlanRequest req;
   req.fuse_w1 = fuse_w1;
+  req.accumulation = accumulation;
   req.model = model;
   req.parallel = ParallelConfig{dp, ep, max_tokens, local_experts};
   req.device = device;
@@ -370,7 +371,7 @@ class Layer {
         std::optional<Array> w1_bias, std::optional<Array> w2_bias, std::optional<Array> shared_w1,
         std::optional<Array> shared_w1_scale, std::optional<Array> shared_w2, std::optional<Array> shared_w2_scale,
         std::optional<Array> shared_gate, bool shared_experts, const std::string& w1_layout, int num_threads,
-        std::optional<bool> fuse_w1, std::optional<nb::object> group)
+        std::optional<bool> fuse_w1, const std::string& accumulation, std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -380,6 +381,7 @@ class Layer {
     opt.quant = choose_quant(model_, quant).quant;
     if (activation) opt.activation = parse_activation(*activation);
     opt.fuse_w1 = fuse_w1;
+    opt.accumulation = parse_accumulation(accumulation);
     opt.shared_experts = shared_experts;
     opt.num_threads = std::max(1, num_threads);
     if (group) {
@@ -390,8 +392,8 @@ class Layer {
     Communicator& comm = comm_ ? *comm_ : group_->comm();
     const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
     const ExpertsEntry& entry = find_experts(experts, opt.device);
-    problem_ =
-        make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation), opt.fuse_w1);
+    problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation),
+                            opt.fuse_w1, opt.accumulation);
     const MoeProblem& p = problem_;
     weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
     const bool arrange = w1_needs_block_pairs(w1_layout, p.activation, p.quant);
@@ -601,7 +603,8 @@ class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
                const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
-               int num_threads, std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit) {
+               int num_threads, std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit,
+               const std::string& accumulation) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -616,6 +619,7 @@ class ExpertsOp {
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.swiglu_limit = swiglu_limit;
+    p.accumulation = parse_accumulation(accumulation);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {p.E_local, p.M}, p.N, p.K, true);
     p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
     validate_problem(p);
@@ -651,7 +655,8 @@ class ExpertsOp {
 
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
                 Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
-                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit) {
+                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
+                const std::string& accumulation) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
                  "{}, {} and {}",
@@ -669,6 +674,7 @@ class ExpertsOp {
     p.num_dispatchers = 1;
     p.activation = parse_activation(activation_name);
     p.swiglu_limit = swiglu_limit;
+    p.accumulation = parse_accumulation(accumulation);
     p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
     p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
     validate_problem(p);
@@ -884,7 +890,7 @@ NB_MODULE(_moekit, m) {
   nb::exception<moekit::Error>(m, "Error");
   m.def("plan_json", &plan_json_text, nb::arg("model"), nb::arg("dp"), nb::arg("ep"), nb::arg("max_tokens_per_rank"),
         nb::arg("local_experts"), nb::arg("device"), nb::arg("quant"), nb::arg("activation"), nb::arg("experts"),
-        nb::arg("dispatch"), nb::arg("fuse_w1").none());
+        nb::arg("dispatch"), nb::arg("fuse_w1").none(), nb::arg("accumulation"));
   m.def("synthetic", &synthetic, nb::arg("model"), nb::arg("num_experts"), nb::arg("tokens"),
         nb::arg("max_tokens_per_rank"), nb::arg("quant"), nb::arg("seed"), nb::arg("rank"), nb::arg("ranks"),
         nb::arg("num_threads"));
@@ -892,25 +898,27 @@ NB_MODULE(_moekit, m) {
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
-         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit) {
+         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit, const std::string& accumulation) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
-                             num_threads, stream, max_rows, swiglu_limit);
+                             num_threads, stream, max_rows, swiglu_limit, accumulation);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
       nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"),
-      nb::arg("swiglu_limit"));
+      nb::arg("swiglu_limit"), nb::arg("accumulation"));
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
          Array w2_scale, Array out, const std::string& activation, const std::string& quant,
-         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit) {
+         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
+         const std::string& accumulation) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                              quant, fuse_w1, num_threads, stream, swiglu_limit);
+                              quant, fuse_w1, num_threads, stream, swiglu_limit, accumulation);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("swiglu_limit"));
+      nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("swiglu_limit"),
+      nb::arg("accumulation"));
   m.def(
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
@@ -942,14 +950,14 @@ NB_MODULE(_moekit, m) {
                     std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
                     std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>,
                     std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>, bool,
-                    const std::string&, int, std::optional<bool>, std::optional<nb::object>>(),
+                    const std::string&, int, std::optional<bool>, const std::string&, std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
            nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
            nb::arg("w1_bias").none(), nb::arg("w2_bias").none(), nb::arg("shared_w1").none(),
            nb::arg("shared_w1_scale").none(), nb::arg("shared_w2").none(), nb::arg("shared_w2_scale").none(),
            nb::arg("shared_expert_gate").none(), nb::arg("shared_experts"), nb::arg("w1_layout"),
-           nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("group").none())
+           nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("accumulation"), nb::arg("group").none())
       .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
       .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"),
            nb::arg("max_tokens_any_rank"))

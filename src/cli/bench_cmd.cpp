@@ -50,6 +50,8 @@ struct BenchRequest {
   // The model's shared experts in the step: "on", "off" or both (each implementation measured both
   // ways, in one process); a model without shared experts runs "off" only.
   std::vector<std::string> shared{"on"};
+  // The GPU GEMMs' sum over K: "precise", "fast" or both (each measured, in one process).
+  std::vector<std::string> accumulation{"precise"};
   int iters = 50;
   std::uint64_t seed = 1;
   std::string format = "table";
@@ -90,6 +92,7 @@ struct Row {
   double flops = 0, bytes = 0;
   bool fused = false;   // the problem's recipe (MoeProblem::fuse_w1)
   bool shared = false;  // the shared experts in the step
+  bool fast = false;    // Accumulation::kFast
 };
 
 // The layer's weights on its device: seeded synthetic ones on the CPU; random FP8 codes with
@@ -178,6 +181,11 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
     std::size_t weights = 0;  // index into `weights`
     bool shared = false;
   };
+  std::vector<Accumulation> accumulations;
+  for (const std::string& a : req.accumulation) {
+    const Accumulation acc = parse_accumulation(a);
+    if (std::find(accumulations.begin(), accumulations.end(), acc) == accumulations.end()) accumulations.push_back(acc);
+  }
   std::vector<Impl> impls;
   std::vector<BenchWeights> weights;
   weights.reserve(req.experts.size() + 1);     // the views point into them
@@ -195,6 +203,8 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
     const ExpertsEntry& entry = find_experts(name, device);
     // --fuse-w1 where it cannot run: the error names the fix.
     const MoeProblem p = make_problem(model, par, entry.format, quant, model.activation, req.fuse_w1);
+    for (const Accumulation acc : accumulations)  // fast where it cannot run: the error names the fix
+      make_problem(model, par, entry.format, quant, model.activation, req.fuse_w1, acc);
     std::size_t wi = 0;
     while (wi < weight_shapes.size() &&
            !(weight_shapes[wi].E_local == p.E_local && weight_shapes[wi].N == p.N && weight_shapes[wi].K == p.K &&
@@ -207,7 +217,12 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
       weights.push_back(make_weights(p, device, *memory, req.seed, pool));
       weight_shapes.push_back(p);
     }
-    for (const bool on : shared_modes) impls.push_back({name, p, wi, on});
+    for (const Accumulation acc : accumulations)
+      for (const bool on : shared_modes) {
+        MoeProblem pa = p;
+        pa.accumulation = acc;
+        impls.push_back({name, pa, wi, on});
+      }
     const auto sp = shared_experts_problem(model, p);
     if (sp && !shared_weights && std::find(shared_modes.begin(), shared_modes.end(), true) != shared_modes.end()) {
       shared_weights = make_weights(*sp, device, *memory, req.seed + 7, pool, synthetic::kSharedExpertIndex);
@@ -226,6 +241,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
       opt.experts = im.name;
       opt.quant = im.p.quant;
       opt.fuse_w1 = im.p.fuse_w1;
+      opt.accumulation = im.p.accumulation;
       opt.num_threads = threads;
       opt.shared_experts = im.shared;
       LayerWeights lw{weights[im.weights].view, model.has_score_correction_bias ? dbias : nullptr};
@@ -247,6 +263,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         Row r;
         r.experts = name;
         r.shared = shared_p.has_value();
+        r.fast = p.accumulation == Accumulation::kFast;
         r.T = T;
         std::vector<double> step;
         std::vector<std::vector<double>> stage(4);
@@ -375,12 +392,19 @@ int bench_command(const BenchRequest& req) {
     j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json x = {{"experts", r.experts},       {"T", r.T},
-                          {"median_ms", r.median_ms},   {"p99_ms", r.p99_ms},
-                          {"floor_ms", r.floor_ms},     {"active_experts", r.active_experts},
-                          {"max_rows", r.max_rows},     {"fuse_w1", r.fused},
-                          {"shared_experts", r.shared}, {"flops", r.flops},
-                          {"bytes", r.bytes},           {"stages_ms", nlohmann::json::object()}};
+      nlohmann::json x = {{"experts", r.experts},
+                          {"T", r.T},
+                          {"median_ms", r.median_ms},
+                          {"p99_ms", r.p99_ms},
+                          {"floor_ms", r.floor_ms},
+                          {"active_experts", r.active_experts},
+                          {"max_rows", r.max_rows},
+                          {"fuse_w1", r.fused},
+                          {"shared_experts", r.shared},
+                          {"accumulation", r.fast ? "fast" : "precise"},
+                          {"flops", r.flops},
+                          {"bytes", r.bytes},
+                          {"stages_ms", nlohmann::json::object()}};
       for (int k = 0; k < 4; ++k) x["stages_ms"][kStages[k]] = r.stage_ms[k];
       j["rows"].push_back(x);
     }
@@ -396,18 +420,18 @@ int bench_command(const BenchRequest& req) {
   if (device == Device::kCuda)
     std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
                              copy_gbs, peak);
-  std::cout << fmt::format("{:<23} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>13}\n",
+  std::cout << fmt::format("{:<28} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>13}\n",
                            "experts", "T", "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts",
                            "finalize", "rest %", "TFLOP/s", "experts/most");
   for (const Row& r : rows) {
     const double rest = r.stage_ms[0] + r.stage_ms[1] + r.stage_ms[3];
     std::cout << fmt::format(
-        "{:<23} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f} "
+        "{:<28} {:>6} {:>9.4f} {:>9.4f} {:>9.4f} {:>7.2f} {:>8.4f} {:>8.4f} {:>8.4f} {:>8.4f} {:>7.1f} {:>8.1f} "
         "{:>13}\n",
-        r.experts + (r.fused ? " fused" : "") + (r.shared ? " +sh" : ""), r.T, r.median_ms, r.p99_ms, r.floor_ms,
-        r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0, r.stage_ms[0], r.stage_ms[1], r.stage_ms[2], r.stage_ms[3],
-        r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0, r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0,
-        fmt::format("{}/{}", r.active_experts, r.max_rows));
+        r.experts + (r.fused ? " fused" : "") + (r.shared ? " +sh" : "") + (r.fast ? " fast" : ""), r.T, r.median_ms,
+        r.p99_ms, r.floor_ms, r.floor_ms > 0 ? r.median_ms / r.floor_ms : 0.0, r.stage_ms[0], r.stage_ms[1],
+        r.stage_ms[2], r.stage_ms[3], r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0,
+        r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0, fmt::format("{}/{}", r.active_experts, r.max_rows));
   }
   std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth); "
                "experts/most = experts that got a token / the most rows one got; +sh: with the shared experts (their "
@@ -452,6 +476,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
   add_fuse_w1_flags(*cmd, req->fuse_w1);
   cmd->add_option("--shared-experts", req->shared,
                   "layer: on (the model's shared experts in the step), off, or on,off (both, one process)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--accumulation", req->accumulation,
+                  "layer: the GPU GEMMs' sum over K: precise, fast (per-token and per-tensor) or precise,fast (both, "
+                  "one process)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();

@@ -25,14 +25,15 @@ std::string human_bytes(std::int64_t bytes);
 struct PlanRequest {
   std::string model = "deepseek-v3";
   ParallelConfig parallel{32, 32, 256, 0};
-  std::string device = "cuda";       // whose declarations: what one GPU (or one CPU rank) allocates
-  std::string activation;            // empty: the model's
-  std::string quant = "auto";        // auto: the checkpoint's scheme (choose_quant)
-  std::optional<bool> fuse_w1;       // the fused W1 (no w1_out): nullopt where it runs (fuse_w1_runs)
-  bool shared_experts = true;        // the model's shared experts in the step (their section and weights)
-  std::vector<std::string> experts;  // empty: every implementation on the device and the references
-  std::string dispatch;              // the prepare/finalize where it runs the format (empty: the default)
-  std::string gpu_memory;            // empty: not shown
+  std::string device = "cuda";           // whose declarations: what one GPU (or one CPU rank) allocates
+  std::string activation;                // empty: the model's
+  std::string quant = "auto";            // auto: the checkpoint's scheme (choose_quant)
+  std::optional<bool> fuse_w1;           // the fused W1 (no w1_out): nullopt where it runs (fuse_w1_runs)
+  std::string accumulation = "precise";  // the GPU GEMMs' sum over K (moekit::Accumulation)
+  bool shared_experts = true;            // the model's shared experts in the step (their section and weights)
+  std::vector<std::string> experts;      // empty: every implementation on the device and the references
+  std::string dispatch;                  // the prepare/finalize where it runs the format (empty: the default)
+  std::string gpu_memory;                // empty: not shown
   std::string format = "table";
   // The GEMM configs shown for a step declared at this many tokens per rank (max_tokens_any_rank;
   // 0: max_tokens_per_rank, an undeclared step). The workspace is the same either way.
@@ -82,6 +83,8 @@ int bench_dispatch_command(const DispatchBenchRequest& request);
 // --fuse-w1 / --no-fuse-w1 of plan, run and bench: the fused W1 asked for (an Error where it
 // cannot run) or refused; neither: fused wherever it runs (make_problem's default).
 void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1);
+// --accumulation precise|fast of plan, run and bench (moekit::Accumulation).
+void add_accumulation_option(CLI::App& cmd, std::string& accumulation);
 // --no-shared-experts (LayerOptions::shared_experts = false).
 void add_shared_experts_flag(CLI::App& cmd, bool& shared_experts);
 

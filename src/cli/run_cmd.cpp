@@ -40,7 +40,8 @@ struct RunRequest {
   std::string quant = "auto";  // auto: the checkpoint's scheme (choose_quant)
   std::string activation;
   std::optional<bool> fuse_w1;  // nullopt: fused where it runs (fuse_w1_runs)
-  bool shared_experts = true;   // the model's shared experts in the step (LayerOptions::shared_experts)
+  std::string accumulation = "precise";
+  bool shared_experts = true;  // the model's shared experts in the step (LayerOptions::shared_experts)
   std::int64_t steps = 2;
   bool check = false;
   std::uint64_t seed = 1;
@@ -81,6 +82,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.quant = quant.quant;
   if (!req.activation.empty()) opt.activation = parse_activation(req.activation);
   opt.fuse_w1 = req.fuse_w1;
+  opt.accumulation = parse_accumulation(req.accumulation);
   opt.shared_experts = req.shared_experts;
   opt.checked = req.check;
   opt.num_threads = threads_per_rank;
@@ -88,8 +90,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   opt.device = choose_device(req.device, entry.format, par.ep, comm.size());
   opt.prepare_finalize = req.dispatch;
   if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
-  const MoeProblem p =
-      make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation), opt.fuse_w1);
+  const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation),
+                                    opt.fuse_w1, opt.accumulation);
   if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
 
   // Seeded synthetic weights and tokens: global expert and token indices, so any layout draws the
@@ -211,9 +213,9 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
   // The float64 reference follows the recipe (no bf16 W1 output where W1 is fused).
-  const MoeProblem p =
-      make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
-                   req.activation.empty() ? model.activation : parse_activation(req.activation), req.fuse_w1);
+  const MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
+                                    req.activation.empty() ? model.activation : parse_activation(req.activation),
+                                    req.fuse_w1, parse_accumulation(req.accumulation));
   cpu::ThreadPool pool(threads);
   synthetic::ExpertBank bank(p, req.seed, pool);
   for (const auto& w : results.weights) bank.adopt(w);
@@ -312,6 +314,7 @@ std::function<int()> add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--activation", req->activation, "Override the model's activation");
   add_fuse_w1_flags(*cmd, req->fuse_w1);
+  add_accumulation_option(*cmd, req->accumulation);
   add_shared_experts_flag(*cmd, req->shared_experts);
   cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
   cmd->add_flag("--check", req->check,

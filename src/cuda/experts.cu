@@ -291,10 +291,10 @@ __device__ __forceinline__ float activation_at(Activation act, float swiglu_limi
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
 template <class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_kernel(Activation act, float swiglu_limit, numerics::W1Rows w1, int pass, bool per_tensor, bool block,
-                            ActivationRows rows, const In* __restrict__ w1_rows, const float* __restrict__ w1_bias,
-                            int N, int I, __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
-                            unsigned int* expert_amax) {
+    activation_quant_kernel(Activation act, float swiglu_limit, numerics::W1Rows w1, int pass, bool per_tensor,
+                            bool block, ActivationRows rows, const In* __restrict__ w1_rows,
+                            const float* __restrict__ w1_bias, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
+                            float* __restrict__ act_scale, unsigned int* expert_amax) {
   // cuda/pdl.cuh: before any global memory access. No early launch_dependents: W2 follows, whose
   // CTAs would take whole SMs (waiting) from this grid's unplaced blocks (pdl.cuh).
   pdl_wait();
@@ -351,7 +351,8 @@ __global__ void __launch_bounds__(kActThreads)
     __nv_fp8_e4m3* out = act_q + row_idx * I;
     numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {  // one range test for the row
       for (int c = threadIdx.x; c < I; c += kActThreads)
-        out[c] = __nv_fp8_e4m3(quotient(activation_at(act, swiglu_limit, w1, row, bias, I, c)));  // RNE, saturating to 448
+        out[c] =
+            __nv_fp8_e4m3(quotient(activation_at(act, swiglu_limit, w1, row, bias, I, c)));  // RNE, saturating to 448
     });
   }
 }
@@ -409,7 +410,8 @@ __global__ void __launch_bounds__(kActThreads)
         load8_biased(numerics::up_column(w1, I, c0), u8);
       }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu_limit);
+      for (int j = 0; j < 8; ++j)
+        out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu_limit);
     });
     auto* out = reinterpret_cast<std::uint8_t*>(act_q + row_idx * I);
     if constexpr (kPass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
@@ -514,6 +516,7 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.k = which == 1 ? p.K : p.I();
     g.scales_per_row = p.quant != QuantScheme::kPerTensor;
     g.block_scaled = p.quant == QuantScheme::kBlock128;
+    g.fast_accumulation = p.accumulation == Accumulation::kFast;
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
@@ -595,8 +598,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     with_rows([&]<class In>(const In* in) {
       auto launch = [&](auto k) {
         launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, p.swiglu_limit, w1, p.quant,
-                   rows, in,
-                   w1_bias, N, I, act_q, l.act_scale, amax);
+                   rows, in, w1_bias, N, I, act_q, l.act_scale, amax);
         MOEKIT_CUDA_CHECK_LAUNCH();
       };
       auto launch_passes = [&]<int kChunks, Activation kAct>() {

@@ -28,9 +28,14 @@ void instance(const GroupedGemmLaunch& l, void* stream) {
                         "grouped_fp8_gemm: config " + std::string(info.name) + " has no " +
                             (l.block_scaled ? "block-scaled" : "per-token / per-tensor") +
                             " instance (plan/gemm_config.h)");
+    MOEKIT_CUDA_REQUIRE(!(l.fast_accumulation && l.block_scaled),
+                        "grouped_fp8_gemm: block-scaled GEMMs have no fast accumulation (they promote every k-block)");
     if constexpr (info.block_scaled)
       if (l.block_scaled) return grouped_fp8_gemm_block_instance<kConfig>(l, stream);
-    if constexpr (info.token_scaled) grouped_fp8_gemm_instance<kConfig>(l, stream);
+    if constexpr (info.token_scaled) {
+      if (l.fast_accumulation) return grouped_fp8_gemm_fast_instance<kConfig>(l, stream);
+      grouped_fp8_gemm_instance<kConfig>(l, stream);
+    }
   }
 }
 }  // namespace

@@ -119,6 +119,9 @@ struct GroupedGemmLaunch {
   // D is fp32, not bf16 (block-scaled, plan::GemmConfigInfo::w1_fp32): the fused recipe's W1 of
   // its small experts, into w1_small, where the activation kernel reads it.
   bool d_fp32 = false;
+  // Per-token / per-tensor only: the whole K loop in the tensor cores' FP8 accumulation
+  // (Accumulation::kFast), else promoted to fp32 every 128 elements of K.
+  bool fast_accumulation = false;
   FusedW1 fused{};
   Tensors tensors{};
 };
@@ -127,6 +130,8 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& launch, 
 // One entry point per config and scaling (one CUTLASS instantiation per .cu file).
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_instance(const GroupedGemmLaunch& launch, void* stream);
+template <plan::GemmConfig kConfig>
+void grouped_fp8_gemm_fast_instance(const GroupedGemmLaunch& launch, void* stream);
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_block_instance(const GroupedGemmLaunch& launch, void* stream);
 template <plan::GemmConfig kConfig>

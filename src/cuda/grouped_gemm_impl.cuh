@@ -3,7 +3,8 @@
 // Each src/cuda/grouped_gemm_<config>.cu and grouped_gemm_block_<config>.cu instantiates one.
 //   GroupedFp8Gemm: per-token / per-tensor scales in the epilogue (EVT): D = bf16(sb * (sa * acc))
 //     with sa and sb broadcast per row / per column, or per group (per-tensor), from per-group
-//     pointer arrays.
+//     pointer arrays. Its main loop moves the tensor cores' FP8 partial sums into fp32 every 128
+//     elements of K (Accumulation::kPrecise), or, kFastAccum, never (FP8FastAccum).
 //   GroupedFp8BlockGemm: 1x128 / 128x128 block scales applied to each k-block's partial sums in the
 //     main loop (CUTLASS's FP8 blockwise mainloop, cf. its example 68), D = bf16(acc).
 #pragma once
@@ -33,15 +34,24 @@ namespace moekit::cuda::detail {
 
 using namespace cute;
 
-template <plan::GemmConfig kConfig>
+template <plan::GemmConfig kConfig, bool kFastAccum = false>
 struct GroupedFp8Gemm {
   static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
   static constexpr bool kSwapAB = kInfo.swap_ab;
   static constexpr bool kPingpong = kInfo.schedule == plan::GemmSchedule::kPingpong;
   using TileShape = Shape<Int<kInfo.tile_m>, Int<kInfo.tile_n>, Int<kInfo.tile_k>>;
-  using KernelSchedule =
+  // Precise: CUTLASS's FP8 main loop adds the tensor cores' partial sums into an fp32 accumulator
+  // every kPromotionMmas wgmma instructions of K = 32 each: 128 elements of K, as block128 does.
+  static constexpr int kPromotionMmas = 4;
+  static constexpr bool kFast = kFastAccum;
+  static_assert(kInfo.tile_k % 32 == 0 && 128 % kInfo.tile_k == 0 && kPromotionMmas * 32 == 128,
+                "a k-tile must hold whole wgmma K steps and divide the 128-element promotion interval");
+  using KernelSchedule = cute::conditional_t<
+      kFastAccum,
       cute::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum,
-                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>;
+                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>,
+      cute::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>>;
   using EpilogueSchedule = cute::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
                                                cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
   using ClusterShape = Shape<_1, _1, _1>;
@@ -284,6 +294,12 @@ void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
       {fusion, nullptr, nullptr, reinterpret_cast<typename G::ElementD**>(a.ptr_D),
        reinterpret_cast<typename G::StrideD*>(a.stride_D)},
       hw};
+  if constexpr (!G::kFast) {
+    static_assert(
+        requires { arguments.mainloop.mma_promotion_interval; },
+        "the precise schedule did not select CUTLASS's promoting FP8 main loop");
+    arguments.mainloop.mma_promotion_interval = G::kPromotionMmas;
+  }
   arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
   launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm");
 }
@@ -333,6 +349,13 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   template <>                                                                                                \
   void grouped_fp8_gemm_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                    \
     detail::run_grouped_fp8_gemm<detail::GroupedFp8Gemm<CONFIG>>(launch, static_cast<cudaStream_t>(stream)); \
+  }
+
+// The one line each grouped_gemm_fast_<config>.cu holds.
+#define MOEKIT_GROUPED_GEMM_FAST_INSTANCE(CONFIG)                                                                  \
+  template <>                                                                                                      \
+  void grouped_fp8_gemm_fast_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                     \
+    detail::run_grouped_fp8_gemm<detail::GroupedFp8Gemm<CONFIG, true>>(launch, static_cast<cudaStream_t>(stream)); \
   }
 
 // The one line each grouped_gemm_block_<config>.cu holds.

@@ -67,7 +67,7 @@ struct MoeLayer::Impl {
                  parallel.ep, parallel.dp);
     const ExpertsEntry& entry = find_experts(options.experts, options.device);
     problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation),
-                           options.fuse_w1);
+                           options.fuse_w1, options.accumulation);
     MOEKIT_CHECK(problem.E_local * parallel.ep == problem.E,
                  "the layer needs E_local * ep == E, got {} * {} != {} (redundant experts are a planning option only)",
                  problem.E_local, parallel.ep, problem.E);

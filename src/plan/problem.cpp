@@ -23,11 +23,12 @@ std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
 
 std::string MoeProblem::describe() const {
   return fmt::format(
-      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={}{} quant={}{}{}",
+      "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={}{} quant={}{}{}{}",
       format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
       max_tokens_per_rank, activation_name(activation),
       activation == Activation::kSwigluOai ? fmt::format("(limit {})", swiglu_limit) : "", quant_name(quant),
-      fuse_w1 ? " fused-w1" : "", expert_bias ? " expert-bias" : "");
+      fuse_w1 ? " fused-w1" : "", expert_bias ? " expert-bias" : "",
+      accumulation == Accumulation::kFast ? " fast-accumulation" : "");
 }
 
 bool fuse_w1_runs(QuantScheme quant, Activation activation) {
@@ -58,6 +59,9 @@ void validate_problem(const MoeProblem& p) {
   const std::int64_t I = activation_out_dim(p.activation, p.N);  // checks N even when gated
   MOEKIT_CHECK(std::isfinite(p.swiglu_limit) && p.swiglu_limit > 0,
                "swiglu_limit = {} must be a finite number > 0 (swigluoai's clamp; gpt-oss: 7)", p.swiglu_limit);
+  MOEKIT_CHECK(p.accumulation == Accumulation::kPrecise || p.quant != QuantScheme::kBlock128,
+               "fast accumulation (--accumulation fast) runs per-token and per-tensor only: block128 moves its sums "
+               "into fp32 at every k-block as it scales them; drop it, or use --quant per-token");
   // FP8 rows are read by TMA in 16-byte units: K and I must be multiples of 16 elements.
   MOEKIT_CHECK(p.K % 16 == 0 && I % 16 == 0,
                "K = {} and I = {} must be multiples of 16 (16-byte aligned FP8 rows for the GEMMs)", p.K, I);
@@ -77,7 +81,7 @@ void validate_problem(const MoeProblem& p) {
 }
 
 MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, ActivationFormat format, QuantScheme quant,
-                        Activation activation, std::optional<bool> fuse_w1) {
+                        Activation activation, std::optional<bool> fuse_w1, Accumulation accumulation) {
   MOEKIT_CHECK(par.dp >= 1, "dp = {} must be >= 1 (data-parallel ranks)", par.dp);
   MOEKIT_CHECK(par.ep >= 1, "ep = {} must be >= 1 (expert-parallel ranks)", par.ep);
   MOEKIT_CHECK(par.max_tokens_per_rank >= 1, "max_tokens_per_rank = {} must be >= 1", par.max_tokens_per_rank);
@@ -111,6 +115,7 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
   p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(quant, activation));
   p.expert_bias = model.expert_bias;
   p.swiglu_limit = model.swiglu_limit;
+  p.accumulation = accumulation;
   validate_problem(p);
   return p;
 }

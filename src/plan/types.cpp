@@ -53,6 +53,11 @@ constexpr std::array<std::pair<std::string_view, QuantScheme>, 3> kQuants{{
     {"block128", QuantScheme::kBlock128},
 }};
 
+constexpr std::array<std::pair<std::string_view, Accumulation>, 2> kAccumulations{{
+    {"precise", Accumulation::kPrecise},
+    {"fast", Accumulation::kFast},
+}};
+
 }  // namespace
 
 std::string_view device_name(Device device) {
@@ -139,6 +144,13 @@ std::string_view quant_name(QuantScheme quant) {
 }
 QuantScheme parse_quant(std::string_view name) {
   return parse_named(name, kQuants, "quantization scheme");
+}
+
+std::string_view accumulation_name(Accumulation accumulation) {
+  return name_of(accumulation, kAccumulations);
+}
+Accumulation parse_accumulation(std::string_view name) {
+  return parse_named(name, kAccumulations, "accumulation");
 }
 
 const std::vector<QuantScheme>& all_quant_schemes() {

@@ -51,22 +51,25 @@ struct Case {
   Source source = Source::kBf16;
   std::optional<Activation> activation = std::nullopt;
   std::int64_t I = 0;  // 0: the model's; else W1 of 2 * I (gated) or I rows (a width class no model has)
+  float swiglu_limit = kDefaultSwigluLimit;  // swigluoai's clamp (the config's)
 };
 
 std::string name_of(const Case& c) {
-  std::string n = std::string(c.model) + "_" + std::string(quant_name(c.quant)) + "_" +
-                  std::string(format_name(c.format)) + (c.source == Source::kFp32Small ? "_w1_small" : "") +
-                  (c.activation ? "_" + std::string(activation_name(*c.activation)) : "") +
-                  (c.I ? "_I" + std::to_string(c.I) : "");
+  std::string n =
+      std::string(c.model) + "_" + std::string(quant_name(c.quant)) + "_" + std::string(format_name(c.format)) +
+      (c.source == Source::kFp32Small ? "_w1_small" : "") +
+      (c.activation ? "_" + std::string(activation_name(*c.activation)) : "") +
+      (c.I ? "_I" + std::to_string(c.I) : "") +
+      (c.swiglu_limit != kDefaultSwigluLimit ? "_limit" + std::to_string(static_cast<int>(c.swiglu_limit * 100)) + "e-2"
+                                             : "");
   return testing::test_name(n);
 }
 
 MoeProblem problem_of(const Case& c) {
   MoeProblem p = testing::problem_for(c.model, 5, 96, c.quant, c.activation, c.source == Source::kFp32Small, c.format);
-  if (c.I) {
-    p.N = is_gated(p.activation) ? 2 * c.I : c.I;
-    validate_problem(p);
-  }
+  if (c.I) p.N = is_gated(p.activation) ? 2 * c.I : c.I;
+  p.swiglu_limit = c.swiglu_limit;
+  validate_problem(p);
   return p;
 }
 
@@ -467,6 +470,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Row layouts: interleaved (gpt-oss, I = 2880: two chunks, the last partial), single rows.
         Case{"gpt-oss-120b", QuantScheme::kPerTokenPerChannel, ActivationFormat::kStandard},
         Case{"gpt-oss-120b", QuantScheme::kPerTensor, ActivationFormat::kBatchedExperts},
+        // A swiglu_limit inside the W1 outputs' range (the config's): the clamps bite.
+        Case{"gpt-oss-120b", QuantScheme::kPerTokenPerChannel, ActivationFormat::kBatchedExperts, Source::kBf16,
+             std::nullopt, 0, 0.25f},
         Case{"qwen3-30b-a3b", QuantScheme::kBlock128, ActivationFormat::kStandard, Source::kFp32Small,
              Activation::kRelu2},
         Case{"qwen3-30b-a3b", QuantScheme::kPerTokenPerChannel, ActivationFormat::kBatchedExperts, Source::kBf16,

@@ -207,6 +207,22 @@ TEST(Model, ArchitectureTableReadsEachFamilyAsTransformersDoes) {
                                       QuantScheme::kPerTokenPerChannel);
   EXPECT_EQ(p10.swiglu_limit, 10.0f);
   EXPECT_NE(p10.describe().find("swigluoai(limit 10)"), std::string::npos) << p10.describe();
+
+  // Accumulation: precise by default; fast where the scheme has it, refused by name under block128.
+  const ModelConfig ds = load_model("deepseek-v3");
+  const ParallelConfig one{.max_tokens_per_rank = 16};
+  EXPECT_EQ(make_problem(ds, one, ActivationFormat::kStandard, QuantScheme::kPerTokenPerChannel).accumulation,
+            Accumulation::kPrecise);
+  const MoeProblem fast = make_problem(ds, one, ActivationFormat::kStandard, QuantScheme::kPerTokenPerChannel,
+                                       ds.activation, std::nullopt, Accumulation::kFast);
+  EXPECT_NE(fast.describe().find("fast-accumulation"), std::string::npos) << fast.describe();
+  try {
+    make_problem(ds, one, ActivationFormat::kStandard, QuantScheme::kBlock128, ds.activation, std::nullopt,
+                 Accumulation::kFast);
+    ADD_FAILURE() << "fast accumulation under block128 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block128"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(load_model("kimi-k2").moe_block, "DeepseekV3MoE");
 
   // Families on the blocks above, with their own config classes' defaults.

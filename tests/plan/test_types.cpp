@@ -26,6 +26,9 @@ TEST(Types, NamesRoundTrip) {
   for (QuantScheme q : all_quant_schemes()) EXPECT_EQ(parse_quant(quant_name(q)), q);
   for (ActivationFormat f : {ActivationFormat::kStandard, ActivationFormat::kBatchedExperts})
     EXPECT_EQ(parse_format(format_name(f)), f);
+  for (Accumulation a : {Accumulation::kPrecise, Accumulation::kFast})
+    EXPECT_EQ(parse_accumulation(accumulation_name(a)), a);
+  EXPECT_THROW(parse_accumulation("fp8"), Error);
   try {
     parse_activation("geglu");
     FAIL();
