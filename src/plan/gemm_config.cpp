@@ -19,20 +19,21 @@ GemmConfig parse_gemm_config(std::string_view name) {
   MOEKIT_FAIL("unknown GEMM config '{}': valid configs are {}", name, valid);
 }
 
-GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k, QuantScheme quant) {
+GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k, QuantScheme quant,
+                              Accumulation accumulation) {
   MOEKIT_CHECK(rows >= 0 && n >= 1 && k >= 1, "select_gemm_config: rows = {}, n = {}, k = {}", rows, n, k);
   for (const auto& c : kGemmConfigs)
-    if (eligible(c, n, k, quant) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
+    if (eligible(c, n, k, quant, false, accumulation) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
   MOEKIT_FAIL("no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be multiples of 16", n, k);
 }
 
-GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows, QuantScheme quant,
-                                bool fused_w1) {
+GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows, QuantScheme quant, bool fused_w1,
+                                Accumulation accumulation) {
   MOEKIT_CHECK(max_rows >= 0, "plan_gemm_launches: max_rows = {} must be >= 0", max_rows);
   GemmLaunches l;
   std::int64_t lo = 0;
   for (const auto& c : kGemmConfigs) {
-    if (!eligible(c, n, k, quant, fused_w1)) continue;
+    if (!eligible(c, n, k, quant, fused_w1, accumulation)) continue;
     const std::int64_t hi = c.max_rows < 0 ? std::numeric_limits<std::int64_t>::max() : c.max_rows;
     if (hi < lo) continue;
     if (lo <= std::max<std::int64_t>(max_rows, 1)) {
@@ -135,8 +136,8 @@ bool runs_activation_kernel(const ExpertsGemmPlan& g) {
 ExpertsGemmPlan plan_experts_gemms(const MoeProblem& p, std::int64_t tokens_per_rank) {
   const std::int64_t rows = max_rows_per_expert(p, tokens_per_rank);
   const bool fused = fuses_w1(p);
-  ExpertsGemmPlan g{plan_gemm_launches(p.N, p.K, rows, p.quant, fused), plan_gemm_launches(p.K, p.I(), rows, p.quant),
-                    fused};
+  ExpertsGemmPlan g{plan_gemm_launches(p.N, p.K, rows, p.quant, fused, p.accumulation),
+                    plan_gemm_launches(p.K, p.I(), rows, p.quant, false, p.accumulation), fused};
   for (int j = 0; j < g.w1.count; ++j) g.w1_small |= writes_w1_small(g, j);
   return g;
 }

@@ -53,6 +53,10 @@ struct GemmConfigInfo {
   // 64-token tile): ragged_tail_rows. For configs whose whole token tiles beat smaller ones but
   // whose tail tile computes mostly padding.
   bool splits_ragged_tail = false;
+  // Chosen only under fast accumulation (Accumulation::kFast). Precise accumulation keeps a second
+  // fp32 accumulator for the promotion: a 64x256 warpgroup tile then needs 256 accumulator
+  // registers a thread, and spills.
+  bool fast_accumulation_only = false;
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows and max_k cover the
@@ -74,8 +78,12 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // 2880 right, tested once): there the step measured 10% slower than cooperative-128x128's at m_e =
     // 1024 (full token tiles) and 10-14% faster at m_e = 300 (a ragged last tile of 44 rows); H200,
     // docs/PERF.md, seventeenth session. So gpt-oss stays on cooperative-128x128.
+    // Under precise accumulation it spills: 2.5-2.8x slower than cooperative-128x128 at m_e = 256 and
+    // 1024 (H200, DeepSeek-V3, E_local = 16: 0.98 / 3.76 ms against 0.39 / 1.38), so the rule takes
+    // cooperative-128x128 there (1.04-1.11x fast accumulation's pingpong).
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
-     false, "m_e > 64, n % 256 == 0: pingpong overlaps one tile's epilogue with the other's MMA"},
+     false, "m_e > 64, n % 256 == 0, fast accumulation: pingpong overlaps one tile's epilogue with the other's MMA",
+     GemmMainLoop::kCutlass, false, -1, false, true},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
     // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
     // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
@@ -146,10 +154,13 @@ constexpr bool chosen_for_k(const GemmConfigInfo& config, std::int64_t k) {
 }
 
 // Whether the rule (select_gemm_config, plan_gemm_launches) considers `config` for this GEMM: it runs
-// it and its max_k admits k. Rows then pick among the eligible configs by max_rows.
+// it, its max_k admits k and its accumulation is the problem's. Rows then pick among the eligible
+// configs by max_rows.
 constexpr bool eligible(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
-                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
-  return supports(config, n, k, quant, fused_w1) && chosen_for_k(config, k);
+                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false,
+                        Accumulation accumulation = Accumulation::kPrecise) {
+  return supports(config, n, k, quant, fused_w1) && chosen_for_k(config, k) &&
+         (!config.fast_accumulation_only || accumulation == Accumulation::kFast);
 }
 
 // The most rows an expert runs on the w1_fp32 configs in the fused recipe: the most any w1_fp32
@@ -177,7 +188,8 @@ GemmConfig parse_gemm_config(std::string_view name);
 // The config for a GEMM of (rows of one expert, n, k): the first row of the table that supports
 // (n, k) and whose max_rows and max_k cover the rows and k. Raises moekit::Error when no config supports (n, k).
 GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k,
-                              QuantScheme quant = QuantScheme::kPerTokenPerChannel);
+                              QuantScheme quant = QuantScheme::kPerTokenPerChannel,
+                              Accumulation accumulation = Accumulation::kPrecise);
 
 // The grouped-GEMM launches of one GEMM of the experts. The host cannot see how many rows each expert
 // holds (the counts stay on the device), so it launches one grouped GEMM per config whose rows a
@@ -208,7 +220,8 @@ constexpr std::int64_t ragged_tail_rows(std::int64_t m, std::int64_t tile) {
 }
 // select_gemm_config's rule as row ranges, those that intersect [0, max_rows].
 GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows,
-                                QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false);
+                                QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false,
+                                Accumulation accumulation = Accumulation::kPrecise);
 // Every expert on one config (benchmarks and tests sweep the table).
 GemmLaunches single_launch(GemmConfig config);
 std::string describe(const GemmLaunches& launches);

@@ -106,7 +106,13 @@ TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   req.quant = "per-token";
   const PlanReport per_token = make_plan_report(req);
   EXPECT_NE(per_token.quant_note.find("requantized"), std::string::npos) << per_token.quant_note;
-  EXPECT_NE(plan_table(req, per_token).find("pingpong-64x256 (m_e > 64)"), std::string::npos);
+  EXPECT_NE(plan_table(req, per_token).find("cooperative-128x128 (m_e > 64"), std::string::npos);
+  // Fast accumulation: its rule (pingpong-64x256), and the plan says which.
+  req.accumulation = "fast";
+  const PlanReport fast = make_plan_report(req);
+  EXPECT_NE(plan_table(req, fast).find("pingpong-64x256 (m_e > 64)"), std::string::npos);
+  req.quant = "block128";
+  EXPECT_THROW(make_plan_report(req), Error);  // block128 has no fast accumulation
 }
 
 TEST(Cli, DevicesAndExpertsFilter) {

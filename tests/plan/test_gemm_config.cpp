@@ -57,8 +57,14 @@ TEST(GemmConfig, SelectionFollowsRowsPerExpert) {
     EXPECT_EQ(select_gemm_config(32, n, k), GemmConfig::kSwapAB128x32);
     EXPECT_EQ(select_gemm_config(33, n, k), GemmConfig::kSwapAB128x64);
     EXPECT_EQ(select_gemm_config(64, n, k), GemmConfig::kSwapAB128x64);
-    EXPECT_EQ(select_gemm_config(65, n, k), GemmConfig::kPingpong64x256);
-    EXPECT_EQ(select_gemm_config(4096, n, k), GemmConfig::kPingpong64x256);
+    // Precise accumulation (the default) past 64 rows: cooperative (pingpong-64x256 spills there);
+    // fast accumulation: pingpong.
+    EXPECT_EQ(select_gemm_config(65, n, k), GemmConfig::kCooperative128x128);
+    EXPECT_EQ(select_gemm_config(4096, n, k), GemmConfig::kCooperative128x128);
+    const auto fast = Accumulation::kFast;
+    EXPECT_EQ(select_gemm_config(64, n, k, QuantScheme::kPerTokenPerChannel, fast), GemmConfig::kSwapAB128x64);
+    EXPECT_EQ(select_gemm_config(65, n, k, QuantScheme::kPerTokenPerChannel, fast), GemmConfig::kPingpong64x256);
+    EXPECT_EQ(select_gemm_config(4096, n, k, QuantScheme::kPerTokenPerChannel, fast), GemmConfig::kPingpong64x256);
   }
   // n not a multiple of 256 (Qwen3-30B's W1 n = 1536 = 6 x 256 is fine; 1552 is not).
   EXPECT_EQ(select_gemm_config(65, 1552, 4096), GemmConfig::kCooperative128x128);
@@ -72,11 +78,13 @@ TEST(GemmConfig, SelectionFollowsRowsPerExpert) {
 
 TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   // DeepSeek-V3's W1: the rule's three ranges; a step of at most 20 rows per expert needs the first.
-  const GemmLaunches all = plan_gemm_launches(4096, 7168, 8192);
+  const GemmLaunches all =
+      plan_gemm_launches(4096, 7168, 8192, QuantScheme::kPerTokenPerChannel, false, Accumulation::kFast);
   ASSERT_EQ(all.count, 3);
   EXPECT_EQ(all.config[0], GemmConfig::kSwapAB128x32);
   EXPECT_EQ(all.config[1], GemmConfig::kSwapAB128x64);
   EXPECT_EQ(all.config[2], GemmConfig::kPingpong64x256);
+  EXPECT_EQ(plan_gemm_launches(4096, 7168, 8192).config[2], GemmConfig::kCooperative128x128);  // precise
   EXPECT_EQ(all.lo[0], 0);
   EXPECT_EQ(all.hi[0], 32);
   EXPECT_EQ(all.lo[1], 33);
@@ -88,7 +96,9 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
     for (int j = 0; j < all.count; ++j)
       if (rows >= all.lo[j] && rows <= all.hi[j]) {
         ++hits;
-        EXPECT_EQ(all.config[j], select_gemm_config(rows, 4096, 7168)) << rows;
+        EXPECT_EQ(all.config[j],
+                  select_gemm_config(rows, 4096, 7168, QuantScheme::kPerTokenPerChannel, Accumulation::kFast))
+            << rows;
       }
     EXPECT_EQ(hits, 1) << rows;
   }
@@ -120,13 +130,15 @@ TEST(GemmConfig, LaunchesCoverTheRowsAStepCanHold) {
   EXPECT_TRUE(supports(gemm_config_info(GemmConfig::kPingpong64x256), 4096, 7168));
   EXPECT_EQ(select_gemm_config(65, 4096, 7168, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
   // Block-scaled GEMMs of k <= 2048 (DeepSeek-V3's W2): block-128x256 takes m_e > 64; k = 2064 is
-  // past its max_k, cooperative-128x128 again. Per-token: it has no instance, pingpong as before.
+  // past its max_k, cooperative-128x128 again. Per-token: it has no instance, cooperative (pingpong, fast).
   EXPECT_EQ(describe(plan_gemm_launches(7168, 2048, 1000, QuantScheme::kBlock128)),
             "swapab-128x32 (m_e <= 32), swapab-128x64 (m_e <= 64), block-128x256 (m_e > 64)");
   EXPECT_EQ(select_gemm_config(65, 7168, 2048, QuantScheme::kBlock128), GemmConfig::kBlock128x256);
   EXPECT_EQ(select_gemm_config(65, 7168, 2064, QuantScheme::kBlock128), GemmConfig::kCooperative128x128);
   EXPECT_EQ(select_gemm_config(64, 7168, 2048, QuantScheme::kBlock128), GemmConfig::kSwapAB128x64);
-  EXPECT_EQ(select_gemm_config(65, 7168, 2048), GemmConfig::kPingpong64x256);
+  EXPECT_EQ(select_gemm_config(65, 7168, 2048), GemmConfig::kCooperative128x128);
+  EXPECT_EQ(select_gemm_config(65, 7168, 2048, QuantScheme::kPerTokenPerChannel, Accumulation::kFast),
+            GemmConfig::kPingpong64x256);
   EXPECT_TRUE(chosen_for_k(gemm_config_info(GemmConfig::kCooperative128x128), 1 << 20));
   EXPECT_FALSE(chosen_for_k(gemm_config_info(GemmConfig::kBlock128x256), 2049));
   // eligible = runs it and its max_k admits k: block-128x256 runs k = 2064, the rule does not choose it.
