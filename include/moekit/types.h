@@ -27,7 +27,8 @@ std::string_view format_name(ActivationFormat format);
 ActivationFormat parse_format(std::string_view name);
 
 // Gated activations read N = 2*I columns (gate, up) and write I; non-gated read and write N.
-enum class Activation : std::uint8_t { kSilu, kGelu, kGeluTanh, kSwigluOai, kRelu2, kSiluNoMul };
+// parse_activation also takes the other names engines use (relu2_no_mul: relu2).
+enum class Activation : std::uint8_t { kSilu, kGelu, kGeluTanh, kSwigluOai, kRelu2, kSiluNoMul, kGeluNoMul };
 std::string_view activation_name(Activation act);
 Activation parse_activation(std::string_view name);
 bool is_gated(Activation act);

@@ -2,7 +2,7 @@
 
 batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
                 quant=None, stream=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0,
-                accumulation="precise")
+                accumulation="precise", w1_layout="gate_up")
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
       a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
@@ -11,7 +11,8 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
       w1 (E_local, N, K), w2 (E_local, K, I) FP8 with float32 scales in the matching scheme
       (w_scale (E_local, 1) per-tensor, (E_local, rows) per-channel, (E_local, ceil(rows/128) *
       ceil(cols/128)) 128x128 blocks)
-      out (E_local, M, K) bfloat16 (or its uint16 bits), written for the valid rows only
+      out (E_local, M, K) bfloat16 (or its uint16 bits), or float16 (the bf16 result converted:
+      bf16's 8-bit mantissa; padding rows keep their values), written for the valid rows only
       max_rows: the most rows any expert holds in this call, when the caller knows it (e.g. the
       step's tokens per rank x dispatchers; 0: not known, M). On a GPU the GEMM launches of larger
       experts are then not made (a decode step planned for M launches them empty, ~3 us each); an
@@ -20,32 +21,52 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
 
 standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
                  quant=None, stream=None, fuse_w1=None, swiglu_limit=7.0,
-                 accumulation="precise")
+                 accumulation="precise", w1_layout="gate_up", expert_map=None)
     The same experts in the standard (token-order) convention, with the top-k weighted sum:
       a1q (T, K) FP8, a1q_scale (1,) per-tensor, (T,) per-token or (T, ceil(K/128)) 1x128
-      topk_ids (T, topk) int32 local expert ids in [0, E_local), -1: the slot is skipped
-      topk_weights (T, topk) float32
-      out (T, K) bfloat16: out[t] = sum over slots of weight * expert(a1q[t]) (fp32, slot order, one
-      rounding, as the layer's combine)
+      topk_ids (T, topk) int32 or int64 (torch.topk's, DeepEP's) expert ids: local ids in
+      [0, E_local), -1: the slot is skipped; with expert_map, global ids
+      expert_map (E,) int32 / int64, global id -> local id or -1 (held by another rank): vLLM's
+      topk_weights (T, topk) float32 (other float dtypes are converted)
+      out (T, K) bfloat16 or float16: out[t] = sum over slots of weight * expert(a1q[t]) (fp32, slot
+      order, one rounding to bf16, as the layer's combine; float16: that result converted)
+    An id outside its range (or mapped outside [-1, E_local)) is never read as another expert: the
+    CPU raises at once, a GPU skips it and check_status() raises.
 
-`swiglu_limit`: swigluoai's clamp (gpt-oss's config.swiglu_limit; the gate is clamped above at it,
-the up projection to [-limit, limit]); the other activations ignore it. `accumulation`: "precise"
-(default) moves the GPU GEMMs' FP8 partial sums into fp32 every 128 elements of K; "fast" (per-token
-and per-tensor only) keeps the whole K loop in the tensor cores' FP8 accumulation: faster, and up to
-~20% low at K = 7168 on all-positive products. The CPU sums in fp32 either way.
+Scales may carry the shapes engines and checkpoints give them: trailing ones ((E_local, M, 1),
+(T, 1), (E_local, 1, 1)) and, for weights, the experts first and the same values after them in any
+shape (weight_scale_inv's (E, N/128, K/128), (E, N, 1) channels). `w1_layout`: "gate_up" (default;
+the checkpoints' order: gate rows, then up rows) or "block_pairs" (moekit.arrange_w1_block_pairs's
+order). Under block128 moekit reads W1 in block pairs and the ops never copy weights, so a
+"gate_up" W1 is refused there, naming the one-time arrangement; "block_pairs" where the recipe reads
+another order is refused too. `activation`: silu, gelu, gelu_tanh, swigluoai, relu2 (alias
+relu2_no_mul), silu_no_mul, gelu_no_mul. `swiglu_limit`: swigluoai's clamp (gpt-oss's
+config.swiglu_limit; the gate is clamped above at it, the up projection to [-limit, limit]); the
+other activations ignore it. `accumulation`: "precise" (default) moves the GPU GEMMs' FP8 partial
+sums into fp32 every 128 elements of K; "fast" (per-token and per-tensor only) keeps the whole K
+loop in the tensor cores' FP8 accumulation: faster, and up to ~20% low at K = 7168 on all-positive
+products. The CPU sums in fp32 either way.
 
 Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
-zero copy. `quant` is inferred from the scales' shapes (pass "per-token", "per-tensor" or
-"block128" where two schemes fit). `fuse_w1`: None (default) fuses where it runs
-(block128 with any activation but swigluoai): the activation and its 1x128 quantization run in the
-W1 GEMM (its epilogue, or for experts of <= 64 rows a kernel over their fp32 rows), no bf16 W1
-output in the workspace, as `moekit run`; False asks for the unfused recipe (W1 into bf16, then the
-activation), True for the fused one (an error where it cannot run). On a GPU the work is enqueued on `stream` (a cudaStream_t as an
-int; default: torch's current stream of that device) with no host synchronization, so the ops can be
-captured in CUDA graphs. Each problem shape builds its workspace once, on its first call, and keeps
-it (workspace_bytes()); make that first call before a graph capture. The CPU raises bad counts or ids
-at once; on a GPU they are clamped on the device (nothing is written out of bounds), each workspace
-keeps the first flags its calls raise, and check_status() raises for them (and clears them).
+zero copy (but for the conversions named above). `quant` is inferred from the scales' shapes (pass
+"per-token", "per-tensor" or "block128" where two schemes fit). `fuse_w1`: None (default) fuses
+where it runs (block128 with any activation but swigluoai): the activation and its 1x128
+quantization run in the W1 GEMM (its epilogue, or for experts of <= 64 rows a kernel over their fp32
+rows), no bf16 W1 output in the workspace, as `moekit run`; False asks for the unfused recipe (W1
+into bf16, then the activation), True for the fused one (an error where it cannot run). On a GPU the
+work is enqueued on `stream` (a cudaStream_t as an int; default: torch's current stream of that
+device) with no host synchronization, so the ops can be captured in CUDA graphs.
+
+Workspaces: each problem shape builds its workspace on its first call (make that first call before
+a graph capture) and keeps it. batched_experts_workspace_bytes(...) / standard_experts_workspace_bytes(...)
+give a shape's figure before any call. The cached total (workspace_bytes()) stays within
+workspace_cap() (default 4 GiB; set_workspace_cap(bytes)): a new workspace frees the least recently
+used ones first, except those a CUDA graph captured (a graph may replay into them at any time) and
+one larger than the cap alone, which stands by itself. release_workspaces() frees the cached ones
+(captured=True: those too, once the caller's graphs are gone). Freeing waits for a workspace's last
+call and raises the flags it kept. The CPU raises bad counts or ids at once; on a GPU they are
+clamped on the device (nothing is written out of bounds), each workspace keeps the first flags its
+calls raise, and check_status() raises for them (and clears them).
 
 With torch installed they are also torch.ops.moekit.batched_experts / standard_experts
 (torch.library.Library ops mutating `out`, with fake kernels): torch.compile(fullgraph=True) traces
@@ -59,7 +80,9 @@ from typing import Any, Optional
 
 from . import _moekit
 
-__all__ = ["batched_experts", "standard_experts", "check_status", "workspace_bytes"]
+__all__ = ["batched_experts", "standard_experts", "check_status", "workspace_bytes", "workspace_cap",
+           "set_workspace_cap", "release_workspaces", "batched_experts_workspace_bytes",
+           "standard_experts_workspace_bytes"]
 
 _THREADS = max(1, (os.cpu_count() or 1))
 
@@ -101,24 +124,124 @@ def _stream(x, stream) -> int:
     return 0
 
 
+def _np():
+    import numpy
+    return numpy
+
+
+def _is_fp16(x) -> bool:
+    if _is_torch(x):
+        return x.dtype == _torch.float16
+    return getattr(getattr(x, "dtype", None), "name", "") == "float16"
+
+
+def _bf16_scratch(out):
+    """A bf16 array of `out`'s shape on its device for the kernels to write (out is float16)."""
+    if _is_torch(out):
+        return _torch.empty(out.shape, dtype=_torch.bfloat16, device=out.device)
+    return _np().empty(out.shape, dtype=_np().uint16)
+
+
+def _to_fp16(bf16, out, valid=None):
+    """out[...] = bf16 (converted), where `valid` (a mask over out's rows) holds, else unchanged."""
+    if _is_torch(out):
+        val = bf16.to(_torch.float16)
+        if valid is None:
+            out.copy_(val)
+        else:
+            out.copy_(_torch.where(valid[..., None], val, out))
+        return
+    np = _np()
+    val = (bf16.astype(np.uint32) << 16).view(np.float32).astype(np.float16)
+    if valid is None:
+        out[...] = val
+    else:
+        out[valid] = val[valid]
+
+
+def _local_ids(topk_ids, expert_map, E_local: int):
+    """topk_ids as the kernels read them: int32 local ids in [-1, E_local). int64 ids are converted;
+    with expert_map (global -> local id, -1 elsewhere) global ids are mapped. An id outside its range
+    becomes E_local, which the kernels refuse (never another expert's id)."""
+    if _is_torch(topk_ids):
+        t = _torch
+        ids = topk_ids
+        if expert_map is not None:
+            if not _is_torch(expert_map) or expert_map.dim() != 1 or expert_map.dtype not in (t.int32, t.int64):
+                raise _moekit.Error("standard_experts: expert_map must be a 1-D int32 or int64 tensor (global id -> "
+                                    "local id or -1) on the ids' device")
+            E = expert_map.shape[0]
+            inside = (ids >= 0) & (ids < E)
+            mapped = expert_map.to(ids.device)[ids.long().clamp(0, max(E - 1, 0))].to(t.int64)
+            mapped = t.where((mapped >= -1) & (mapped < E_local), mapped, E_local)
+            ids = t.where(inside, mapped, t.where(ids == -1, -1, E_local))
+        elif ids.dtype == t.int32:
+            return ids
+        elif ids.dtype != t.int64:
+            raise _moekit.Error(f"standard_experts: topk_ids dtype {ids.dtype}; int32 or int64 expert ids")
+        ids = t.where((ids >= -1) & (ids < E_local), ids, E_local)
+        return ids.to(t.int32)
+    np = _np()
+    ids = np.asarray(topk_ids)
+    if ids.dtype.kind not in "iu":
+        raise _moekit.Error(f"standard_experts: topk_ids dtype {ids.dtype}; int32 or int64 expert ids")
+    if expert_map is not None:
+        m = np.asarray(expert_map)
+        if m.ndim != 1 or m.dtype.kind not in "iu":
+            raise _moekit.Error("standard_experts: expert_map must be a 1-D integer array (global id -> local id "
+                                "or -1)")
+        E = m.shape[0]
+        ids64 = ids.astype(np.int64)
+        inside = (ids64 >= 0) & (ids64 < E)
+        mapped = m.astype(np.int64)[np.clip(ids64, 0, max(E - 1, 0))]
+        mapped = np.where((mapped >= -1) & (mapped < E_local), mapped, E_local)
+        return np.ascontiguousarray(np.where(inside, mapped, np.where(ids64 == -1, -1, E_local)).astype(np.int32))
+    if ids.dtype == np.int32:
+        return topk_ids
+    ids64 = ids.astype(np.int64)
+    return np.ascontiguousarray(np.where((ids64 >= -1) & (ids64 < E_local), ids64, E_local).astype(np.int32))
+
+
+def _f32(x):
+    if _is_torch(x):
+        return x if x.dtype == _torch.float32 else x.float()
+    np = _np()
+    x = np.asarray(x)
+    return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
                     quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None,
-                    max_rows: int = 0, swiglu_limit: float = 7.0, accumulation: str = "precise"):
+                    max_rows: int = 0, swiglu_limit: float = 7.0, accumulation: str = "precise",
+                    w1_layout: str = "gate_up"):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
+    target = _bf16_scratch(out) if _is_fp16(out) else out
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
-                            _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "", fuse_w1, _THREADS,
-                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), accumulation)
+                            _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "", fuse_w1, _THREADS,
+                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), accumulation, w1_layout)
+    if target is not out:
+        M = out.shape[1]
+        if _is_torch(out):
+            rows = _torch.arange(M, device=out.device)[None, :] < expert_num_tokens.to(out.device)[:, None]
+        else:
+            rows = _np().arange(M)[None, :] < _np().asarray(expert_num_tokens)[:, None]
+        _to_fp16(target, out, rows)
     return out
 
 
 def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                      activation: str = "silu", quant: Optional[str] = None, stream: Any = None,
-                     fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0, accumulation: str = "precise"):
+                     fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0, accumulation: str = "precise",
+                     w1_layout: str = "gate_up", expert_map=None):
     """The experts in the standard convention with the top-k weighted sum (module docstring);
     returns `out`."""
-    _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(topk_ids), _plain(topk_weights), _plain(w1),
-                             _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "",
-                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), accumulation)
+    ids = _local_ids(topk_ids, expert_map, int(w1.shape[0]))
+    target = _bf16_scratch(out) if _is_fp16(out) else out
+    _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(ids), _plain(_f32(topk_weights)), _plain(w1),
+                             _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "",
+                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), accumulation, w1_layout)
+    if target is not out:
+        _to_fp16(target, out)
     return out
 
 
@@ -130,8 +253,46 @@ def check_status(stream: Any = None) -> None:
 
 
 def workspace_bytes() -> int:
-    """Bytes the ops' workspaces hold, over every shape and device called so far."""
+    """Bytes the ops' cached workspaces hold now, over every shape and device."""
     return _moekit.ops_workspace_bytes()
+
+
+def workspace_cap() -> int:
+    """The bound on workspace_bytes() (module docstring); default 4 GiB."""
+    return _moekit.ops_workspace_cap()
+
+
+def set_workspace_cap(nbytes: int) -> None:
+    """Bounds the cached workspaces' total: later calls free least recently used ones (never those a
+    CUDA graph captured) to stay within it."""
+    _moekit.ops_set_workspace_cap(int(nbytes))
+
+
+def release_workspaces(captured: bool = False) -> int:
+    """Frees the cached workspaces, after their last calls finish (raising the flags they kept), and
+    returns the bytes freed. Those a CUDA graph captured only with captured=True: the caller says the
+    graphs that replay into them are gone."""
+    return _moekit.ops_release_workspaces(bool(captured))
+
+
+def batched_experts_workspace_bytes(E_local: int, M: int, K: int, N: int, activation: str = "silu",
+                                    quant: str = "per-token", fuse_w1: Optional[bool] = None,
+                                    swiglu_limit: float = 7.0, accumulation: str = "precise",
+                                    device: str = "cuda") -> int:
+    """The workspace batched_experts allocates for these shapes (its first call), in bytes: the
+    plan's figure (`moekit plan`'s experts section)."""
+    return _moekit.ops_batched_workspace_bytes(E_local, M, K, N, activation, quant, fuse_w1, float(swiglu_limit),
+                                               accumulation, device)
+
+
+def standard_experts_workspace_bytes(T: int, K: int, N: int, topk: int, E_local: int, activation: str = "silu",
+                                     quant: str = "per-token", fuse_w1: Optional[bool] = None,
+                                     swiglu_limit: float = 7.0, accumulation: str = "precise",
+                                     device: str = "cuda") -> int:
+    """The workspace standard_experts allocates for T tokens (planned for the next power of two of
+    T), in bytes."""
+    return _moekit.ops_standard_workspace_bytes(T, K, N, topk, E_local, activation, quant, fuse_w1,
+                                                float(swiglu_limit), accumulation, device)
 
 
 torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
@@ -141,10 +302,11 @@ torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
 # torch.library.custom_op's Python wrapper.
 _BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
             "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None, "
-            "int max_rows=0, float swiglu_limit=7.0, str accumulation='precise') -> ()")
+            "int max_rows=0, float swiglu_limit=7.0, str accumulation='precise', str w1_layout='gate_up') -> ()")
 _STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
              "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
-             "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0, str accumulation='precise') -> ()")
+             "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0, str accumulation='precise', "
+             "str w1_layout='gate_up', Tensor? expert_map=None) -> ()")
 if _torch is None:
     torch_op_error = "torch is not installed"
 else:
@@ -154,26 +316,31 @@ else:
         _lib.define(_STANDARD)
 
         def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                            quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise"):
+                            quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise",
+                            w1_layout="gate_up"):
             batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant,
-                            fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit, accumulation=accumulation)
+                            fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit, accumulation=accumulation,
+                            w1_layout=w1_layout)
 
         def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
-                             activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise"):
+                             activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise",
+                             w1_layout="gate_up", expert_map=None):
             standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                             quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit, accumulation=accumulation)
+                             quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit, accumulation=accumulation,
+                             w1_layout=w1_layout, expert_map=expert_map)
 
         _lib.impl("batched_experts", _batched_kernel, "CompositeExplicitAutograd")
         _lib.impl("standard_experts", _standard_kernel, "CompositeExplicitAutograd")
 
         @_torch.library.register_fake("moekit::batched_experts")
         def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None,
-              fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise"):
+              fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up"):
             return None
 
         @_torch.library.register_fake("moekit::standard_experts")
         def _(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
-              quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise"):
+              quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up",
+              expert_map=None):
             return None
     except Exception as e:  # an older torch: the NumPy / tensor path still works
         torch_op_error = f"{type(e).__name__}: {e}"

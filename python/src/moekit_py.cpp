@@ -116,6 +116,27 @@ std::string shape_text(const Array& a) {
   return dims_text(dims);
 }
 
+std::vector<std::int64_t> dims_of(const Array& a) {
+  std::vector<std::int64_t> dims(a.ndim());
+  for (std::size_t i = 0; i < dims.size(); ++i) dims[i] = static_cast<std::int64_t>(a.shape(i));
+  return dims;
+}
+
+// Whether a scale array of shape `have` holds the values of the canonical `want` in the same order:
+// equal once trailing ones are dropped from both ((E, M, 1) per-token, (T, 1), (E, 1, 1)), or, with
+// `per_expert` (weight scales, want (E, s)), the experts first and s values after them in any shape
+// (weight_scale_inv's (E, N / 128, K / 128) blocks, (E, N, 1) channels, (E,) one per tensor).
+bool scale_shape_fits(std::vector<std::int64_t> have, std::vector<std::int64_t> want, bool per_expert) {
+  if (per_expert && !have.empty() && want.size() == 2 && have[0] == want[0]) {
+    std::int64_t rest = 1;
+    for (std::size_t i = 1; i < have.size(); ++i) rest *= have[i];
+    if (rest == want[1]) return true;
+  }
+  while (!have.empty() && have.back() == 1) have.pop_back();
+  while (!want.empty() && want.back() == 1) want.pop_back();
+  return have == want;
+}
+
 std::string dtype_text(nb::dlpack::dtype d) {
   const char* kind = d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float)    ? "float"
                      : d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)    ? "int"
@@ -127,16 +148,23 @@ std::string dtype_text(nb::dlpack::dtype d) {
 
 // Raises moekit.Error unless `a` holds `bits`-bit elements of one of `codes` in exactly `shape`,
 // C-contiguous, on `where`.
+enum class ShapeRule { kExact, kScale, kExpertScale };
+
 void require(const Array& a, const char* what, std::initializer_list<nb::dlpack::dtype_code> codes, int bits,
-             const std::vector<std::int64_t>& shape, const char* expected_dtype, const Place& where) {
+             const std::vector<std::int64_t>& shape, const char* expected_dtype, const Place& where,
+             ShapeRule rule = ShapeRule::kExact) {
   bool code_ok = false;
   for (auto c : codes) code_ok = code_ok || a.dtype().code == static_cast<std::uint8_t>(c);
   MOEKIT_CHECK(code_ok && a.dtype().bits == bits && a.dtype().lanes == 1, "{}: dtype {} where {} is needed", what,
                dtype_text(a.dtype()), expected_dtype);
-  bool shape_ok = a.ndim() == shape.size();
-  for (std::size_t i = 0; shape_ok && i < shape.size(); ++i)
-    shape_ok = static_cast<std::int64_t>(a.shape(i)) == shape[i];
-  MOEKIT_CHECK(shape_ok, "{}: shape {} where {} is needed", what, shape_text(a), dims_text(shape));
+  const bool shape_ok = rule == ShapeRule::kExact
+                            ? dims_of(a) == shape
+                            : scale_shape_fits(dims_of(a), shape, rule == ShapeRule::kExpertScale);
+  MOEKIT_CHECK(shape_ok, "{}: shape {} where {} is needed{}", what, shape_text(a), dims_text(shape),
+               rule == ShapeRule::kExact   ? ""
+               : rule == ShapeRule::kScale ? " (or the same with trailing ones)"
+                                           : " (or the experts first and the same values after them, e.g. "
+                                             "weight_scale_inv's (E, N / 128, K / 128))");
   const Place here = place_of(a);
   MOEKIT_CHECK(here == where, "{}: on {} where {} is needed (every array of a call on one device{})", what, here.text(),
                where.text(), where.cuda() ? ", the one the layer or the op's first array is on" : "");
@@ -165,9 +193,9 @@ ExpertWeightsView weights_of(const MoeProblem& p, const Array& w1, const Array& 
   require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes", where);
   require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes", where);
   require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)}, "float32",
-          where);
+          where, ShapeRule::kExpertScale);
   require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())}, "float32",
-          where);
+          where, ShapeRule::kExpertScale);
   return ExpertWeightsView::of(p, where.device(), static_cast<const std::uint8_t*>(w1.data()),
                                static_cast<const float*>(w1_scale.data()), static_cast<const std::uint8_t*>(w2.data()),
                                static_cast<const float*>(w2_scale.data()));
@@ -574,14 +602,15 @@ class Layer {
 QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Array& w1_scale,
                       const std::vector<std::int64_t>& rows, std::int64_t N, std::int64_t K, bool batched) {
   if (!quant.empty()) return parse_quant(quant);
-  std::vector<std::int64_t> have(a1q_scale.ndim());
-  for (std::size_t i = 0; i < have.size(); ++i) have[i] = static_cast<std::int64_t>(a1q_scale.shape(i));
-  const auto s1 = w1_scale.ndim() == 2 ? static_cast<std::int64_t>(w1_scale.shape(1)) : -1;
+  const std::vector<std::int64_t> have = dims_of(a1q_scale), have_w1 = dims_of(w1_scale);
   std::vector<QuantScheme> fits;
   std::string shapes;
   for (QuantScheme q : all_quant_schemes()) {
     const std::vector<std::int64_t> want = numerics::activation_scale_shape(q, rows, K, batched);
-    if (want == have && numerics::weight_scale_count(q, N, K) == s1) fits.push_back(q);
+    const std::int64_t experts = have_w1.empty() ? 0 : have_w1[0];
+    if (scale_shape_fits(have, want, false) &&
+        scale_shape_fits(have_w1, {experts, numerics::weight_scale_count(q, N, K)}, true))
+      fits.push_back(q);
     shapes += fmt::format("{}{}: a1q_scale {}, w1_scale (E_local, {})", shapes.empty() ? "" : "; ", quant_name(q),
                           dims_text(want), numerics::weight_scale_count(q, N, K));
   }
@@ -589,6 +618,75 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
                shape_text(a1q_scale), shape_text(w1_scale), fits.empty() ? "no scheme" : "more than one scheme",
                shapes);
   return fits.front();
+}
+
+// The ops' problems: from the arrays' shapes (the ops) or the caller's numbers (the workspace
+// queries), one construction for both.
+struct OpOptions {
+  std::string activation;
+  std::optional<bool> fuse_w1;
+  float swiglu_limit = kDefaultSwigluLimit;
+  std::string accumulation = "precise";
+};
+
+MoeProblem finish_op_problem(MoeProblem p, QuantScheme quant, const OpOptions& o) {
+  p.num_dispatchers = 1;
+  p.activation = parse_activation(o.activation);
+  p.swiglu_limit = o.swiglu_limit;
+  p.accumulation = parse_accumulation(o.accumulation);
+  p.quant = quant;
+  p.fuse_w1 = o.fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
+  validate_problem(p);
+  return p;
+}
+
+MoeProblem batched_op_problem(std::int64_t E_local, std::int64_t M, std::int64_t K, std::int64_t N, QuantScheme quant,
+                              const OpOptions& o) {
+  MoeProblem p;
+  p.format = ActivationFormat::kBatchedExperts;
+  p.E_local = p.E = E_local;
+  p.M = p.max_tokens_per_rank = M;
+  p.K = K;
+  p.N = N;
+  p.topk = 1;
+  return finish_op_problem(p, quant, o);
+}
+
+// The standard op's workspace holds the next power of two of T rows (a few workspaces serve every
+// batch size); its ids are local, so topk may exceed E_local (the other slots are -1).
+MoeProblem standard_op_problem(std::int64_t T, std::int64_t K, std::int64_t N, std::int64_t topk, std::int64_t E_local,
+                               QuantScheme quant, const OpOptions& o) {
+  MOEKIT_CHECK(T >= 0, "standard_experts: T = {} tokens must be >= 0", T);
+  MoeProblem p;
+  p.format = ActivationFormat::kStandard;
+  p.E_local = E_local;
+  p.M = p.max_tokens_per_rank =
+      static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(T, 1))));
+  p.K = K;
+  p.N = N;
+  p.topk = topk;
+  p.E = std::max(p.E_local, p.topk);
+  return finish_op_problem(p, quant, o);
+}
+
+// The experts section an op's workspace holds (its whole plan).
+WorkspacePlan op_plan(const char* name, const MoeProblem& p, Experts& experts, Device device) {
+  const std::string why = experts.unsupported(p);
+  MOEKIT_CHECK(why.empty(), "{}: {}", name, why);
+  WorkspaceBuilder b(fmt::format("{} op", name), p);
+  b.begin_section("experts", fmt::format("{} ({})", name, device_name(device)));
+  experts.declare(p, b);
+  return b.finish();
+}
+
+// The ops never copy weights: a W1 whose rows the recipe reads in another order is refused, naming
+// the one-time arrangement (w1_needs_block_pairs: block128's gated activations read block pairs).
+void require_w1_layout(const std::string& w1_layout, const MoeProblem& p) {
+  MOEKIT_CHECK(!w1_needs_block_pairs(w1_layout, p.activation, p.quant),
+               "experts op: w1_layout = 'gate_up' (the checkpoint's gate rows then up rows), but {} with {} reads W1 "
+               "in block pairs and the ops never copy weights: arrange it once at load, w1, w1_scale = "
+               "moekit.arrange_w1_block_pairs(w1, w1_scale), and pass w1_layout='block_pairs'",
+               quant_name(p.quant), activation_name(p.activation));
 }
 
 // The experts alone, in the BatchedExperts or the standard convention, on the arrays' device: shapes
@@ -604,29 +702,22 @@ class ExpertsOp {
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
                const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
                int num_threads, std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit,
-               const std::string& accumulation) {
+               const std::string& accumulation, const std::string& w1_layout) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
                  shape_text(a1q), shape_text(w1), shape_text(w2));
-    MoeProblem p;
-    p.format = ActivationFormat::kBatchedExperts;
-    p.E_local = p.E = static_cast<std::int64_t>(a1q.shape(0));
-    p.M = p.max_tokens_per_rank = static_cast<std::int64_t>(a1q.shape(1));
-    p.K = static_cast<std::int64_t>(a1q.shape(2));
-    p.N = static_cast<std::int64_t>(w1.shape(1));
-    p.topk = 1;
-    p.num_dispatchers = 1;
-    p.activation = parse_activation(activation_name);
-    p.swiglu_limit = swiglu_limit;
-    p.accumulation = parse_accumulation(accumulation);
-    p.quant = scheme_of(quant, a1q_scale, w1_scale, {p.E_local, p.M}, p.N, p.K, true);
-    p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
-    validate_problem(p);
+    const auto E_local = static_cast<std::int64_t>(a1q.shape(0)), M = static_cast<std::int64_t>(a1q.shape(1)),
+               K = static_cast<std::int64_t>(a1q.shape(2)), N = static_cast<std::int64_t>(w1.shape(1));
+    const MoeProblem p =
+        batched_op_problem(E_local, M, K, N, scheme_of(quant, a1q_scale, w1_scale, {E_local, M}, N, K, true),
+                           {activation_name, fuse_w1, swiglu_limit, accumulation});
+    require_w1_layout(w1_layout, p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes", where);
     require(a1q_scale, "a1q_scale", {kFloat}, 32,
-            numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true), "float32", where);
+            numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true), "float32", where,
+            ShapeRule::kScale);
     require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32", where);
     const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
     require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)", where);
@@ -656,32 +747,22 @@ class ExpertsOp {
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
                 Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
                 std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
-                const std::string& accumulation) {
+                const std::string& accumulation, const std::string& w1_layout) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
                  "{}, {} and {}",
                  shape_text(a1q), shape_text(topk_ids), shape_text(w1), shape_text(w2));
-    MoeProblem p;
-    p.format = ActivationFormat::kStandard;
-    p.E_local = static_cast<std::int64_t>(w1.shape(0));
-    const auto T = static_cast<std::int64_t>(a1q.shape(0));
-    // The workspace's capacity: the next power of two (a few workspaces serve every batch size).
-    p.M = p.max_tokens_per_rank = std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(T, 1)));
-    p.K = static_cast<std::int64_t>(a1q.shape(1));
-    p.N = static_cast<std::int64_t>(w1.shape(1));
-    p.topk = static_cast<std::int64_t>(topk_ids.shape(1));
-    p.E = std::max(p.E_local, p.topk);  // ids are local: topk may exceed E_local (the rest are -1)
-    p.num_dispatchers = 1;
-    p.activation = parse_activation(activation_name);
-    p.swiglu_limit = swiglu_limit;
-    p.accumulation = parse_accumulation(accumulation);
-    p.quant = scheme_of(quant, a1q_scale, w1_scale, {T}, p.N, p.K, false);
-    p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
-    validate_problem(p);
+    const auto T = static_cast<std::int64_t>(a1q.shape(0)), K = static_cast<std::int64_t>(a1q.shape(1)),
+               N = static_cast<std::int64_t>(w1.shape(1));
+    const MoeProblem p = standard_op_problem(T, K, N, static_cast<std::int64_t>(topk_ids.shape(1)),
+                                             static_cast<std::int64_t>(w1.shape(0)),
+                                             scheme_of(quant, a1q_scale, w1_scale, {T}, N, K, false),
+                                             {activation_name, fuse_w1, swiglu_limit, accumulation});
+    require_w1_layout(w1_layout, p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {T, p.K}, "uint8 FP8 e4m3 codes", where);
     require(a1q_scale, "a1q_scale", {kFloat}, 32, numerics::activation_scale_shape(p.quant, {T}, p.K, false), "float32",
-            where);
+            where, ShapeRule::kScale);
     require(topk_ids, "topk_ids", {kInt}, 32, {T, p.topk}, "int32 local expert ids (-1: none)", where);
     require(topk_weights, "topk_weights", {kFloat}, 32, {T, p.topk}, "float32", where);
     const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
@@ -737,13 +818,53 @@ class ExpertsOp {
 
   std::int64_t workspace_bytes() {
     std::lock_guard lock(mu_);
-    std::int64_t total = 0;
-    for (auto& [key, r] : runners_) total += r->workspace->plan().total_bytes;
-    return total;
+    return total_bytes();
+  }
+
+  // The bound on the cached workspaces (bytes): a new workspace that would take the total past it
+  // first frees the least recently used ones that no CUDA graph captured.
+  std::int64_t cap() {
+    std::lock_guard lock(mu_);
+    return cap_;
+  }
+  void set_cap(std::int64_t bytes) {
+    MOEKIT_CHECK(bytes >= 0, "set_workspace_cap({}): a byte count >= 0", bytes);
+    std::lock_guard lock(mu_);
+    cap_ = bytes;
+  }
+
+  // Frees the cached workspaces (those a CUDA graph captured only with `captured`: the caller says
+  // those graphs are gone), after their last calls finish; raises the first flags they kept.
+  // Returns the bytes freed.
+  std::int64_t release(bool captured) {
+    std::lock_guard lock(mu_);
+    std::int64_t freed = 0;
+    std::optional<Error> first;
+    for (auto it = runners_.begin(); it != runners_.end();) {
+      Runner& r = *it->second;
+      if ((r.captured && !captured) || it->second.use_count() > 1) {
+        ++it;
+        continue;
+      }
+      freed += r.workspace->plan().total_bytes;
+      retire(r, first);
+      it = runners_.erase(it);
+    }
+    if (first) throw *first;
+    return freed;
+  }
+
+  // The bytes one op's workspace takes for a problem (what its first call allocates).
+  static std::int64_t plan_bytes(const char* name, const MoeProblem& p, Device device) {
+    const auto experts = find_experts(name, device).make({nullptr, nullptr});
+    return op_plan(name, p, *experts, device).total_bytes;
   }
 
  private:
   struct Runner {
+    ~Runner() {
+      if (event != nullptr) cuda::destroy_event(event);
+    }
     Place place;
     std::mutex mu;
     std::unique_ptr<cpu::ThreadPool> pool;
@@ -754,13 +875,55 @@ class ExpertsOp {
     void* event = nullptr;
     std::uintptr_t last_stream = 0;
     bool used = false;
+    bool captured = false;       // a CUDA graph captured a call on it: never freed but by release(true)
+    std::uint64_t last_use = 0;  // the op clock at its last call (least recently used goes first)
   };
+
+  std::int64_t total_bytes() const {
+    std::int64_t total = 0;
+    for (const auto& [key, r] : runners_) total += r->workspace->plan().total_bytes;
+    return total;
+  }
+
+  // Before a workspace is freed: its last call finished, its flags read (the first error kept).
+  static void retire(Runner& r, std::optional<Error>& first) {
+    if (!r.place.cuda() || !r.used) return;
+    DeviceScope scope(r.place);
+    cuda::synchronize_event(r.event);
+    try {
+      r.experts->check_status(*r.workspace, stream_of(r.last_stream));
+    } catch (const Error& e) {
+      if (!first) first = e;
+    }
+  }
+
+  // Frees least recently used workspaces until `need` more bytes fit under the cap. One workspace
+  // larger than the cap may stand alone; workspaces a graph captured, or a call is using, stay.
+  void make_room(std::int64_t need, const std::string& what) {
+    std::optional<Error> first;
+    while (total_bytes() + need > cap_ && !runners_.empty()) {
+      auto lru = runners_.end();
+      for (auto it = runners_.begin(); it != runners_.end(); ++it)
+        if (!it->second->captured && it->second.use_count() == 1 &&
+            (lru == runners_.end() || it->second->last_use < lru->second->last_use))
+          lru = it;
+      MOEKIT_CHECK(lru != runners_.end(),
+                   "{}: a new workspace of {} bytes would take the ops' cached workspaces to {} bytes, past the cap of "
+                   "{} (moekit.ops.set_workspace_cap), and every cached one is in use or captured by a CUDA graph: "
+                   "call moekit.ops.release_workspaces(captured=True) once those graphs are gone, or raise the cap",
+                   what, need, total_bytes() + need, cap_);
+      retire(*lru->second, first);
+      runners_.erase(lru);
+    }
+    if (first) throw *first;
+  }
 
   // Before a CUDA call: wait for the workspace's last eager call when it ran on another stream.
   // Returns whether `stream` is being captured.
   static bool begin(Runner& r, std::uintptr_t stream) {
     if (!r.place.cuda()) return false;
     const bool capturing = cuda::stream_capturing(stream_of(stream));
+    r.captured = r.captured || capturing;
     if (!capturing && r.used && r.last_stream != stream) cuda::stream_wait_event(stream_of(stream), r.event);
     return capturing;
   }
@@ -773,15 +936,19 @@ class ExpertsOp {
     r.used = true;
   }
 
-  // One workspace per (implementation, device, problem), kept for the process's life: a captured
-  // CUDA graph may replay into it at any time, so none is ever freed or reused for another shape.
+  // One workspace per (implementation, device, problem), kept until the cap needs its bytes (least
+  // recently used first) or release() frees it; one a CUDA graph captured may be replayed into at
+  // any time, so only release(captured = true) frees it.
   std::shared_ptr<Runner> runner(const char* name, const MoeProblem& p, const Place& where, int threads,
                                  std::uintptr_t stream) {
     threads = where.cuda() ? 1 : std::max(1, threads);
     const std::string key = fmt::format("{}/{}/{}/{}", name, where.text(), p.describe(), threads);
     std::lock_guard lock(mu_);
     auto it = runners_.find(key);
-    if (it != runners_.end()) return it->second;
+    if (it != runners_.end()) {
+      it->second->last_use = ++clock_;
+      return it->second;
+    }
     MOEKIT_CHECK(!(where.cuda() && cuda::stream_capturing(stream_of(stream))),
                  "{} on {}: the first call with these shapes ({}) is inside CUDA graph capture, where its workspace "
                  "cannot be allocated: call it once before capturing (a warm-up), then capture",
@@ -790,20 +957,25 @@ class ExpertsOp {
     r->place = where;
     r->pool = std::make_unique<cpu::ThreadPool>(threads);
     r->experts = find_experts(name, where.device()).make({r->pool.get(), nullptr});
-    const std::string why = r->experts->unsupported(p);
-    MOEKIT_CHECK(why.empty(), "{}: {}", name, why);
-    WorkspaceBuilder b(fmt::format("{} op", name), p);
-    b.begin_section("experts", fmt::format("{} ({})", name, device_name(where.device())));
-    r->experts->declare(p, b);
+    WorkspacePlan plan = op_plan(name, p, *r->experts, where.device());
+    make_room(plan.total_bytes, fmt::format("{} on {} ({})", name, where.text(), p.describe()));
     r->memory = make_memory(where.device());
-    r->workspace = std::make_unique<Workspace>(b.finish(), *r->memory);
+    r->workspace = std::make_unique<Workspace>(std::move(plan), *r->memory);
     if (where.cuda()) r->event = cuda::create_event();
+    r->last_use = ++clock_;
     runners_.emplace(key, r);
     return r;
   }
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Runner>> runners_;
+  std::int64_t cap_ = kDefaultCap;
+  std::uint64_t clock_ = 0;
+
+ public:
+  // 4 GiB: DeepSeek-V3's batched experts at M = 8192 rows an expert fit alone (one workspace past
+  // the cap stands alone, the others freed).
+  static constexpr std::int64_t kDefaultCap = std::int64_t{4} << 30;
 };
 
 ExpertsOp& experts_op() {
@@ -898,30 +1070,63 @@ NB_MODULE(_moekit, m) {
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
-         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit, const std::string& accumulation) {
+         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit, const std::string& accumulation,
+         const std::string& w1_layout) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
-                             num_threads, stream, max_rows, swiglu_limit, accumulation);
+                             num_threads, stream, max_rows, swiglu_limit, accumulation, w1_layout);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
       nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"),
-      nb::arg("swiglu_limit"), nb::arg("accumulation"));
+      nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("w1_layout"));
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
          Array w2_scale, Array out, const std::string& activation, const std::string& quant,
          std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
-         const std::string& accumulation) {
+         const std::string& accumulation, const std::string& w1_layout) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                              quant, fuse_w1, num_threads, stream, swiglu_limit, accumulation);
+                              quant, fuse_w1, num_threads, stream, swiglu_limit, accumulation, w1_layout);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("swiglu_limit"),
-      nb::arg("accumulation"));
+      nb::arg("accumulation"), nb::arg("w1_layout"));
   m.def(
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
+  m.def("ops_workspace_cap", [] { return experts_op().cap(); });
+  m.def(
+      "ops_set_workspace_cap", [](std::int64_t bytes) { experts_op().set_cap(bytes); }, nb::arg("bytes"));
+  m.def(
+      "ops_release_workspaces",
+      [](bool captured) {
+        nb::gil_scoped_release release;
+        return experts_op().release(captured);
+      },
+      nb::arg("captured"));
+  m.def(
+      "ops_batched_workspace_bytes",
+      [](std::int64_t E_local, std::int64_t M, std::int64_t K, std::int64_t N, const std::string& activation,
+         const std::string& quant, std::optional<bool> fuse_w1, float swiglu_limit, const std::string& accumulation,
+         const std::string& device) {
+        const moekit::MoeProblem p = batched_op_problem(E_local, M, K, N, moekit::parse_quant(quant),
+                                                        {activation, fuse_w1, swiglu_limit, accumulation});
+        return ExpertsOp::plan_bytes("batched-fp8", p, moekit::parse_device(device));
+      },
+      nb::arg("E_local"), nb::arg("M"), nb::arg("K"), nb::arg("N"), nb::arg("activation"), nb::arg("quant"),
+      nb::arg("fuse_w1").none(), nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("device"));
+  m.def(
+      "ops_standard_workspace_bytes",
+      [](std::int64_t T, std::int64_t K, std::int64_t N, std::int64_t topk, std::int64_t E_local,
+         const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, float swiglu_limit,
+         const std::string& accumulation, const std::string& device) {
+        const moekit::MoeProblem p = standard_op_problem(T, K, N, topk, E_local, moekit::parse_quant(quant),
+                                                         {activation, fuse_w1, swiglu_limit, accumulation});
+        return ExpertsOp::plan_bytes("standard-fp8", p, moekit::parse_device(device));
+      },
+      nb::arg("T"), nb::arg("K"), nb::arg("N"), nb::arg("topk"), nb::arg("E_local"), nb::arg("activation"),
+      nb::arg("quant"), nb::arg("fuse_w1").none(), nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("device"));
   m.def("cuda_device_count", [] { return moekit::cuda::device_count(); });
   m.def(
       "arrange_w1_block_pairs",

@@ -77,6 +77,14 @@ void stream_wait_event(void* stream, void* event) {
   MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
 }
 
+void synchronize_event(void* event) {
+  MOEKIT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+void destroy_event(void* event) {
+  MOEKIT_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+}
+
 std::string cutlass_version() {
   return std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." + std::to_string(CUTLASS_PATCH);
 }

@@ -37,5 +37,7 @@ bool stream_capturing(void* stream);
 void* create_event();
 void record_event(void* event, void* stream);
 void stream_wait_event(void* stream, void* event);
+void synchronize_event(void* event);  // waits on the host until the event's work is done
+void destroy_event(void* event);
 
 }  // namespace moekit::cuda

@@ -55,6 +55,12 @@ void record_event(void*, void*) {
 void stream_wait_event(void*, void*) {
   no_cuda("a CUDA event");
 }
+void synchronize_event(void*) {
+  no_cuda("a CUDA event");
+}
+void destroy_event(void*) {
+  no_cuda("a CUDA event");
+}
 std::string cutlass_version() {
   return "none";
 }

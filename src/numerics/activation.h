@@ -4,7 +4,7 @@
 //   with g = x[c] (gate half) and u = x[I + c] (up half);
 //   swigluoai (gpt-oss): g = x[2c], u = x[2c+1] (interleaved); g = min(g, L), u = clamp(u, -L, L)
 //              with L the problem's swiglu_limit (the config's); out = (u + 1) * (g * sigmoid(1.702 * g))
-// Non-gated ones map N columns to N: relu2: max(x, 0)^2; silu_no_mul: silu(x).
+// Non-gated ones map N columns to N: relu2: max(x, 0)^2; silu_no_mul: silu(x); gelu_no_mul: gelu_erf(x).
 // `Math` supplies exp, erf, tanh, division, min and max: HostMath (std::, IEEE division) on the CPU
 // and in the float64 reference, DeviceMath (expf, __fdividef, ...) in kernels. The float kernel and
 // the double reference share these lines, so they differ only in the precision they evaluate in.
@@ -132,6 +132,7 @@ MOEKIT_HD inline T activation_value(Activation act, T g, T u, T swiglu_limit) {
     case Activation::kSwigluOai: return swiglu_oai<T, Math>(g, u, swiglu_limit);
     case Activation::kRelu2: return relu2<T, Math>(g);
     case Activation::kSiluNoMul: return silu<T, Math>(g);
+    case Activation::kGeluNoMul: return gelu_erf<T, Math>(g);
   }
   return T(0);
 }
@@ -148,6 +149,7 @@ MOEKIT_HD inline void with_activation(Activation act, F&& f) {
     case Activation::kSwigluOai: return f.template operator()<Activation::kSwigluOai>();
     case Activation::kRelu2: return f.template operator()<Activation::kRelu2>();
     case Activation::kSiluNoMul: return f.template operator()<Activation::kSiluNoMul>();
+    case Activation::kGeluNoMul: return f.template operator()<Activation::kGeluNoMul>();
   }
 }
 
@@ -159,13 +161,14 @@ MOEKIT_HD inline void with_activation(Activation act, F&& f) {
 //                 each 128x128 weight block keeps its scale (the blocks are only reordered:
 //                 plan/weights.h's arrange_w1_block_pairs);
 //   kInterleaved  gate/up pairs (2c, 2c + 1): swigluoai (gpt-oss);
-//   kSingle       one row per output: the non-gated relu2, silu_no_mul.
+//   kSingle       one row per output: the non-gated relu2, silu_no_mul, gelu_no_mul.
 enum class W1Rows : std::uint8_t { kHalves, kBlockPairs, kInterleaved, kSingle };
 MOEKIT_HD constexpr W1Rows w1_rows(Activation act, QuantScheme quant) {
-  return act == Activation::kSwigluOai                                  ? W1Rows::kInterleaved
-         : (act == Activation::kRelu2 || act == Activation::kSiluNoMul) ? W1Rows::kSingle
-         : quant == QuantScheme::kBlock128                              ? W1Rows::kBlockPairs
-                                                                        : W1Rows::kHalves;
+  return act == Activation::kSwigluOai ? W1Rows::kInterleaved
+         : (act == Activation::kRelu2 || act == Activation::kSiluNoMul || act == Activation::kGeluNoMul)
+             ? W1Rows::kSingle
+         : quant == QuantScheme::kBlock128 ? W1Rows::kBlockPairs
+                                           : W1Rows::kHalves;
 }
 // Where output column c finds its inputs in a W1 output row of the layout.
 MOEKIT_HD constexpr std::int64_t gate_column(W1Rows rows, std::int64_t /*I*/, std::int64_t c) {

@@ -38,13 +38,18 @@ constexpr std::array<std::pair<std::string_view, ActivationFormat>, 2> kFormats{
     {"batched", ActivationFormat::kBatchedExperts},
 }};
 
-constexpr std::array<std::pair<std::string_view, Activation>, 6> kActivations{{
+constexpr std::array<std::pair<std::string_view, Activation>, 7> kActivations{{
     {"silu", Activation::kSilu},
     {"gelu", Activation::kGelu},
     {"gelu_tanh", Activation::kGeluTanh},
     {"swigluoai", Activation::kSwigluOai},
     {"relu2", Activation::kRelu2},
     {"silu_no_mul", Activation::kSiluNoMul},
+    {"gelu_no_mul", Activation::kGeluNoMul},
+}};
+// Other names engines pass for the same functions (vLLM's fused-MoE activation names).
+constexpr std::array<std::pair<std::string_view, Activation>, 1> kActivationAliases{{
+    {"relu2_no_mul", Activation::kRelu2},
 }};
 
 constexpr std::array<std::pair<std::string_view, QuantScheme>, 3> kQuants{{
@@ -107,6 +112,8 @@ std::string_view activation_name(Activation act) {
   return name_of(act, kActivations);
 }
 Activation parse_activation(std::string_view name) {
+  for (const auto& [alias, act] : kActivationAliases)
+    if (alias == name) return act;
   return parse_named(name, kActivations, "activation");
 }
 
@@ -117,7 +124,8 @@ bool is_gated(Activation act) {
     case Activation::kGeluTanh:
     case Activation::kSwigluOai: return true;
     case Activation::kRelu2:
-    case Activation::kSiluNoMul: return false;
+    case Activation::kSiluNoMul:
+    case Activation::kGeluNoMul: return false;
   }
   MOEKIT_FAIL("unknown activation {}", static_cast<int>(act));
 }

@@ -124,6 +124,9 @@ TEST(Activation, NonGated) {
   activation_rows(Activation::kSiluNoMul, in.data(), 1, 5, 5, out, 5);
   const double x[5] = {-2.0, -0.5, 0.0, 1.5, 3.0};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(out[i], silu_d(x[i]), 1e-6) << "silu_no_mul " << i;
+  activation_rows(Activation::kGeluNoMul, in.data(), 1, 5, 5, out, 5);
+  for (int i = 0; i < 5; ++i)  // gelu(x) = x Phi(x), the erf form
+    EXPECT_NEAR(out[i], 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0))), 1e-6) << "gelu_no_mul " << i;
 }
 
 // A NaN W1 output stays NaN through every activation, the clamps and relu2's max included (PyTorch's

@@ -423,7 +423,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGelu, true},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGeluTanh, true},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kRelu2, true},
-                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul, true}),
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul, true},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGeluNoMul},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGeluNoMul, true}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
       if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));

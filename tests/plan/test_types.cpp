@@ -13,12 +13,12 @@ TEST(Types, ActivationOutDim) {
     EXPECT_EQ(activation_out_dim(a, 4096), 2048) << activation_name(a);
     EXPECT_THROW(activation_out_dim(a, 4095), Error) << activation_name(a);
   }
-  for (Activation a : {Activation::kRelu2, Activation::kSiluNoMul}) {
+  for (Activation a : {Activation::kRelu2, Activation::kSiluNoMul, Activation::kGeluNoMul}) {
     EXPECT_FALSE(is_gated(a));
     EXPECT_EQ(activation_out_dim(a, 4095), 4095) << activation_name(a);
   }
   EXPECT_THROW(activation_out_dim(Activation::kSilu, 0), Error);
-  EXPECT_EQ(all_activations().size(), 6u);
+  EXPECT_EQ(all_activations().size(), 7u);
 }
 
 TEST(Types, NamesRoundTrip) {
@@ -26,6 +26,7 @@ TEST(Types, NamesRoundTrip) {
   for (QuantScheme q : all_quant_schemes()) EXPECT_EQ(parse_quant(quant_name(q)), q);
   for (ActivationFormat f : {ActivationFormat::kStandard, ActivationFormat::kBatchedExperts})
     EXPECT_EQ(parse_format(format_name(f)), f);
+  EXPECT_EQ(parse_activation("relu2_no_mul"), Activation::kRelu2);  // vLLM's name
   for (Accumulation a : {Accumulation::kPrecise, Accumulation::kFast})
     EXPECT_EQ(parse_accumulation(accumulation_name(a)), a);
   EXPECT_THROW(parse_accumulation("fp8"), Error);

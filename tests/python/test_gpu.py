@@ -81,7 +81,7 @@ def experts_case(quant, E=4, M=64, K=512, I=256, seed=11, counts=(64, 0, 17, 1))
     rng = np.random.default_rng(seed)
     N = 2 * I
     n1, n2 = {"per-token": (N, K), "block128": (N // 128 * K // 128, K // 128 * I // 128)}[quant]
-    return {
+    case = {
         "a1q": random_codes(rng, (E, M, K)),
         "a1q_scale": (rng.uniform(0.5, 1.5, (E, M) if quant == "per-token" else (E, M, K // 128)) / 64).astype(np.float32),
         "expert_num_tokens": np.array(counts, np.int32),
@@ -90,10 +90,13 @@ def experts_case(quant, E=4, M=64, K=512, I=256, seed=11, counts=(64, 0, 17, 1))
         "w2": random_codes(rng, (E, K, I)),
         "w2_scale": (rng.uniform(0.5, 1.5, (E, n2)) / (64 * np.sqrt(I))).astype(np.float32),
     }
+    if quant == "block128":  # random codes: their rows are block pairs as well as anything else
+        case["w1_layout"] = "block_pairs"
+    return case
 
 
 def to_cuda(case):
-    t = {k: torch.from_numpy(v).cuda() for k, v in case.items()}
+    t = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v for k, v in case.items()}
     for k in ("a1q", "w1", "w2"):
         t[k] = t[k].view(torch.float8_e4m3fn)
     return t
@@ -149,10 +152,10 @@ def test_standard_op_on_cuda_agrees_with_the_cpu():
     args = dict(a1q=a1q, a1q_scale=a1q_scale, topk_ids=ids, topk_weights=weights, w1=case["w1"],
                 w1_scale=case["w1_scale"], w2=case["w2"], w2_scale=case["w2_scale"])
     cpu_out = np.zeros((T, K), np.uint16)
-    moekit.ops.standard_experts(**args, out=cpu_out)
+    moekit.ops.standard_experts(**args, out=cpu_out, w1_layout="block_pairs")
     t = {k: torch.from_numpy(v).cuda() for k, v in args.items()}
     out = poisoned((T, K))
-    moekit.ops.standard_experts(**t, out=out)
+    moekit.ops.standard_experts(**t, out=out, w1_layout="block_pairs")
     moekit.ops.check_status()
     a, b = bf16_to_f64(bits(out)), bf16_to_f64(cpu_out)
     err = np.linalg.norm(a - b) / np.linalg.norm(b)
@@ -175,7 +178,7 @@ def test_torch_ops_under_cuda_graph_and_compile_give_the_eager_bits():
 
     def step(a1q, out):
         torch.ops.moekit.batched_experts(a1q, t["a1q_scale"], t["expert_num_tokens"], t["w1"], t["w1_scale"], t["w2"],
-                                         t["w2_scale"], out)
+                                         t["w2_scale"], out, w1_layout="block_pairs")
         return out.float().sum(dim=-1)
 
     compiled = torch.compile(step, fullgraph=True)
@@ -258,7 +261,7 @@ def test_op_overhead_over_the_direct_call():
     stream = torch.cuda.current_stream().cuda_stream
     calls = {
         "C++ entry, tensors": lambda: moekit._moekit.batched_experts(*[views[k] for k in names], out, "silu", "", False,
-                                                                      1, stream, 0),
+                                                                      1, stream, 0, 7.0, "precise", "gate_up"),
         "moekit.ops.batched_experts": lambda: moekit.ops.batched_experts(**t, out=out),
         "torch.ops.moekit.batched_experts": lambda: torch.ops.moekit.batched_experts(**t, out=out),
     }

@@ -198,11 +198,12 @@ def test_standard_experts_equal_batched_then_combine(quant):
     topk_ids = np.array([[0, 1, 2], [3, -1, 0], [1, 1, 3], [-1, -1, -1], [2, 0, 1], [3, 2, 1]], np.int32)
     topk_w = rng.uniform(0, 1, (T, topk)).astype(np.float32)
     out = np.full((T, K), 0xFFFF, np.uint16)
-    moekit.ops.standard_experts(a1q, a1q_scale, topk_ids, topk_w, w1, w1_scale, w2, w2_scale, out)
+    layout = "block_pairs" if quant == "block128" else "gate_up"  # random codes: either order
+    moekit.ops.standard_experts(a1q, a1q_scale, topk_ids, topk_w, w1, w1_scale, w2, w2_scale, out, w1_layout=layout)
 
     b, bs, counts, rows = to_batched(a1q, a1q_scale, topk_ids, E, quant)
     y = np.full((E, b.shape[1], K), 0xFFFF, np.uint16)
-    moekit.ops.batched_experts(b, bs, counts, w1, w1_scale, w2, w2_scale, y, quant=quant)
+    moekit.ops.batched_experts(b, bs, counts, w1, w1_scale, w2, w2_scale, y, quant=quant, w1_layout=layout)
     expect = np.zeros((T, K), np.float32)
     for e, pairs in rows.items():
         for i, (t, s) in enumerate(pairs):
@@ -233,8 +234,8 @@ def test_ambiguous_or_unknown_scales_raise():
         moekit.ops.standard_experts(**{**args, "w1_scale": np.ones((E, 3), np.float32)})
     with pytest.raises(moekit.Error, match="w1_scale: shape"):
         moekit.ops.standard_experts(**args, quant="per-tensor")
-    with pytest.raises(moekit.Error, match="topk_ids: dtype int64"):
-        moekit.ops.standard_experts(**{**args, "topk_ids": np.zeros((T, 1), np.int64)})
+    with pytest.raises(moekit.Error, match="topk_ids dtype float"):
+        moekit.ops.standard_experts(**{**args, "topk_ids": np.zeros((T, 1), np.float32)})
     with pytest.raises(moekit.Error, match="expert id 5|id 5|5 is outside"):
         moekit.ops.standard_experts(**{**args, "topk_ids": np.full((T, 1), 5, np.int32)})
 
@@ -295,7 +296,7 @@ def test_fuse_w1_runs_the_lean_recipe_and_drops_w1_out():
     for fuse in (False, True):
         before = moekit.ops.workspace_bytes()
         out = np.full((E, M, K), 0xFFFF, np.uint16)
-        moekit.ops.batched_experts(a1q, a1q_scale, counts, **w, out=out, fuse_w1=fuse)
+        moekit.ops.batched_experts(a1q, a1q_scale, counts, **w, out=out, fuse_w1=fuse, w1_layout="block_pairs")
         grew[fuse] = moekit.ops.workspace_bytes() - before
         for e, m in enumerate(counts):
             assert (out[e, m:] == 0xFFFF).all(), f"fuse_w1={fuse}: expert {e}: a padding row was written"
@@ -314,7 +315,7 @@ def test_fuse_w1_runs_the_lean_recipe_and_drops_w1_out():
     std = {}
     for fuse in (False, True):
         std[fuse] = np.zeros((T, K), np.uint16)
-        moekit.ops.standard_experts(ta1q, tscale, ids, wts, **w, out=std[fuse], fuse_w1=fuse)
+        moekit.ops.standard_experts(ta1q, tscale, ids, wts, **w, out=std[fuse], fuse_w1=fuse, w1_layout="block_pairs")
     a, b = bf16_to_f64(std[True]), bf16_to_f64(std[False])
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 3e-2
 
@@ -323,3 +324,153 @@ def test_fuse_w1_runs_the_lean_recipe_and_drops_w1_out():
     with pytest.raises(moekit.Error, match="fused W1"):
         moekit.ops.batched_experts(a1q, np.full((E, M), 1 / 64, np.float32), counts, **per_token,
                                    out=np.zeros((E, M, K), np.uint16), fuse_w1=True)
+
+
+def standard_case(rng, quant="per-token", E=4, T=9, topk=3, K=256, I=128):
+    """Operands of the standard op in moekit's canonical shapes."""
+    N = 2 * I
+    n1, n2 = {"per-tensor": (1, 1), "per-token": (N, K), "block128": (N // 128 * K // 128, K // 128 * I // 128)}[quant]
+    a_scale = {"per-tensor": (1,), "per-token": (T,), "block128": (T, K // 128)}[quant]
+    return dict(a1q=random_codes(rng, (T, K)), a1q_scale=rng.uniform(0.01, 0.02, a_scale).astype(np.float32),
+                topk_ids=np.array([rng.permutation(np.arange(-1, E))[:topk] for _ in range(T)], np.int32),
+                topk_weights=rng.uniform(0, 1, (T, topk)).astype(np.float32),
+                w1=random_codes(rng, (E, N, K)),
+                w1_scale=(rng.uniform(0.5, 1.5, (E, n1)) / (64 * np.sqrt(K))).astype(np.float32),
+                w2=random_codes(rng, (E, K, I)),
+                w2_scale=(rng.uniform(0.5, 1.5, (E, n2)) / (64 * np.sqrt(I))).astype(np.float32))
+
+
+def run_standard(args, **kw):
+    out = np.full((args["a1q"].shape[0], args["a1q"].shape[1]), 0xFFFF, np.uint16)
+    moekit.ops.standard_experts(**args, out=out, **kw)
+    return out
+
+
+def test_engine_conventions_give_the_same_bits():
+    """What engines pass (vLLM's fused-MoE tests, DeepEP, checkpoints): scales with trailing ones or
+    in weight_scale_inv's 3-D block shape, int64 ids, global ids with an expert_map, float16 output,
+    vLLM's activation names. Each gives the bits of moekit's canonical call, or refuses by name."""
+    rng = np.random.default_rng(31)
+    E, T, K, I = 4, 9, 256, 128
+    for quant in ("per-token", "per-tensor", "block128"):
+        args = standard_case(rng, quant, E=E, T=T, K=K, I=I)
+        layout = "block_pairs" if quant == "block128" else "gate_up"
+        base = run_standard(args, quant=quant, w1_layout=layout)
+        shaped = dict(args)
+        if quant == "per-token":
+            shaped["a1q_scale"] = args["a1q_scale"].reshape(T, 1)  # (T, 1)
+            shaped["w1_scale"] = args["w1_scale"].reshape(E, 2 * I, 1)  # (E, N, 1)
+            shaped["w2_scale"] = args["w2_scale"].reshape(E, K, 1)
+        elif quant == "per-tensor":
+            shaped["w1_scale"] = args["w1_scale"].reshape(E, 1, 1)  # (E, 1, 1)
+            shaped["w2_scale"] = args["w2_scale"].reshape(E)  # (E,)
+        else:
+            shaped["w1_scale"] = args["w1_scale"].reshape(E, 2 * I // 128, K // 128)  # weight_scale_inv
+            shaped["w2_scale"] = args["w2_scale"].reshape(E, K // 128, I // 128)
+        assert np.array_equal(run_standard(shaped, quant=quant, w1_layout=layout), base), quant
+        # int64 ids (torch.topk, DeepEP) read as the same local ids.
+        assert np.array_equal(run_standard({**args, "topk_ids": args["topk_ids"].astype(np.int64)}, quant=quant,
+                                           w1_layout=layout), base), quant
+
+    args = standard_case(rng, "per-token", E=E, T=T, K=K, I=I)
+    base = run_standard(args)
+    # Global ids over 3 ranks' 12 experts, this rank holding global 4..7 as local 0..3 (vLLM's expert_map).
+    expert_map = np.full(12, -1, np.int32)
+    expert_map[4:8] = np.arange(4)
+    local = args["topk_ids"]
+    glob = np.where(local >= 0, local + 4, rng.choice([0, 3, 9, 11], local.shape)).astype(np.int64)
+    assert np.array_equal(run_standard({**args, "topk_ids": glob}, expert_map=expert_map), base)
+    # A global id outside the map's experts, or an int64 id past int32, is never another expert.
+    for bad in (12, 2**32 + 1, -2):
+        ids = glob.copy()
+        ids[0, 0] = bad
+        with pytest.raises(moekit.Error, match="topk_ids\\[0\\]\\[0\\] = 4 is outside"):
+            run_standard({**args, "topk_ids": ids}, expert_map=expert_map)
+    with pytest.raises(moekit.Error, match="expert_map must be a 1-D"):
+        run_standard({**args, "topk_ids": glob}, expert_map=expert_map.astype(np.float32))
+    # float16 output: the bf16 result converted (finite values of this size are exact in fp16's range).
+    half = np.full((T, K), np.nan, np.float16)
+    moekit.ops.standard_experts(**args, out=half)
+    assert np.array_equal(half, bf16_to_f64(base).astype(np.float16))
+    # vLLM's activation names, on non-gated experts (W1 of I rows).
+    ng = {**args, "w1": args["w1"][:, :I].copy(), "w1_scale": args["w1_scale"][:, :I].copy()}
+    assert np.array_equal(run_standard(ng, activation="relu2_no_mul"), run_standard(ng, activation="relu2"))
+    gelu = run_standard(ng, activation="gelu_no_mul")
+    assert np.isfinite(bf16_to_f64(gelu)).all() and not np.array_equal(gelu, run_standard(ng, activation="relu2"))
+
+
+def test_batched_float16_output_leaves_padding_rows():
+    rng = np.random.default_rng(32)
+    E, M, K, I = 3, 8, 128, 128
+    args = dict(a1q=random_codes(rng, (E, M, K)), a1q_scale=np.full((E, M), 1 / 64, np.float32),
+                expert_num_tokens=np.array([8, 0, 3], np.int32), w1=random_codes(rng, (E, 2 * I, K)),
+                w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32), w2=random_codes(rng, (E, K, I)),
+                w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    bf = np.full((E, M, K), 0xFFFF, np.uint16)
+    moekit.ops.batched_experts(**args, out=bf)
+    half = np.full((E, M, K), 7.0, np.float16)
+    moekit.ops.batched_experts(**args, out=half)
+    for e, m in enumerate(args["expert_num_tokens"]):
+        assert np.array_equal(half[e, :m], bf16_to_f64(bf[e, :m]).astype(np.float16))
+        assert (half[e, m:] == 7.0).all(), f"expert {e}: a padding row was written"
+
+
+def test_w1_layout_is_explicit_and_never_misread():
+    """Under block128 the kernels read W1 in block pairs; the checkpoint's gate-then-up order (the
+    default w1_layout) has the same shape and is refused, naming the one-time arrangement; the
+    arranged W1 with w1_layout='block_pairs' equals the per-token-style reading of the halves."""
+    rng = np.random.default_rng(33)
+    args = standard_case(rng, "block128", E=2, T=5, K=256, I=256)
+    with pytest.raises(moekit.Error, match="arrange_w1_block_pairs"):
+        run_standard(args)
+    pairs, pairs_scale = moekit.arrange_w1_block_pairs(args["w1"], args["w1_scale"])
+    arranged = run_standard({**args, "w1": pairs, "w1_scale": pairs_scale}, w1_layout="block_pairs")
+    assert np.isfinite(bf16_to_f64(arranged)).all()
+    # Where the recipe reads W1 as stored, pre-arranged pairs are refused.
+    per_token = standard_case(rng, "per-token", E=2, T=5, K=256, I=256)
+    with pytest.raises(moekit.Error, match="w1_layout = 'block_pairs'"):
+        run_standard(per_token, w1_layout="block_pairs")
+
+
+def test_workspaces_stay_within_the_cap_and_are_released():
+    """100 problem shapes through the ops: the cached total never passes the cap (one workspace
+    larger than the cap alone excepted), each shape's first call grows it by the query's figure,
+    release_workspaces() frees everything. A loop over engines' test grids no longer holds every
+    shape's workspace for the life of the process."""
+    moekit.ops.release_workspaces()
+    cap_before = moekit.ops.workspace_cap()
+    assert cap_before == 4 << 30
+    rng = np.random.default_rng(34)
+    K, I, E = 128, 128, 2
+    w = dict(w1=random_codes(rng, (E, 2 * I, K)), w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32),
+             w2=random_codes(rng, (E, K, I)), w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    sizes = {M: moekit.ops.batched_experts_workspace_bytes(E, M, K, 2 * I, device="cpu") for M in range(1, 101)}
+    cap = 3 * sizes[100]
+    moekit.ops.set_workspace_cap(cap)
+    try:
+        for M in range(1, 101):
+            before = moekit.ops.workspace_bytes()
+            out = np.zeros((E, M, K), np.uint16)
+            moekit.ops.batched_experts(random_codes(rng, (E, M, K)), np.full((E, M), 1 / 64, np.float32),
+                                       np.array([M, M // 2], np.int32), **w, out=out)
+            assert moekit.ops.workspace_bytes() <= cap, (M, moekit.ops.workspace_bytes(), cap)
+            assert moekit.ops.workspace_bytes() >= sizes[M]
+            if before + sizes[M] <= cap:
+                assert moekit.ops.workspace_bytes() == before + sizes[M], M
+        T = 7
+        need = moekit.ops.standard_experts_workspace_bytes(T, K, 2 * I, 2, E, device="cpu")
+        held = moekit.ops.workspace_bytes()
+        assert need > 0
+        freed = moekit.ops.release_workspaces()
+        assert freed == held and moekit.ops.workspace_bytes() == 0
+        # One workspace larger than the cap stands alone.
+        moekit.ops.set_workspace_cap(sizes[50] - 1)
+        out = np.zeros((E, 50, K), np.uint16)
+        moekit.ops.batched_experts(random_codes(rng, (E, 50, K)), np.full((E, 50), 1 / 64, np.float32),
+                                   np.array([50, 1], np.int32), **w, out=out)
+        assert moekit.ops.workspace_bytes() == sizes[50]
+        with pytest.raises(moekit.Error, match="a byte count >= 0"):
+            moekit.ops.set_workspace_cap(-1)
+    finally:
+        moekit.ops.set_workspace_cap(cap_before)
+        moekit.ops.release_workspaces()
