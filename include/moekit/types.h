@@ -52,11 +52,11 @@ inline constexpr std::int64_t kQuantBlock = 128;
 
 // How an FP8 GEMM sums over K on a GPU. Hopper's FP8 tensor-core instructions keep about 14 bits of
 // their running sum (DeepSeek-V3's report; measured here: all-positive products at K = 7168 came
-// out 21% low when left in them for the whole K loop).
+// out 12-21% low when left in them for the whole K loop).
 //   kPrecise: the partial sums move into an fp32 accumulator every 128 elements of K (per-token,
 //             per-tensor: CUTLASS's FP8 promotion; block128 does it in its per-k-block scale step).
 //   kFast:    per-token and per-tensor keep the whole K loop in the tensor cores (CUTLASS's
-//             FP8FastAccum): faster, and low by up to ~20% at K = 7168 on all-positive products.
+//             FP8FastAccum): faster, and 12-21% low at K = 7168 on all-positive products.
 //             block128 has no fast form. The CPU accumulates in fp32 under either.
 enum class Accumulation : std::uint8_t { kPrecise, kFast };
 std::string_view accumulation_name(Accumulation accumulation);

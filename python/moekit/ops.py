@@ -44,7 +44,7 @@ relu2_no_mul), silu_no_mul, gelu_no_mul. `swiglu_limit`: swigluoai's clamp (gpt-
 config.swiglu_limit; the gate is clamped above at it, the up projection to [-limit, limit]); the
 other activations ignore it. `accumulation`: "precise" (default) moves the GPU GEMMs' FP8 partial
 sums into fp32 every 128 elements of K; "fast" (per-token and per-tensor only) keeps the whole K
-loop in the tensor cores' FP8 accumulation: faster, and up to ~20% low at K = 7168 on all-positive
+loop in the tensor cores' FP8 accumulation: faster, and 12-21% low at K = 7168 on all-positive
 products. The CPU sums in fp32 either way.
 
 Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
