@@ -119,15 +119,21 @@ def test_bad_input_is_moekit_error():
             moekit.ops.batched_experts(**args, max_rows=bad)
 
 
+def batched_case(rng, counts, M, K, I):
+    """Per-token operands of the batched op: len(counts) experts of M rows, counts valid."""
+    E = len(counts)
+    return dict(a1q=random_codes(rng, (E, M, K)), a1q_scale=np.full((E, M), 1 / 64, np.float32),
+                expert_num_tokens=np.array(counts, np.int32), w1=random_codes(rng, (E, 2 * I, K)),
+                w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32), w2=random_codes(rng, (E, K, I)),
+                w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+
+
 def test_max_rows_bounds_the_call_and_an_expert_past_it_is_an_error():
     """max_rows: declared at the largest count, the same bits as undeclared; one under it, the expert
     past it is skipped (its rows untouched, the others' the same bits) and raised."""
     rng = np.random.default_rng(3)
     E, M, K, I = 3, 16, 128, 128
-    args = dict(a1q=random_codes(rng, (E, M, K)), a1q_scale=np.full((E, M), 1 / 64, np.float32),
-                expert_num_tokens=np.array([5, 9, 0], np.int32), w1=random_codes(rng, (E, 2 * I, K)),
-                w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32), w2=random_codes(rng, (E, K, I)),
-                w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    args = batched_case(rng, [5, 9, 0], M, K, I)
     undeclared, declared, under = (np.full((E, M, K), 0xFFFF, np.uint16) for _ in range(3))
     moekit.ops.batched_experts(**args, out=undeclared)
     moekit.ops.batched_experts(**args, out=declared, max_rows=9)
@@ -401,11 +407,8 @@ def test_engine_conventions_give_the_same_bits():
 
 def test_batched_float16_output_leaves_padding_rows():
     rng = np.random.default_rng(32)
-    E, M, K, I = 3, 8, 128, 128
-    args = dict(a1q=random_codes(rng, (E, M, K)), a1q_scale=np.full((E, M), 1 / 64, np.float32),
-                expert_num_tokens=np.array([8, 0, 3], np.int32), w1=random_codes(rng, (E, 2 * I, K)),
-                w1_scale=np.full((E, 2 * I), 1 / (64 * np.sqrt(K)), np.float32), w2=random_codes(rng, (E, K, I)),
-                w2_scale=np.full((E, K), 1 / (64 * np.sqrt(I)), np.float32))
+    E, M, K = 3, 8, 128
+    args = batched_case(rng, [8, 0, 3], M, K, 128)
     bf = np.full((E, M, K), 0xFFFF, np.uint16)
     moekit.ops.batched_experts(**args, out=bf)
     half = np.full((E, M, K), 7.0, np.float16)
