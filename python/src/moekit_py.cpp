@@ -15,6 +15,7 @@
 #include <bit>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "cli/commands.h"
 #include "cpu/combine.h"
 #include "cpu/thread_pool.h"
@@ -1096,6 +1098,29 @@ NB_MODULE(_moekit, m) {
       "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
   m.def("ops_workspace_cap", [] { return experts_op().cap(); });
+  // A checkpoint's tensors as moekit reads them (a directory, or one .safetensors file): name ->
+  // (dtype, shape, bytes). For tests against the safetensors package's writer.
+  m.def(
+      "checkpoint_tensors",
+      [](const std::string& path) {
+        namespace ck = moekit::checkpoint;
+        nb::dict out;
+        auto put = [&](const ck::TensorInfo& t, std::span<const std::byte> bytes) {
+          nb::list shape;
+          for (const std::int64_t d : t.shape) shape.append(d);
+          out[t.name.c_str()] = nb::make_tuple(std::string(ck::dtype_name(t.dtype)), shape,
+                                               nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+        };
+        if (std::filesystem::is_directory(path)) {
+          ck::CheckpointDir dir(path);
+          for (const std::string& name : dir.tensor_names()) put(dir.info(name), dir.data(name));
+        } else {
+          const ck::SafetensorsFile st(path);
+          for (const ck::TensorInfo& t : st.tensors()) put(t, st.data(t));
+        }
+        return out;
+      },
+      nb::arg("path"));
   m.def(
       "ops_set_workspace_cap", [](std::int64_t bytes) { experts_op().set_cap(bytes); }, nb::arg("bytes"));
   m.def(

@@ -14,19 +14,12 @@
 #include "checkpoint/safetensors.h"
 #include "moekit/error.h"
 #include "synthetic/random.h"
+#include "write_safetensors.h"
 
 namespace moekit::checkpoint {
 namespace {
 
-std::vector<std::byte> file_bytes(const std::string& header, const std::vector<std::uint8_t>& data,
-                                  std::uint64_t length_field = UINT64_MAX) {
-  const std::uint64_t n = length_field == UINT64_MAX ? header.size() : length_field;
-  std::vector<std::byte> out(8);
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
-  for (char c : header) out.push_back(static_cast<std::byte>(c));
-  for (std::uint8_t b : data) out.push_back(static_cast<std::byte>(b));
-  return out;
-}
+using testing::file_bytes;
 
 // Three tensors in the layouts a model's shard holds: bf16 (2, 3), FP8 codes (4,), an fp32 scalar.
 const std::string kHeader =
@@ -45,10 +38,7 @@ TEST(Safetensors, ReadsWhatTheFormatWrites) {
   const auto dir = std::filesystem::temp_directory_path() / "moekit_safetensors_test";
   std::filesystem::create_directories(dir);
   const auto path = (dir / "model.safetensors").string();
-  {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  }
+  testing::write_file(path, bytes);
   for (int from_disk = 0; from_disk < 2; ++from_disk) {
     const SafetensorsFile st = from_disk ? SafetensorsFile(path) : SafetensorsFile(bytes, "mem");
     ASSERT_EQ(st.tensors().size(), 3u);

@@ -1,0 +1,58 @@
+"""Checkpoints as the safetensors package writes them (the format's own writer, torch and NumPy
+dtypes, shards with an index as transformers' save_pretrained writes them) read by moekit's reader:
+every name, dtype, shape and byte the same."""
+import json
+
+import numpy as np
+import pytest
+
+import moekit
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+def test_single_file_from_the_safetensors_writer(tmp_path):
+    rng = np.random.default_rng(1)
+    tensors = {
+        "model.layers.3.mlp.experts.0.gate_proj.weight": rng.integers(0, 255, (256, 128), dtype=np.uint8),
+        "model.layers.3.mlp.experts.0.gate_proj.weight_scale_inv": rng.random((2, 1), dtype=np.float32),
+        "model.layers.3.mlp.gate.e_score_correction_bias": rng.random(8).astype(np.float32),
+        "scalar": np.array(3.5, np.float64),
+        "empty": np.zeros((0, 4), np.int64),
+        "halves": rng.random((3, 5)).astype(np.float16),
+    }
+    path = tmp_path / "model.safetensors"
+    safetensors_numpy.save_file(tensors, str(path), metadata={"format": "pt"})
+    got = moekit._moekit.checkpoint_tensors(str(path))
+    assert set(got) == set(tensors)
+    names = {np.uint8: "U8", np.float32: "F32", np.float64: "F64", np.int64: "I64", np.float16: "F16"}
+    for name, array in tensors.items():
+        dtype, shape, data = got[name]
+        assert dtype == names[array.dtype.type] and list(shape) == list(array.shape), name
+        assert data == array.tobytes(), name
+
+
+def test_torch_dtypes_and_shards_with_an_index(tmp_path):
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(2)
+    shard1 = {"w1": torch.randn(4, 8, generator=g).to(torch.bfloat16),
+              "w1_fp8": torch.randn(4, 8, generator=g).to(torch.float8_e4m3fn)}
+    shard2 = {"w2": torch.randn(8, 2, generator=g), "ids": torch.arange(5, dtype=torch.int32)}
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for shard, file in zip((shard1, shard2), names):
+        safetensors_torch.save_file(shard, str(tmp_path / file))
+    index = {"metadata": {"total_size": 0},
+             "weight_map": {**{k: names[0] for k in shard1}, **{k: names[1] for k in shard2}}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    got = moekit._moekit.checkpoint_tensors(str(tmp_path))
+    expect = {"w1": "BF16", "w1_fp8": "F8_E4M3", "w2": "F32", "ids": "I32"}
+    for name, t in {**shard1, **shard2}.items():
+        dtype, shape, data = got[name]
+        assert dtype == expect[name] and list(shape) == list(t.shape)
+        assert data == t.contiguous().view(torch.uint8).numpy().tobytes(), name
+    # A shard the index points outside the directory is refused, naming it.
+    index["weight_map"]["w2"] = "../" + names[1]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(moekit.Error, match="no path separators"):
+        moekit._moekit.checkpoint_tensors(str(tmp_path))
