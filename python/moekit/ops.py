@@ -2,7 +2,7 @@
 
 batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
                 quant=None, stream=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0,
-                accumulation="precise", w1_layout="gate_up")
+                accumulation="precise", w1_layout="gate_up", workspace=None)
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
       a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
@@ -21,7 +21,7 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
 
 standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
                  quant=None, stream=None, fuse_w1=None, swiglu_limit=7.0,
-                 accumulation="precise", w1_layout="gate_up", expert_map=None)
+                 accumulation="precise", w1_layout="gate_up", expert_map=None, workspace=None)
     The same experts in the standard (token-order) convention, with the top-k weighted sum:
       a1q (T, K) FP8, a1q_scale (1,) per-tensor, (T,) per-token or (T, ceil(K/128)) 1x128
       topk_ids (T, topk) int32 or int64 (torch.topk's, DeepEP's) expert ids: local ids in
@@ -57,7 +57,11 @@ into bf16, then the activation), True for the fused one (an error where it canno
 work is enqueued on `stream` (a cudaStream_t as an int; default: torch's current stream of that
 device) with no host synchronization, so the ops can be captured in CUDA graphs.
 
-Workspaces: each problem shape builds its workspace on its first call (make that first call before
+Workspaces: `workspace=` (a 1-D uint8 buffer on the arrays' device, at least
+batched_experts_workspace_bytes(...) / standard_experts_workspace_bytes(...) bytes, 256-byte
+aligned on a GPU) runs a call in the caller's memory: nothing cached but the plan, the status words
+zeroed for that call; check_status(workspace=buf) reads that call's flags. Without it, each problem
+shape builds its workspace on its first call (make that first call before
 a graph capture) and keeps it. batched_experts_workspace_bytes(...) / standard_experts_workspace_bytes(...)
 give a shape's figure before any call. The cached total (workspace_bytes()) stays within
 workspace_cap() (default 4 GiB; set_workspace_cap(bytes)): a new workspace frees the least recently
@@ -213,12 +217,13 @@ def _f32(x):
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
                     quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None,
                     max_rows: int = 0, swiglu_limit: float = 7.0, accumulation: str = "precise",
-                    w1_layout: str = "gate_up"):
+                    w1_layout: str = "gate_up", workspace=None):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     target = _bf16_scratch(out) if _is_fp16(out) else out
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
                             _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "", fuse_w1, _THREADS,
-                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), accumulation, w1_layout)
+                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), accumulation, w1_layout,
+                            None if workspace is None else _plain(workspace))
     if target is not out:
         M = out.shape[1]
         if _is_torch(out):
@@ -232,24 +237,26 @@ def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scal
 def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                      activation: str = "silu", quant: Optional[str] = None, stream: Any = None,
                      fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0, accumulation: str = "precise",
-                     w1_layout: str = "gate_up", expert_map=None):
+                     w1_layout: str = "gate_up", expert_map=None, workspace=None):
     """The experts in the standard convention with the top-k weighted sum (module docstring);
     returns `out`."""
     ids = _local_ids(topk_ids, expert_map, int(w1.shape[0]))
     target = _bf16_scratch(out) if _is_fp16(out) else out
     _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(ids), _plain(_f32(topk_weights)), _plain(w1),
                              _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "",
-                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), accumulation, w1_layout)
+                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), accumulation, w1_layout,
+                             None if workspace is None else _plain(workspace))
     if target is not out:
         _to_fp16(target, out)
     return out
 
 
-def check_status(stream: Any = None) -> None:
+def check_status(stream: Any = None, workspace=None) -> None:
     """Raises moekit.Error for the first flags each GPU workspace kept since the last check (a count
     outside [0, M], an expert id outside [-1, E_local)), and clears them. Synchronizes `stream`
-    (default: each workspace's last stream)."""
-    _moekit.ops_check_status(_stream(None, stream))
+    (default: each workspace's last stream). With `workspace` (a caller's buffer): the flags of the
+    last call made with it."""
+    _moekit.ops_check_status(_stream(None, stream), None if workspace is None else _plain(workspace))
 
 
 def workspace_bytes() -> int:
@@ -302,11 +309,12 @@ torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
 # torch.library.custom_op's Python wrapper.
 _BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
             "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None, "
-            "int max_rows=0, float swiglu_limit=7.0, str accumulation='precise', str w1_layout='gate_up') -> ()")
+            "int max_rows=0, float swiglu_limit=7.0, str accumulation='precise', str w1_layout='gate_up', "
+            "Tensor(b!)? workspace=None) -> ()")
 _STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
              "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
              "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0, str accumulation='precise', "
-             "str w1_layout='gate_up', Tensor? expert_map=None) -> ()")
+             "str w1_layout='gate_up', Tensor? expert_map=None, Tensor(b!)? workspace=None) -> ()")
 if _torch is None:
     torch_op_error = "torch is not installed"
 else:
@@ -317,30 +325,31 @@ else:
 
         def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
                             quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise",
-                            w1_layout="gate_up"):
+                            w1_layout="gate_up", workspace=None):
             batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant,
                             fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit, accumulation=accumulation,
-                            w1_layout=w1_layout)
+                            w1_layout=w1_layout, workspace=workspace)
 
         def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                              activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise",
-                             w1_layout="gate_up", expert_map=None):
+                             w1_layout="gate_up", expert_map=None, workspace=None):
             standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
                              quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit, accumulation=accumulation,
-                             w1_layout=w1_layout, expert_map=expert_map)
+                             w1_layout=w1_layout, expert_map=expert_map, workspace=workspace)
 
         _lib.impl("batched_experts", _batched_kernel, "CompositeExplicitAutograd")
         _lib.impl("standard_experts", _standard_kernel, "CompositeExplicitAutograd")
 
         @_torch.library.register_fake("moekit::batched_experts")
         def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None,
-              fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up"):
+              fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up",
+              workspace=None):
             return None
 
         @_torch.library.register_fake("moekit::standard_experts")
         def _(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
               quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up",
-              expert_map=None):
+              expert_map=None, workspace=None):
             return None
     except Exception as e:  # an older torch: the NumPy / tensor path still works
         torch_op_error = f"{type(e).__name__}: {e}"

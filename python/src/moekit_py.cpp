@@ -704,7 +704,7 @@ class ExpertsOp {
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
                const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
                int num_threads, std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit,
-               const std::string& accumulation, const std::string& w1_layout) {
+               const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
                  "and {}",
@@ -735,6 +735,12 @@ class ExpertsOp {
                           max_rows > 0 ? max_rows : p.M,
                           static_cast<std::uint16_t*>(out.data())};
     DeviceScope scope(where);
+    if (workspace) {
+      with_caller_workspace(
+          "batched-fp8", p, where, num_threads, stream, *workspace,
+          [&](Experts& e, Workspace& ws, cpu::ThreadPool&) { e.run(p, in, w, ws, stream_of(stream)); });
+      return;
+    }
     const std::shared_ptr<Runner> r = runner("batched-fp8", p, where, num_threads, stream);
     nb::gil_scoped_release release;
     std::lock_guard lock(r->mu);
@@ -749,7 +755,7 @@ class ExpertsOp {
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
                 Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
                 std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
-                const std::string& accumulation, const std::string& w1_layout) {
+                const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
                  "{}, {} and {}",
@@ -777,13 +783,29 @@ class ExpertsOp {
                           T,
                           nullptr};
     DeviceScope scope(where);
+    const auto* weights = static_cast<const float*>(topk_weights.data());
+    auto* output = static_cast<std::uint16_t*>(out.data());
+    if (workspace) {
+      with_caller_workspace("standard-fp8", p, where, num_threads, stream, *workspace,
+                            [&](Experts& e, Workspace& ws, cpu::ThreadPool& pool) {
+                              const ExpertsOutput y = e.run(p, in, w, ws, stream_of(stream));
+                              if (where.cuda()) {
+                                cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows,
+                                                     output, stream_of(stream));
+                              } else {
+                                e.check_status(ws, nullptr);
+                                cpu::combine_topk(T, p.topk, p.K, weights,
+                                                  reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
+                                                  reinterpret_cast<numerics::bf16_t*>(output), pool);
+                              }
+                            });
+      return;
+    }
     const std::shared_ptr<Runner> r = runner("standard-fp8", p, where, num_threads, stream);
     nb::gil_scoped_release release;
     std::lock_guard lock(r->mu);
     const bool capturing = begin(*r, stream);
     const ExpertsOutput y = r->experts->run(p, in, w, *r->workspace, stream_of(stream));
-    const auto* weights = static_cast<const float*>(topk_weights.data());
-    auto* output = static_cast<std::uint16_t*>(out.data());
     if (where.cuda()) {
       cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream));
       end(*r, stream, capturing);
@@ -792,6 +814,25 @@ class ExpertsOp {
       cpu::combine_topk(T, p.topk, p.K, weights, reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
                         reinterpret_cast<numerics::bf16_t*>(output), *r->pool);
     }
+  }
+
+  // Raises for the flags the last call on the caller's workspace `buffer` raised (on a GPU; the CPU
+  // raised at once); synchronizes `stream`, or (0) that call's stream.
+  void check_status(std::uintptr_t stream, const Array& buffer) {
+    const auto* base = static_cast<const std::byte*>(buffer.data());
+    std::shared_ptr<Bound> last;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [key, b] : bound_)
+        if (b->last_base == base && (!last || b->last_use > last->last_use)) last = b;
+    }
+    if (!last || !last->place.cuda()) return;
+    nb::gil_scoped_release release;
+    DeviceScope scope(last->place);
+    std::lock_guard lock(last->mu);
+    const auto ws = Workspace::over(last->plan, *last->memory, const_cast<std::byte*>(base), last->plan.total_bytes,
+                                    false, nullptr);
+    last->experts->check_status(*ws, stream_of(stream != 0 ? stream : last->last_stream));
   }
 
   // Raises for the first flags each CUDA workspace kept since the last check, and clears them;
@@ -880,6 +921,56 @@ class ExpertsOp {
     bool captured = false;       // a CUDA graph captured a call on it: never freed but by release(true)
     std::uint64_t last_use = 0;  // the op clock at its last call (least recently used goes first)
   };
+
+  // A problem's experts and plan for calls that bring their own workspace (nothing cached but
+  // these: the memory is the caller's).
+  struct Bound {
+    Place place;
+    std::mutex mu;
+    std::unique_ptr<cpu::ThreadPool> pool;
+    std::unique_ptr<Experts> experts;
+    std::unique_ptr<Memory> memory;
+    WorkspacePlan plan;
+    const std::byte* last_base = nullptr;  // the buffer of its last call, and that call's stream
+    std::uintptr_t last_stream = 0;
+    std::uint64_t last_use = 0;
+  };
+
+  // Runs `f(experts, workspace, pool)` over the caller's buffer (1-D uint8 on the arrays' device, at
+  // least the plan's bytes, aligned): its status words start at zero for this call.
+  template <class F>
+  void with_caller_workspace(const char* name, const MoeProblem& p, const Place& where, int threads,
+                             std::uintptr_t stream, const Array& buffer, F&& f) {
+    MOEKIT_CHECK(buffer.ndim() == 1, "workspace: shape {} where a 1-D uint8 buffer is needed", shape_text(buffer));
+    require(buffer, "workspace", {kUInt, kInt}, 8, {static_cast<std::int64_t>(buffer.shape(0))}, "uint8", where);
+    threads = where.cuda() ? 1 : std::max(1, threads);
+    const std::string key = fmt::format("{}/{}/{}/{}", name, where.text(), p.describe(), threads);
+    std::shared_ptr<Bound> b;
+    {
+      std::lock_guard lock(mu_);
+      auto& slot = bound_[key];
+      if (!slot) {
+        auto made = std::make_shared<Bound>();
+        made->place = where;
+        made->pool = std::make_unique<cpu::ThreadPool>(threads);
+        made->experts = find_experts(name, where.device()).make({made->pool.get(), nullptr});
+        made->plan = op_plan(name, p, *made->experts, where.device());
+        made->memory = make_memory(where.device());
+        slot = std::move(made);
+      }
+      b = slot;
+      b->last_use = ++clock_;
+    }
+    auto* base = static_cast<std::byte*>(buffer.data());
+    nb::gil_scoped_release release;
+    std::lock_guard lock(b->mu);
+    const auto ws =
+        Workspace::over(b->plan, *b->memory, base, static_cast<std::int64_t>(buffer.nbytes()), true, stream_of(stream));
+    f(*b->experts, *ws, *b->pool);
+    if (!where.cuda()) b->experts->check_status(*ws, nullptr);  // the CPU raises at once
+    b->last_base = base;
+    b->last_stream = stream;
+  }
 
   std::int64_t total_bytes() const {
     std::int64_t total = 0;
@@ -971,6 +1062,7 @@ class ExpertsOp {
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Runner>> runners_;
+  std::map<std::string, std::shared_ptr<Bound>> bound_;
   std::int64_t cap_ = kDefaultCap;
   std::uint64_t clock_ = 0;
 
@@ -1073,29 +1165,36 @@ NB_MODULE(_moekit, m) {
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
          std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit, const std::string& accumulation,
-         const std::string& w1_layout) {
+         const std::string& w1_layout, std::optional<Array> workspace) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
-                             num_threads, stream, max_rows, swiglu_limit, accumulation, w1_layout);
+                             num_threads, stream, max_rows, swiglu_limit, accumulation, w1_layout, workspace);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
       nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"),
-      nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("w1_layout"));
+      nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("w1_layout"), nb::arg("workspace").none());
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
          Array w2_scale, Array out, const std::string& activation, const std::string& quant,
          std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
-         const std::string& accumulation, const std::string& w1_layout) {
+         const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                              quant, fuse_w1, num_threads, stream, swiglu_limit, accumulation, w1_layout);
+                              quant, fuse_w1, num_threads, stream, swiglu_limit, accumulation, w1_layout, workspace);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("swiglu_limit"),
-      nb::arg("accumulation"), nb::arg("w1_layout"));
+      nb::arg("accumulation"), nb::arg("w1_layout"), nb::arg("workspace").none());
   m.def(
-      "ops_check_status", [](std::uintptr_t stream) { experts_op().check_status(stream); }, nb::arg("stream"));
+      "ops_check_status",
+      [](std::uintptr_t stream, std::optional<Array> workspace) {
+        if (workspace)
+          experts_op().check_status(stream, *workspace);
+        else
+          experts_op().check_status(stream);
+      },
+      nb::arg("stream"), nb::arg("workspace").none());
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
   m.def("ops_workspace_cap", [] { return experts_op().cap(); });
   // A checkpoint's tensors as moekit reads them (a directory, or one .safetensors file): name ->

@@ -226,6 +226,24 @@ std::unique_ptr<Workspace> Workspace::part(WorkspacePlan plan, std::string_view 
   return std::unique_ptr<Workspace>(new Workspace(std::move(plan), memory_, base_ + s.offset));
 }
 
+std::unique_ptr<Workspace> Workspace::over(WorkspacePlan plan, Memory& memory, std::byte* base, std::int64_t bytes,
+                                           bool zero_persistent, Stream stream) {
+  MOEKIT_CHECK(!plan.reference, "'{}' is a reference formula, not a plan moekit allocates", plan.name);
+  MOEKIT_CHECK(bytes >= plan.total_bytes,
+               "a workspace of {} bytes for {}, which needs {} (its plan's total): pass a larger buffer", bytes,
+               plan.name, plan.total_bytes);
+  const std::uintptr_t align =
+      memory.device() == Device::kCuda ? static_cast<std::uintptr_t>(WorkspaceBuilder::kAlignment) : 64;
+  MOEKIT_CHECK(plan.total_bytes == 0 || (base != nullptr && reinterpret_cast<std::uintptr_t>(base) % align == 0),
+               "a workspace buffer at {} for {}: it must start on a {}-byte boundary", static_cast<void*>(base),
+               plan.name, align);
+  auto w = std::unique_ptr<Workspace>(new Workspace(std::move(plan), memory, base));
+  if (zero_persistent)
+    for (const auto& r : w->plan_.regions)
+      if (r.persistent && r.bytes > 0) memory.fill(base + r.offset, 0, r.bytes, stream);
+  return w;
+}
+
 void Workspace::require(const MoeProblem& problem, std::string_view who) const {
   MOEKIT_CHECK(problem == plan_.problem,
                "{} was asked to run {} on a workspace planned for {}: build the workspace from this problem's plan",

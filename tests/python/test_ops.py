@@ -477,3 +477,34 @@ def test_workspaces_stay_within_the_cap_and_are_released():
     finally:
         moekit.ops.set_workspace_cap(cap_before)
         moekit.ops.release_workspaces()
+
+
+def test_a_caller_workspace_gives_the_cached_bits_and_holds_nothing():
+    """workspace=: the caller's buffer of the query's size runs the op (the same bits as the cached
+    workspace), the ops cache no workspace for it, and a short or misshapen buffer is refused."""
+    moekit.ops.release_workspaces()
+    rng = np.random.default_rng(35)
+    E, M, K, I = 3, 16, 128, 128
+    args = batched_case(rng, [16, 4, 0], M, K, I)
+    cached = np.full((E, M, K), 0xFFFF, np.uint16)
+    moekit.ops.batched_experts(**args, out=cached)
+    moekit.ops.release_workspaces()
+    need = moekit.ops.batched_experts_workspace_bytes(E, M, K, 2 * I, device="cpu")
+    buf = np.zeros(need, np.uint8)
+    mine = np.full((E, M, K), 0xFFFF, np.uint16)
+    moekit.ops.batched_experts(**args, out=mine, workspace=buf)
+    assert np.array_equal(mine, cached)
+    assert moekit.ops.workspace_bytes() == 0, "a call with its own workspace cached one"
+    moekit.ops.check_status(workspace=buf)  # nothing raised
+    with pytest.raises(moekit.Error, match="pass a larger buffer"):
+        moekit.ops.batched_experts(**args, out=mine, workspace=np.zeros(need - 1, np.uint8))
+    with pytest.raises(moekit.Error, match="1-D uint8"):
+        moekit.ops.batched_experts(**args, out=mine, workspace=np.zeros((2, need), np.uint8))
+    # The standard op too; a bad id still raises at once on the CPU.
+    sargs = standard_case(rng, "per-token", E=E, T=5, K=K, I=I)
+    need = moekit.ops.standard_experts_workspace_bytes(5, K, 2 * I, 3, E, device="cpu")
+    assert np.array_equal(run_standard(sargs, workspace=np.zeros(need, np.uint8)), run_standard(sargs))
+    bad = dict(sargs, topk_ids=np.full((5, 3), 7, np.int32))
+    with pytest.raises(moekit.Error, match="outside"):
+        run_standard(bad, workspace=np.zeros(need, np.uint8))
+    moekit.ops.release_workspaces()
