@@ -139,7 +139,7 @@ class Workspace {
   std::unique_ptr<Workspace> part(WorkspacePlan plan, std::string_view section) const;
   // The plan bound over memory the caller owns (an engine's own workspace buffer): nothing allocated
   // or freed here. Raises moekit::Error when `bytes` is below the plan's total or `base` is not
-  // aligned (kAlignment on a GPU, 64 bytes on the CPU). With `zero_persistent`, the persistent
+  // aligned (kAlignment on a GPU, alignof(std::max_align_t) on the CPU). With `zero_persistent`, the persistent
   // regions (status words) start at zero on `stream`, as a new workspace's do.
   static std::unique_ptr<Workspace> over(WorkspacePlan plan, Memory& memory, std::byte* base, std::int64_t bytes,
                                          bool zero_persistent, Stream stream);

@@ -3,6 +3,7 @@
 #include "moekit/workspace.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -232,8 +233,11 @@ std::unique_ptr<Workspace> Workspace::over(WorkspacePlan plan, Memory& memory, s
   MOEKIT_CHECK(bytes >= plan.total_bytes,
                "a workspace of {} bytes for {}, which needs {} (its plan's total): pass a larger buffer", bytes,
                plan.name, plan.total_bytes);
-  const std::uintptr_t align =
-      memory.device() == Device::kCuda ? static_cast<std::uintptr_t>(WorkspaceBuilder::kAlignment) : 64;
+  // A GPU's regions start on kAlignment (TMA, vector stores); the CPU reads any region unaligned but
+  // its elements need their own alignment (NumPy's allocations give 16 bytes).
+  const std::uintptr_t align = memory.device() == Device::kCuda
+                                   ? static_cast<std::uintptr_t>(WorkspaceBuilder::kAlignment)
+                                   : alignof(std::max_align_t);
   MOEKIT_CHECK(plan.total_bytes == 0 || (base != nullptr && reinterpret_cast<std::uintptr_t>(base) % align == 0),
                "a workspace buffer at {} for {}: it must start on a {}-byte boundary", static_cast<void*>(base),
                plan.name, align);

@@ -490,7 +490,7 @@ def test_a_caller_workspace_gives_the_cached_bits_and_holds_nothing():
     moekit.ops.batched_experts(**args, out=cached)
     moekit.ops.release_workspaces()
     need = moekit.ops.batched_experts_workspace_bytes(E, M, K, 2 * I, device="cpu")
-    buf = np.zeros(need, np.uint8)
+    buf = np.zeros(need + 64, np.uint8)[16:16 + need]  # NumPy's 16-byte alignment, not more
     mine = np.full((E, M, K), 0xFFFF, np.uint16)
     moekit.ops.batched_experts(**args, out=mine, workspace=buf)
     assert np.array_equal(mine, cached)
