@@ -785,35 +785,27 @@ class ExpertsOp {
     DeviceScope scope(where);
     const auto* weights = static_cast<const float*>(topk_weights.data());
     auto* output = static_cast<std::uint16_t*>(out.data());
+    // The experts, then the top-k weighted sum of their rows (the CPU raises bad ids first).
+    auto run_and_combine = [&](Experts& e, Workspace& ws, cpu::ThreadPool& pool) {
+      const ExpertsOutput y = e.run(p, in, w, ws, stream_of(stream));
+      if (where.cuda()) {
+        cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream));
+      } else {
+        e.check_status(ws, nullptr);
+        cpu::combine_topk(T, p.topk, p.K, weights, reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
+                          reinterpret_cast<numerics::bf16_t*>(output), pool);
+      }
+    };
     if (workspace) {
-      with_caller_workspace("standard-fp8", p, where, num_threads, stream, *workspace,
-                            [&](Experts& e, Workspace& ws, cpu::ThreadPool& pool) {
-                              const ExpertsOutput y = e.run(p, in, w, ws, stream_of(stream));
-                              if (where.cuda()) {
-                                cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows,
-                                                     output, stream_of(stream));
-                              } else {
-                                e.check_status(ws, nullptr);
-                                cpu::combine_topk(T, p.topk, p.K, weights,
-                                                  reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
-                                                  reinterpret_cast<numerics::bf16_t*>(output), pool);
-                              }
-                            });
+      with_caller_workspace("standard-fp8", p, where, num_threads, stream, *workspace, run_and_combine);
       return;
     }
     const std::shared_ptr<Runner> r = runner("standard-fp8", p, where, num_threads, stream);
     nb::gil_scoped_release release;
     std::lock_guard lock(r->mu);
     const bool capturing = begin(*r, stream);
-    const ExpertsOutput y = r->experts->run(p, in, w, *r->workspace, stream_of(stream));
-    if (where.cuda()) {
-      cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream));
-      end(*r, stream, capturing);
-    } else {
-      r->experts->check_status(*r->workspace, nullptr);
-      cpu::combine_topk(T, p.topk, p.K, weights, reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
-                        reinterpret_cast<numerics::bf16_t*>(output), *r->pool);
-    }
+    run_and_combine(*r->experts, *r->workspace, *r->pool);
+    if (where.cuda()) end(*r, stream, capturing);
   }
 
   // Raises for the flags the last call on the caller's workspace `buffer` raised (on a GPU; the CPU
@@ -904,37 +896,46 @@ class ExpertsOp {
   }
 
  private:
-  struct Runner {
-    ~Runner() {
-      if (event != nullptr) cuda::destroy_event(event);
-    }
-    Place place;
-    std::mutex mu;
-    std::unique_ptr<cpu::ThreadPool> pool;
-    std::unique_ptr<Experts> experts;
-    std::unique_ptr<Memory> memory;
-    std::unique_ptr<Workspace> workspace;
-    // CUDA: the event after the last eager call and its stream.
-    void* event = nullptr;
-    std::uintptr_t last_stream = 0;
-    bool used = false;
-    bool captured = false;       // a CUDA graph captured a call on it: never freed but by release(true)
-    std::uint64_t last_use = 0;  // the op clock at its last call (least recently used goes first)
-  };
-
-  // A problem's experts and plan for calls that bring their own workspace (nothing cached but
-  // these: the memory is the caller's).
-  struct Bound {
+  // A problem's experts on a device: its implementation, plan and memory, and its last call.
+  struct Core {
     Place place;
     std::mutex mu;
     std::unique_ptr<cpu::ThreadPool> pool;
     std::unique_ptr<Experts> experts;
     std::unique_ptr<Memory> memory;
     WorkspacePlan plan;
-    const std::byte* last_base = nullptr;  // the buffer of its last call, and that call's stream
-    std::uintptr_t last_stream = 0;
-    std::uint64_t last_use = 0;
+    std::uintptr_t last_stream = 0;  // CUDA: the stream of its last eager call
+    std::uint64_t last_use = 0;      // the op clock at its last call (least recently used goes first)
+    void make(const char* name, const MoeProblem& p, const Place& where, int threads) {
+      place = where;
+      pool = std::make_unique<cpu::ThreadPool>(threads);
+      experts = find_experts(name, where.device()).make({pool.get(), nullptr});
+      plan = op_plan(name, p, *experts, where.device());
+      memory = make_memory(where.device());
+    }
   };
+
+  // With the workspace the ops cache.
+  struct Runner : Core {
+    ~Runner() {
+      if (event != nullptr) cuda::destroy_event(event);
+    }
+    std::unique_ptr<Workspace> workspace;
+    void* event = nullptr;  // CUDA: after the last eager call
+    bool used = false;
+    bool captured = false;  // a CUDA graph captured a call on it: never freed but by release(true)
+  };
+
+  // For calls that bring their own workspace (nothing cached but the plan: the memory is the caller's).
+  struct Bound : Core {
+    const std::byte* last_base = nullptr;  // the buffer of its last call
+  };
+
+  // The cache key of a problem's experts on a device; `threads` becomes the count they run with.
+  static std::string key_of(const char* name, const MoeProblem& p, const Place& where, int& threads) {
+    threads = where.cuda() ? 1 : std::max(1, threads);
+    return fmt::format("{}/{}/{}/{}", name, where.text(), p.describe(), threads);
+  }
 
   // Runs `f(experts, workspace, pool)` over the caller's buffer (1-D uint8 on the arrays' device, at
   // least the plan's bytes, aligned): its status words start at zero for this call.
@@ -943,19 +944,14 @@ class ExpertsOp {
                              std::uintptr_t stream, const Array& buffer, F&& f) {
     MOEKIT_CHECK(buffer.ndim() == 1, "workspace: shape {} where a 1-D uint8 buffer is needed", shape_text(buffer));
     require(buffer, "workspace", {kUInt, kInt}, 8, {static_cast<std::int64_t>(buffer.shape(0))}, "uint8", where);
-    threads = where.cuda() ? 1 : std::max(1, threads);
-    const std::string key = fmt::format("{}/{}/{}/{}", name, where.text(), p.describe(), threads);
+    const std::string key = key_of(name, p, where, threads);
     std::shared_ptr<Bound> b;
     {
       std::lock_guard lock(mu_);
       auto& slot = bound_[key];
       if (!slot) {
         auto made = std::make_shared<Bound>();
-        made->place = where;
-        made->pool = std::make_unique<cpu::ThreadPool>(threads);
-        made->experts = find_experts(name, where.device()).make({made->pool.get(), nullptr});
-        made->plan = op_plan(name, p, *made->experts, where.device());
-        made->memory = make_memory(where.device());
+        made->make(name, p, where, threads);
         slot = std::move(made);
       }
       b = slot;
@@ -1034,8 +1030,7 @@ class ExpertsOp {
   // any time, so only release(captured = true) frees it.
   std::shared_ptr<Runner> runner(const char* name, const MoeProblem& p, const Place& where, int threads,
                                  std::uintptr_t stream) {
-    threads = where.cuda() ? 1 : std::max(1, threads);
-    const std::string key = fmt::format("{}/{}/{}/{}", name, where.text(), p.describe(), threads);
+    const std::string key = key_of(name, p, where, threads);
     std::lock_guard lock(mu_);
     auto it = runners_.find(key);
     if (it != runners_.end()) {
@@ -1047,13 +1042,9 @@ class ExpertsOp {
                  "cannot be allocated: call it once before capturing (a warm-up), then capture",
                  name, where.text(), p.describe());
     auto r = std::make_shared<Runner>();
-    r->place = where;
-    r->pool = std::make_unique<cpu::ThreadPool>(threads);
-    r->experts = find_experts(name, where.device()).make({r->pool.get(), nullptr});
-    WorkspacePlan plan = op_plan(name, p, *r->experts, where.device());
-    make_room(plan.total_bytes, fmt::format("{} on {} ({})", name, where.text(), p.describe()));
-    r->memory = make_memory(where.device());
-    r->workspace = std::make_unique<Workspace>(std::move(plan), *r->memory);
+    r->make(name, p, where, threads);
+    make_room(r->plan.total_bytes, fmt::format("{} on {} ({})", name, where.text(), p.describe()));
+    r->workspace = std::make_unique<Workspace>(r->plan, *r->memory);
     if (where.cuda()) r->event = cuda::create_event();
     r->last_use = ++clock_;
     runners_.emplace(key, r);
