@@ -3,6 +3,8 @@
 // plan` prints. It owns nothing else: the weights are the caller's (a validated view), seeded
 // synthetic ones come from src/synthetic/, and the float64 reference lives in src/check/.
 // Steps larger than max_tokens_per_rank run in chunks (every rank runs as many chunks).
+// A model's many MoE layers share one MoeRuntime (moekit/runtime.h); a MoeLayer is a runtime that
+// holds one layer, for a single layer's use.
 #pragma once
 
 #include <cstdint>

@@ -146,6 +146,10 @@ class Workspace {
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
+  // Workspaces that made their own allocation in this process so far (parts and over() make none):
+  // the count the tests hold a runtime to (one per runtime, whatever its number of layers).
+  static std::int64_t allocation_count();
+
   const WorkspacePlan& plan() const { return plan_; }
   const MoeProblem& problem() const { return plan_.problem; }
   Device device() const { return memory_.device(); }

@@ -3,6 +3,7 @@
 #include "moekit/workspace.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -198,10 +199,20 @@ WorkspacePlan WorkspaceBuilder::finish() {
 
 // --- Workspace ----------------------------------------------------------------------------------
 
+namespace {
+std::atomic<std::int64_t> g_allocations{0};  // Workspace::allocation_count
+}  // namespace
+
+std::int64_t Workspace::allocation_count() {
+  return g_allocations.load(std::memory_order_relaxed);
+}
+
 Workspace::Workspace(WorkspacePlan plan, Memory& memory) : plan_(std::move(plan)), memory_(memory) {
   MOEKIT_CHECK(!plan_.reference, "'{}' is a reference formula, not a plan moekit allocates", plan_.name);
-  if (plan_.total_bytes > 0)
+  if (plan_.total_bytes > 0) {
     base_ = static_cast<std::byte*>(memory_.allocate(plan_.total_bytes, "the workspace of " + plan_.name));
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+  }
   // Persistent regions (status words, transport state kept across steps) start at zero.
   bool zeroed = false;
   for (const auto& r : plan_.regions)

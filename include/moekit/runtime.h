@@ -1,0 +1,63 @@
+// One runtime per rank for all of a model's MoE layers. A model's MoE layers run one after another,
+// so they share everything but their weights: the one workspace (the plan of the layer problem), the
+// seams (router, prepare/finalize with its communicator and NCCL window, experts), the side stream
+// of the shared experts and the status words. A layer is a weight set registered with the runtime;
+// 58 layers of DeepSeek-V3 hold 58 weight sets and one workspace, never 58.
+//
+// Every layer of one runtime has the runtime's problem (one ModelConfig): the MoE layers of the
+// models moekit runs are alike. MoeLayer (moekit/layer.h) is a runtime holding one layer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "moekit/communicator.h"
+#include "moekit/layer.h"
+#include "moekit/model.h"
+#include "moekit/problem.h"
+#include "moekit/weights.h"
+#include "moekit/workspace.h"
+
+namespace moekit {
+
+class MoeRuntime {
+ public:
+  // Validates the layout, picks the seams and allocates the one workspace (collective under expert
+  // parallelism: every rank builds its runtime with the same arguments).
+  MoeRuntime(const ModelConfig& model, const ParallelConfig& parallel, const LayerOptions& options, Communicator& comm);
+  ~MoeRuntime();
+  MoeRuntime(const MoeRuntime&) = delete;
+  MoeRuntime& operator=(const MoeRuntime&) = delete;
+
+  // Registers one MoE layer's weights (a view: the caller keeps them alive while the runtime runs
+  // the layer) and returns its index, 0, 1, ... in registration order. Validated here exactly as a
+  // MoeLayer validates its weights; nothing is allocated.
+  int add_layer(const LayerWeights& weights);
+  int num_layers() const;
+  const LayerWeights& layer_weights(int layer) const;
+
+  // MoeLayer::forward / enqueue for the registered `layer`: the same contracts (collective, chunks,
+  // CUDA graph capture, max_tokens_any_rank). A graph may hold steps of several layers; they run in
+  // the order enqueued, each over the one workspace.
+  void forward(int layer, const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
+               std::uint16_t* output, Stream stream = nullptr);
+  void enqueue(int layer, const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
+               std::uint16_t* output, Stream stream = nullptr, const MoeLayer::StageObserver& observer = {},
+               std::int64_t max_tokens_any_rank = 0);
+  // The status words are the runtime's: a check reports the first error any layer's step flagged
+  // since the last check.
+  void check_status(Stream stream = nullptr);
+
+  const MoeProblem& problem() const;
+  const std::optional<MoeProblem>& shared_problem() const;
+  const WorkspacePlan& plan() const;
+  std::int64_t allocated_workspace_bytes() const;
+  const StepStats& last_step() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moekit

@@ -1,0 +1,360 @@
+// The runtime as a composition of its seams (moekit/runtime.h): it validates the layout, picks the
+// implementations from the registry, allocates the one workspace from plan_layer, validates each
+// registered layer's weights, and runs Router -> prepare -> experts -> finalize per chunk of a layer's
+// step. Nothing here computes.
+#include "moekit/runtime.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "moekit/check.h"
+#include "moekit/registry.h"
+#include "numerics/fp8.h"
+#include "plan/gemm_config.h"
+
+namespace moekit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+struct MoeRuntime::Impl {
+  LayerOptions options;
+  ModelConfig model;
+  std::vector<LayerWeights> layers;  // registered weight sets, by index
+  Communicator& comm;
+  ParallelConfig parallel;
+  MoeProblem problem;
+  cpu::ThreadPool pool;
+  std::unique_ptr<Memory> memory;
+  std::unique_ptr<Router> router;
+  std::unique_ptr<PrepareFinalize> prepare_finalize;
+  std::unique_ptr<Experts> experts;
+  bool collective_chunks = false;  // the prepare/finalize is collective: every rank runs as many chunks
+  WorkspacePlan plan;              // unguarded: what `moekit plan` prints
+  std::unique_ptr<Workspace> workspace;
+  StepStats stats;
+  // The shared experts (when the step has them): their own seams over their section of the one
+  // workspace, on a second stream forked from the step's.
+  std::optional<MoeProblem> shared_problem;
+  std::unique_ptr<Router> shared_router;
+  std::unique_ptr<PrepareFinalize> shared_prepare_finalize;
+  std::unique_ptr<Experts> shared_experts;
+  std::unique_ptr<Workspace> shared_workspace;  // a part of `workspace`
+  std::unique_ptr<StreamFork> fork;
+
+  Impl(const ModelConfig& m, const ParallelConfig& par, const LayerOptions& opt, Communicator& c)
+      : options(opt), model(m), comm(c), parallel(par), pool(std::max(1, opt.num_threads)) {
+    MOEKIT_CHECK(comm.size() == parallel.dp,
+                 "the communicator has {} ranks but dp = {}: run with --dp {} or mpirun -np {}", comm.size(),
+                 parallel.dp, comm.size(), parallel.dp);
+    MOEKIT_CHECK(parallel.ep == parallel.dp || parallel.ep == 1,
+                 "ep = {} with dp = {}: the layer runs ep == dp (experts spread over all ranks) or ep == 1 (every "
+                 "rank holds every expert)",
+                 parallel.ep, parallel.dp);
+    const ExpertsEntry& entry = find_experts(options.experts, options.device);
+    problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation),
+                           options.fuse_w1, options.accumulation);
+    MOEKIT_CHECK(problem.E_local * parallel.ep == problem.E,
+                 "the layer needs E_local * ep == E, got {} * {} != {} (redundant experts are a planning option only)",
+                 problem.E_local, parallel.ep, problem.E);
+    if (problem.quant == QuantScheme::kPerTensor)
+      MOEKIT_CHECK(parallel.dp == 1,
+                   "per-tensor activation scales are per rank, and rows from {} ranks cannot share one: use --quant "
+                   "per-token or block128 with dp > 1",
+                   parallel.dp);
+    const PrepareFinalizeEntry* pf =
+        find_prepare_finalize(options.device, entry.format, parallel.ep, options.prepare_finalize);
+    MOEKIT_CHECK(pf != nullptr || options.prepare_finalize.empty(),
+                 "no prepare/finalize '{}' runs the {} format on {} with ep = {}: moekit has {}",
+                 options.prepare_finalize, format_name(entry.format), device_name(options.device), parallel.ep,
+                 prepare_finalize_names(options.device, entry.format, parallel.ep));
+    MOEKIT_CHECK(pf != nullptr, "no prepare/finalize runs the {} format on {} with ep = {}{}",
+                 format_name(entry.format), device_name(options.device), parallel.ep,
+                 entry.format == ActivationFormat::kStandard ? ": the standard format runs with ep == 1; use the "
+                                                               "batched format (batched-fp8) for expert parallelism"
+                                                             : "");
+    const RouterEntry* router_entry = find_router(options.device);
+    MOEKIT_CHECK(router_entry != nullptr, "no router runs on {}: use --device cpu", device_name(options.device));
+    const RoutingConfig routing = routing_config(model);
+    if (options.shared_experts) shared_problem = shared_experts_problem(model, problem);
+
+    const ExecContext ctx{&pool, &comm};
+    router = router_entry->make(routing, ctx);
+    prepare_finalize = pf->make(ctx);
+    experts = entry.make(ctx);
+    collective_chunks = pf->multi_rank;
+    plan = plan_layer(problem, entry, parallel.ep, 0, pf->name, shared_problem);
+    const std::int64_t guard_bytes = options.checked ? options.guard_bytes : 0;
+    WorkspacePlan allocated =
+        options.checked ? plan_layer(problem, entry, parallel.ep, guard_bytes, pf->name, shared_problem) : plan;
+    // Ranks that exchange data must have planned the same layer: a transport stores at its own
+    // region offsets in its peers' workspaces. Agreed before anything is allocated or registered.
+    if (collective_chunks) require_same_plan(allocated);
+    memory = prepare_finalize->workspace_memory();  // symmetric memory for NCCL's device-initiated transport
+    if (memory == nullptr) memory = make_memory(options.device);
+    // One allocation, once, at the maximum size; never grown on the hot path.
+    workspace = std::make_unique<Workspace>(std::move(allocated), *memory);
+    if (options.checked) workspace->poison(nullptr);
+    prepare_finalize->attach(*workspace, nullptr);
+    if (shared_problem) {
+      const ExecContext local{&pool, nullptr};
+      shared_router = router_entry->make(RoutingConfig{1, 1}, local);
+      shared_prepare_finalize =
+          find_prepare_finalize(options.device, ActivationFormat::kStandard, 1, kSharedPrepareFinalize)->make(local);
+      shared_experts = find_experts(kSharedExpertsImpl, options.device).make(local);
+      shared_workspace =
+          workspace->part(plan_shared_experts(*shared_problem, options.device, guard_bytes), kSharedExpertsSection);
+      fork = make_stream_fork(options.device);
+    }
+  }
+
+  // The shared experts' weights are there exactly when the step computes them, in their problem's
+  // shape; the gate exactly when the model has one.
+  void validate_layer(const LayerWeights& weights) const {
+    validate_weights(weights.experts, problem, options.device);
+    MOEKIT_CHECK(!model.has_score_correction_bias || weights.e_score_correction_bias != nullptr,
+                 "model '{}' routes with e_score_correction_bias: pass LayerWeights::e_score_correction_bias ({} fp32 "
+                 "values on the {})",
+                 model.name, problem.E, device_name(options.device));
+    validate_shared_weights(weights);
+  }
+
+  void validate_shared_weights(const LayerWeights& weights) const {
+    const bool has = shared_problem.has_value();
+    const ExpertWeightsView& w = weights.shared_experts;
+    if (!has) {
+      MOEKIT_CHECK(w.w1 == nullptr && w.w2 == nullptr && weights.shared_expert_gate == nullptr,
+                   "LayerWeights holds shared experts, but {}: drop them",
+                   model.shared_intermediate_size == 0
+                       ? fmt::format("model '{}' ({}) has none", model.name, model.model_type)
+                       : std::string("LayerOptions::shared_experts is false (the caller runs them)"));
+      return;
+    }
+    MOEKIT_CHECK(
+        w.w1 != nullptr,
+        "model '{}' ({}) has shared experts (shared_intermediate_size = {}): pass LayerWeights::shared_experts "
+        "(one expert, N = {}, K = {}), or set LayerOptions::shared_experts = false to run the routed experts "
+        "only",
+        model.name, model.model_type, model.shared_intermediate_size, shared_problem->N, shared_problem->K);
+    try {
+      validate_weights(w, *shared_problem, options.device);
+    } catch (const Error& e) {
+      MOEKIT_FAIL("the shared experts' weights (LayerWeights::shared_experts): {}", e.what());
+    }
+    MOEKIT_CHECK(
+        (weights.shared_expert_gate != nullptr) == model.shared_expert_gate,
+        "model '{}' ({}) {}: {} LayerWeights::shared_expert_gate", model.name, model.model_type,
+        model.shared_expert_gate ? "gates its shared experts (shared_expert_gate)" : "has no shared expert gate",
+        model.shared_expert_gate ? fmt::format("pass {} bf16 values as", shared_problem->K) : "drop");
+  }
+
+  // Every rank's plan (problem, regions, offsets, sizes, guard bands) hashes the same, or every rank
+  // raises moekit::Error.
+  void require_same_plan(const WorkspacePlan& p) const {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the plan's description
+    auto mix = [&h](std::string_view s) {
+      for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    };
+    mix(problem.describe());
+    mix(p.name);
+    for (const auto& r : p.regions) mix(fmt::format("{}:{}:{};", r.name, r.offset, r.bytes));
+    mix(fmt::format("{}:{}", p.total_bytes, p.guards.size()));
+    const auto mine = static_cast<std::int64_t>(h >> 1);  // non-negative: -mine never overflows
+    const std::int64_t highest = comm.all_reduce_max(mine), lowest = -comm.all_reduce_max(-mine);  // both, always
+    const bool same = highest == mine && lowest == mine;
+    MOEKIT_CHECK(same,
+                 "rank {} planned a different layer than another rank ({}, {} bytes{}): every rank must build it with "
+                 "the same model, parallel layout, experts, quantization, dispatch and checked mode",
+                 comm.rank(), problem.describe(), p.total_bytes, p.guards.empty() ? "" : ", guard bands");
+  }
+
+  // max_tokens_any_rank: the most tokens any rank feeds this step (0: not known), for the experts.
+  void run_chunk(const LayerWeights& weights, const std::uint16_t* hidden, const float* logits, std::int64_t tc,
+                 std::uint16_t* out, Stream stream, const MoeLayer::StageObserver& observe,
+                 std::int64_t max_tokens_any_rank) {
+    Workspace& ws = *workspace;
+    if (options.checked) ws.poison(stream);  // padding rows and every region NaN
+    auto stage = [&](std::string_view name, double& ms, auto&& fn) {
+      const auto t0 = Clock::now();
+      auto result = fn();
+      ms += ms_since(t0);
+      if (observe) observe(name, stream);
+      return result;
+    };
+    if (observe) observe("start", stream);
+    // The shared experts first, on the side stream: they need nothing from the routed step, which
+    // then overlaps them. On the CPU they simply run first.
+    RouterOutput shared;
+    ExpertsOutput shared_rows;
+    if (shared_problem) {
+      const auto t0 = Clock::now();
+      Workspace& sws = *shared_workspace;
+      const Stream side = fork->fork(stream);
+      shared = shared_router->route_shared(*shared_problem, hidden, tc, weights.shared_expert_gate, sws, side);
+      const ExpertsInput sin = shared_prepare_finalize->prepare(
+          *shared_problem, {hidden, shared.topk_ids, shared.topk_weights, tc}, sws, side);
+      shared_rows = shared_experts->run(*shared_problem, sin, weights.shared_experts, sws, side);
+      stats.shared_ms += ms_since(t0);
+    }
+    const RouterOutput routed = stage("route", stats.route_ms, [&] {
+      return router->route(problem, logits, tc, weights.e_score_correction_bias, ws, stream);
+    });
+    ExpertsInput in = stage("prepare", stats.prepare_ms, [&] {
+      return prepare_finalize->prepare(problem, {hidden, routed.topk_ids, routed.topk_weights, tc}, ws, stream);
+    });
+    in.max_tokens_any_rank = max_tokens_any_rank;
+    const ExpertsOutput rows =
+        stage("experts", stats.experts_ms, [&] { return experts->run(problem, in, weights.experts, ws, stream); });
+    stage("finalize", stats.finalize_ms, [&] {
+      prepare_finalize->finalize(problem, {routed.topk_weights, tc, rows, out}, ws, stream);
+      if (shared_problem) {  // the routed output, then the shared experts' rows added to it
+        fork->join(stream);
+        shared_prepare_finalize->finalize(*shared_problem, {shared.topk_weights, tc, shared_rows, out, true},
+                                          *shared_workspace, stream);
+      }
+      return 0;
+    });
+  }
+
+  const LayerWeights& layer(int index) const {
+    MOEKIT_CHECK(index >= 0 && static_cast<std::size_t>(index) < layers.size(),
+                 "layer {} is not registered with this runtime: it holds {} layer{} (add_layer returns 0 to {})", index,
+                 layers.size(), layers.size() == 1 ? "" : "s",
+                 layers.empty() ? std::string("-") : std::to_string(layers.size() - 1));
+    return layers[static_cast<std::size_t>(index)];
+  }
+
+  // In pipeline order, so the first cause is the one reported. Every seam reads (and so clears) its
+  // flags before the first error is raised: the flags persist until read, and a later check must
+  // not report what this one's error caused downstream.
+  void check_status(Stream stream) {
+    std::exception_ptr first;
+    auto check = [&](auto&& seam_check) {
+      try {
+        seam_check();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    };
+    // The transport first: a broken expert-parallel group (a silent or failed peer) outranks any
+    // error of the step's data, which that failure may have caused.
+    check([&] { prepare_finalize->check_status(*workspace, stream); });
+    check([&] { router->check_status(*workspace, stream); });
+    check([&] { experts->check_status(*workspace, stream); });
+    if (shared_problem) {
+      check([&] { shared_router->check_status(*shared_workspace, stream); });
+      check([&] { shared_prepare_finalize->check_status(*shared_workspace, stream); });
+      check([&] { shared_experts->check_status(*shared_workspace, stream); });
+    }
+    if (first) std::rethrow_exception(first);
+    if (options.checked) workspace->verify_guards(stream);
+  }
+};
+
+MoeRuntime::MoeRuntime(const ModelConfig& model, const ParallelConfig& parallel, const LayerOptions& options,
+                       Communicator& comm)
+    : impl_(std::make_unique<Impl>(model, parallel, options, comm)) {}
+
+MoeRuntime::~MoeRuntime() = default;
+
+int MoeRuntime::add_layer(const LayerWeights& weights) {
+  Impl& s = *impl_;
+  s.validate_layer(weights);
+  MOEKIT_CHECK(s.layers.size() < static_cast<std::size_t>(std::numeric_limits<int>::max()),
+               "a runtime holds at most {} layers", std::numeric_limits<int>::max());
+  s.layers.push_back(weights);
+  return static_cast<int>(s.layers.size() - 1);
+}
+
+int MoeRuntime::num_layers() const {
+  return static_cast<int>(impl_->layers.size());
+}
+
+const LayerWeights& MoeRuntime::layer_weights(int layer) const {
+  return impl_->layer(layer);
+}
+
+void MoeRuntime::forward(int layer, const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
+                         std::uint16_t* output, Stream stream) {
+  Impl& s = *impl_;
+  const LayerWeights& weights = s.layer(layer);
+  MOEKIT_CHECK(num_tokens >= 0, "num_tokens = {} must be >= 0", num_tokens);
+  MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
+               "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
+  const auto t_start = Clock::now();
+  s.stats = StepStats{};
+  s.stats.tokens = num_tokens;
+  const std::int64_t chunk = s.parallel.max_tokens_per_rank, K = s.problem.K, E = s.problem.E;
+  // A collective prepare/finalize needs every rank in every chunk, however many tokens it has; the
+  // most tokens of any rank also bounds each chunk's rows an expert can hold (its GEMM launches).
+  const std::int64_t most = s.collective_chunks ? s.comm.all_reduce_max(num_tokens) : num_tokens;
+  const std::int64_t chunks = (most + chunk - 1) / chunk;
+  s.stats.chunks = chunks;
+  if (s.options.checked && num_tokens > 0) s.memory->fill(output, 0xFF, num_tokens * K * 2, stream);
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t t0 = std::min(num_tokens, c * chunk);
+    const std::int64_t tc = std::min(chunk, num_tokens - t0);
+    s.run_chunk(weights, hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
+                std::min(chunk, most - c * chunk));
+    s.check_status(stream);
+  }
+  if (s.options.checked && num_tokens > 0) {
+    std::vector<std::uint16_t> host(static_cast<std::size_t>(num_tokens * K));
+    s.memory->to_host(host.data(), output, num_tokens * K * 2, stream);
+    for (std::int64_t i = 0; i < num_tokens * K; ++i)
+      MOEKIT_CHECK(!std::isnan(numerics::bf16_decode(host[static_cast<std::size_t>(i)])),
+                   "checked mode: output of token {} column {} is NaN: padding, poisoned workspace or an unwritten "
+                   "row reached a result",
+                   i / K, i % K);
+  }
+  s.stats.total_ms = ms_since(t_start);
+}
+
+void MoeRuntime::enqueue(int layer, const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
+                         std::uint16_t* output, Stream stream, const MoeLayer::StageObserver& observer,
+                         std::int64_t max_tokens_any_rank) {
+  Impl& s = *impl_;
+  const LayerWeights& weights = s.layer(layer);
+  MOEKIT_CHECK(num_tokens >= 0 && num_tokens <= s.problem.max_tokens_per_rank,
+               "enqueue: {} tokens; one step holds 0 to max_tokens_per_rank = {}: use forward() to chunk larger steps",
+               num_tokens, s.problem.max_tokens_per_rank);
+  MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
+               "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
+  plan::step_tokens_per_rank(s.problem, num_tokens, max_tokens_any_rank);  // raises for a bad declaration
+  s.run_chunk(weights, hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank);
+}
+
+void MoeRuntime::check_status(Stream stream) {
+  impl_->check_status(stream);
+}
+
+const MoeProblem& MoeRuntime::problem() const {
+  return impl_->problem;
+}
+const std::optional<MoeProblem>& MoeRuntime::shared_problem() const {
+  return impl_->shared_problem;
+}
+const WorkspacePlan& MoeRuntime::plan() const {
+  return impl_->plan;
+}
+std::int64_t MoeRuntime::allocated_workspace_bytes() const {
+  return impl_->workspace->bytes();
+}
+const StepStats& MoeRuntime::last_step() const {
+  return impl_->stats;
+}
+
+}  // namespace moekit
