@@ -21,6 +21,18 @@ std::string_view group_score_name(GroupScore rule);
 // A model's MoE block as its own code (Hugging Face transformers' modeling file) computes it, read
 // through the architecture table (src/plan/architectures.cpp): one row per supported model_type,
 // the only place that knows which config keys a family reads and transformers' default for each.
+// How a family's Hugging Face checkpoints name its MoE block's tensors (model.layers.L. + ...):
+//   kDeepseek  mlp.experts.e.{gate,up,down}_proj.weight, mlp.gate.weight (+ e_score_correction_bias),
+//              mlp.shared_experts.{gate,up,down}_proj.weight
+//   kQwen      mlp.experts.e.{gate,up,down}_proj.weight, mlp.gate.weight,
+//              mlp.shared_expert.{gate,up,down}_proj.weight, mlp.shared_expert_gate.weight
+//   kMixtral   block_sparse_moe.experts.e.{w1,w3,w2}.weight, block_sparse_moe.gate.weight
+//   kGptOss    mlp.experts.{gate_up_proj,down_proj}[_bias] (transposed: K first), mlp.router.{weight,bias}
+//   kNone      not read by moekit's checkpoint loader (the family's names are not in the table)
+// The first three also load transformers' fused in-memory form, mlp.experts.gate_up_proj (E, 2I, K)
+// and mlp.experts.down_proj (E, K, I).
+enum class WeightNames : std::uint8_t { kNone, kDeepseek, kQwen, kMixtral, kGptOss };
+
 struct ModelConfig {
   std::string name;                        // preset name or file path it was read from
   std::string model_type;                  // config.json "model_type"
@@ -55,6 +67,7 @@ struct ModelConfig {
   // static activation scheme); none for a format moekit does not run (mxfp4, int4, ...).
   std::string checkpoint_format;
   std::optional<QuantScheme> checkpoint_quant;
+  WeightNames weight_names = WeightNames::kNone;
 
   std::int64_t N() const { return is_gated(activation) ? 2 * moe_intermediate_size : moe_intermediate_size; }
 };

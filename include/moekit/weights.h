@@ -20,7 +20,9 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
+#include "moekit/memory.h"
 #include "moekit/problem.h"
 #include "moekit/types.h"
 
@@ -46,6 +48,18 @@ struct ExpertWeightsView {
   // The view of `problem`'s local experts at these pointers, on `device`.
   static ExpertWeightsView of(const MoeProblem& problem, Device device, const std::uint8_t* w1, const float* w1_scale,
                               const std::uint8_t* w2, const float* w2_scale);
+};
+
+// Host-owned expert weights in the layout above (seeded synthetic ones, or loaded from a checkpoint).
+struct HostExpertWeights {
+  MoeProblem problem;
+  std::int64_t first_expert = 0;  // global index of expert 0 here
+  std::vector<std::uint8_t> w1, w2;
+  std::vector<float> w1_scale, w2_scale;
+  std::vector<float> w1_bias, w2_bias;  // problem.expert_bias: (E_local, N), (E_local, K); else empty
+  ExpertWeightsView view() const;       // on the host
+  // On the device of `copies`, which holds them (the host weights themselves on the CPU).
+  ExpertWeightsView view(DeviceCopies& copies) const;
 };
 
 // One expert's W1 from halves (gate rows then up rows, HF's layout) to block pairs (the layout

@@ -51,8 +51,14 @@ from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
 from . import ops  # noqa: F401  (moekit.ops.batched_experts; torch.ops.moekit.* when torch is present)
 
-__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "TorchGroup", "synthetic_inputs", "ops",
-           "arrange_w1_block_pairs"]
+__all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "Runtime", "Checkpoint", "LoadedLayer",
+           "TorchGroup", "synthetic_inputs", "ops", "arrange_w1_block_pairs", "workspace_allocations"]
+
+
+def workspace_allocations() -> int:
+    """Workspaces that made their own allocation in this process so far: one per Runtime (and per
+    MoeLayer), whatever its number of layers."""
+    return _moekit.workspace_allocations()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +256,203 @@ def _device_of(x) -> str:
     return "cuda" if ops._is_torch(x) and x.is_cuda else "cpu"
 
 
+def _layer_arrays(weights: Mapping[str, Any]) -> dict:
+    """The weight arrays of one layer, in the shapes the C++ side reads (views, never copies)."""
+    unknown = sorted(set(weights) - set(_WEIGHT_KEYS) - set(_INPUT_KEYS))
+    if unknown:
+        raise Error(f"unknown weight keys {unknown}: MoeLayer takes {list(_WEIGHT_KEYS)} (the module docstring "
+                    "gives each one's layout); a weight it would not read changes nothing, so it is refused")
+    held = {k: weights[k] for k in _WEIGHT_KEYS if k in weights}
+    for k in ("shared_w1", "shared_w2"):
+        v = held.get(k)
+        if v is not None and len(v.shape) == 2:
+            held[k] = v[None]  # one expert: its (N, K) checkpoint shape as (1, N, K), a view
+    for k in ("w1_scale", "w2_scale", "shared_w1_scale", "shared_w2_scale"):
+        v = held.get(k)
+        count = 1 if k.startswith("shared_") else (v.shape[0] if v is not None and len(v.shape) else 0)
+        if v is not None and count and (len(v.shape) != 2 or v.shape[0] != count):
+            # the checkpoint's (E, N / 128, K / 128) blocks, (E, N, 1) channels, ...: the same
+            # values per expert, read as (E, s) (a view of a contiguous array)
+            held[k] = v.reshape(count, -1)
+    gate = held.get("shared_expert_gate")
+    if gate is not None and len(gate.shape) == 2:
+        held["shared_expert_gate"] = gate.reshape(-1)  # nn.Linear's (1, K), a view
+    return held
+
+
+class Runtime:
+    """One runtime per rank for all of a model's MoE layers: one workspace (the plan's figure, once,
+    whatever the number of layers), one dispatch (and NCCL communicator), one set of status words.
+    A layer is a weight set added with add_layer(); every layer has the runtime's problem.
+
+    Runtime(model, max_tokens_per_rank, quant="auto", experts="batched-fp8", activation=None,
+            num_threads=1, device="cpu", group=None, dispatch=None, num_experts=0, fuse_w1=None,
+            shared_experts=True, accumulation="precise")
+      the arguments of MoeLayer (but the weights); device: "cpu" or "cuda" (the current GPU)
+    add_layer(weights, w1_layout="gate_up") -> int: one layer's weights (MoeLayer's mapping, or a
+      LoadedLayer from Checkpoint.load_layer), kept referenced, never copied (but W1 arranged under
+      block128); returns the layer's index, 0, 1, ...
+    forward(layer, hidden, router_logits, out=None, stream=None), enqueue(layer, ...), check_status():
+      MoeLayer's, for one registered layer. A CUDA graph may capture steps of several layers.
+    """
+
+    def __init__(self, model: str, max_tokens_per_rank: int, quant: str = "auto", experts: str = "batched-fp8",
+                 activation: Optional[str] = None, num_threads: int = 1, device: str = "cpu", group: Any = None,
+                 dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None,
+                 shared_experts: bool = True, accumulation: str = "precise"):
+        if group is not None and not hasattr(group, "all_gather"):
+            group = TorchGroup.of(group)  # a torch.distributed process group
+        self._group = group
+        self._held = []  # per layer: the arrays the runtime reads
+        self._rt = _moekit.Runtime(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
+                                   dispatch or "", shared_experts, num_threads, fuse_w1, accumulation, group)
+
+    def add_layer(self, weights: Any, w1_layout: str = "gate_up") -> int:
+        if isinstance(weights, LoadedLayer):
+            weights = weights.weights
+        held = _layer_arrays(weights)
+        w = {k: ops._plain(v) for k, v in held.items()}
+        index = self._rt.add_layer(w["w1"], w["w1_scale"], w["w2"], w["w2_scale"], w.get("e_score_correction_bias"),
+                                   w.get("w1_bias"), w.get("w2_bias"), w.get("shared_w1"), w.get("shared_w1_scale"),
+                                   w.get("shared_w2"), w.get("shared_w2_scale"), w.get("shared_expert_gate"),
+                                   w1_layout)
+        if self._rt.owns_w1(index):  # arranged into the runtime's own copy: the caller's arrays may go
+            for k in ("w1", "w1_scale", "shared_w1", "shared_w1_scale"):
+                held.pop(k, None)
+        self._held.append(held)
+        return index
+
+    @property
+    def num_layers(self) -> int:
+        return self._rt.num_layers
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The runtime's one allocation, equal to the plan's total, whatever the number of layers."""
+        return self._rt.workspace_bytes
+
+    @property
+    def problem(self) -> str:
+        return self._rt.problem
+
+    @property
+    def device(self) -> str:
+        """Where the runtime runs: "cpu" or "cuda:N"."""
+        return self._rt.device
+
+    @property
+    def rank(self) -> int:
+        return self._rt.rank
+
+    @property
+    def ranks(self) -> int:
+        return self._rt.ranks
+
+    @property
+    def dispatch(self) -> str:
+        """The prepare/finalize the runtime runs (e.g. "nccl (cuda)")."""
+        return self._rt.dispatch
+
+    def _out(self, hidden, out):
+        if out is not None:
+            return out
+        if ops._is_torch(hidden):
+            import torch
+
+            return torch.empty((hidden.shape[0], self._rt.K), dtype=hidden.dtype, device=hidden.device)
+        return np.empty((len(hidden), self._rt.K), dtype=np.uint16)
+
+    def forward(self, layer: int, hidden, router_logits, out=None, stream=None):
+        """Layer `layer` of hidden (T, K) bfloat16 (or its uint16 bits) with router_logits (T, E)
+        float32 -> (T, K), as MoeLayer.forward."""
+        out = self._out(hidden, out)
+        self._rt.forward(int(layer), ops._plain(hidden), ops._plain(_logits(router_logits)), ops._plain(out),
+                         ops._stream(hidden, stream))
+        return out
+
+    def enqueue(self, layer: int, hidden, router_logits, out, stream=None, max_tokens_any_rank=0):
+        """One step of layer `layer`, as MoeLayer.enqueue (capturable in a CUDA graph)."""
+        self._rt.enqueue(int(layer), ops._plain(hidden), ops._plain(_logits(router_logits)), ops._plain(out),
+                         ops._stream(hidden, stream), int(max_tokens_any_rank))
+        return out
+
+    def check_status(self, stream=None):
+        """Synchronizes the stream and raises moekit.Error for the first thing any layer's step flagged
+        since the last check (a NaN logit, a count over capacity, a peer that timed out), and clears it."""
+        if stream is None and self.device.startswith("cuda"):
+            import torch
+
+            stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
+        self._rt.check_status(ops._stream(None, stream))
+
+
+@dataclasses.dataclass
+class LoadedLayer:
+    """One MoE layer of a checkpoint for one rank (Checkpoint.load_layer): `weights` in MoeLayer's
+    keys and layouts (W1 in gate-then-up order), the router's linear layer, and what loading did."""
+    layer: int
+    weights: dict
+    router_weight: np.ndarray  # (E, K) float32
+    router_bias: Optional[np.ndarray]  # (E,) float32 (gpt-oss) or None
+    quant: str
+    note: str
+
+    def router_logits(self, hidden) -> np.ndarray:
+        """(T, E) float32 logits of bf16 hidden rows (T, K) (NumPy uint16 bits or a torch tensor):
+        hidden . router_weight^T (+ router_bias), in float32."""
+        if ops._is_torch(hidden):
+            h = hidden.float().cpu().numpy()
+        else:
+            h = (np.asarray(hidden, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        out = h @ self.router_weight.T
+        if self.router_bias is not None:
+            out = out + self.router_bias
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+
+class Checkpoint:
+    """A Hugging Face checkpoint directory (config.json and model.safetensors or shards with
+    model.safetensors.index.json), read as untrusted input and memory-mapped: only the tensors a rank
+    asks for are touched.
+
+    ck = moekit.Checkpoint(path)
+    ck.config_path, ck.model_type, ck.moe_layers (the layers holding an MoE block)
+    ck.load_layer(layer, quant="auto", rank=0, ranks=1, shared_experts=True) -> LoadedLayer: this
+      rank's experts (E / ranks of them) in `quant` ("auto": the checkpoint's own FP8 scheme, per-token
+      for bf16 checkpoints); FP8 weights of that granularity load as stored, others are quantized at
+      load by moekit's quantizer (LoadedLayer.note says which)
+    """
+
+    def __init__(self, path: str):
+        self._ck = _moekit.Checkpoint(str(path))
+
+    @property
+    def config_path(self) -> str:
+        """The checkpoint's config.json: the `model` argument of MoeLayer and Runtime."""
+        return self._ck.config_path
+
+    @property
+    def model_type(self) -> str:
+        return self._ck.model_type
+
+    @property
+    def moe_layers(self) -> list:
+        return list(self._ck.moe_layers)
+
+    @property
+    def opened_shards(self) -> list:
+        return list(self._ck.opened_shards)
+
+    def load_layer(self, layer: int, quant: str = "auto", rank: int = 0, ranks: int = 1,
+                   shared_experts: bool = True) -> LoadedLayer:
+        d = dict(self._ck.load_layer(int(layer), quant, int(rank), int(ranks), bool(shared_experts)))
+        router_weight = d.pop("router_weight")
+        router_bias = d.pop("router_bias", None)
+        q = d.pop("quant")
+        note = d.pop("note")
+        return LoadedLayer(int(layer), d, router_weight, router_bias, q, note)
+
+
 class MoeLayer:
     """The MoE layer of one rank: Router -> dispatch -> experts -> combine, on the CPU or a GPU.
 
@@ -295,39 +498,12 @@ class MoeLayer:
                  num_threads: int = 1, device: Optional[str] = None, group: Any = None,
                  dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None,
                  shared_experts: bool = True, w1_layout: str = "gate_up", accumulation: str = "precise"):
-        unknown = sorted(set(weights) - set(_WEIGHT_KEYS) - set(_INPUT_KEYS))
-        if unknown:
-            raise Error(f"unknown weight keys {unknown}: MoeLayer takes {list(_WEIGHT_KEYS)} (the module docstring "
-                        "gives each one's layout); a weight it would not read changes nothing, so it is refused")
-        self._weights = {k: weights[k] for k in _WEIGHT_KEYS if k in weights}
-        for k in ("shared_w1", "shared_w2"):
-            v = self._weights.get(k)
-            if v is not None and len(v.shape) == 2:
-                self._weights[k] = v[None]  # one expert: its (N, K) checkpoint shape as (1, N, K), a view
-        for k in ("w1_scale", "w2_scale", "shared_w1_scale", "shared_w2_scale"):
-            v = self._weights.get(k)
-            count = 1 if k.startswith("shared_") else (v.shape[0] if v is not None and len(v.shape) else 0)
-            if v is not None and count and (len(v.shape) != 2 or v.shape[0] != count):
-                # the checkpoint's (E, N / 128, K / 128) blocks, (E, N, 1) channels, ...: the same
-                # values per expert, read as (E, s) (a view of a contiguous array)
-                self._weights[k] = v.reshape(count, -1)
-        gate = self._weights.get("shared_expert_gate")
-        if gate is not None and len(gate.shape) == 2:
-            self._weights["shared_expert_gate"] = gate.reshape(-1)  # nn.Linear's (1, K), a view
-        w = {k: ops._plain(v) for k, v in self._weights.items()}
+        _layer_arrays(weights)  # unknown keys refused before anything is built
         device = device or _device_of(weights["w1"])
-        if group is not None and not hasattr(group, "all_gather"):
-            group = TorchGroup.of(group)  # a torch.distributed process group
-        self._group = group
-        self._layer = _moekit.Layer(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
-                                    dispatch or "", w["w1"], w["w1_scale"], w["w2"], w["w2_scale"],
-                                    w.get("e_score_correction_bias"), w.get("w1_bias"), w.get("w2_bias"),
-                                    w.get("shared_w1"), w.get("shared_w1_scale"), w.get("shared_w2"),
-                                    w.get("shared_w2_scale"), w.get("shared_expert_gate"), shared_experts,
-                                    w1_layout, num_threads, fuse_w1, accumulation, group)
-        if self._layer.owns_w1:  # arranged into the layer's own copy: the caller's arrays may go
-            for k in ("w1", "w1_scale", "shared_w1", "shared_w1_scale"):
-                self._weights.pop(k, None)
+        self._runtime = Runtime(model, max_tokens_per_rank, quant, experts, activation, num_threads, device, group,
+                                dispatch, num_experts, fuse_w1, shared_experts, accumulation)
+        self._runtime.add_layer(weights, w1_layout)
+        self._layer = self._runtime._rt
 
     @property
     def workspace_bytes(self) -> int:
@@ -356,23 +532,11 @@ class MoeLayer:
         """The prepare/finalize the layer runs (e.g. "nccl (cuda)")."""
         return self._layer.dispatch
 
-    def _out(self, hidden, out):
-        if out is not None:
-            return out
-        if ops._is_torch(hidden):
-            import torch
-
-            return torch.empty((hidden.shape[0], self._layer.K), dtype=hidden.dtype, device=hidden.device)
-        return np.empty((len(hidden), self._layer.K), dtype=np.uint16)
-
     def forward(self, hidden, router_logits, out=None, stream=None):
         """hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32 -> (T, K), on the
         layer's device. `out` (optional) receives the result in place. Every rank of a group calls it
         (T may differ between ranks, and be 0)."""
-        out = self._out(hidden, out)
-        self._layer.forward(ops._plain(hidden), ops._plain(_logits(router_logits)), ops._plain(out),
-                            ops._stream(hidden, stream))
-        return out
+        return self._runtime.forward(0, hidden, router_logits, out, stream)
 
     __call__ = forward
 
@@ -385,20 +549,9 @@ class MoeLayer:
         feeds this step, the same on every rank, e.g. the batch size data-parallel ranks are padded to.
         It bounds the rows an expert can receive, so a decode step skips the GEMM launches of large
         experts; an expert that receives more than the bound allows is raised by check_status()."""
-        self._layer.enqueue(
-            ops._plain(hidden),
-            ops._plain(_logits(router_logits)),
-            ops._plain(out),
-            ops._stream(hidden, stream),
-            int(max_tokens_any_rank),
-        )
-        return out
+        return self._runtime.enqueue(0, hidden, router_logits, out, stream, max_tokens_any_rank)
 
     def check_status(self, stream=None):
         """Synchronizes the stream and raises moekit.Error for the first thing flagged since the last
         check (a NaN logit, a count over capacity, a peer that timed out), and clears it."""
-        if stream is None and self.device.startswith("cuda"):
-            import torch
-
-            stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
-        self._layer.check_status(ops._stream(None, stream))
+        self._runtime.check_status(stream)

@@ -15,6 +15,7 @@
 #include <bit>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -31,10 +32,12 @@
 #include "cuda/device_info.h"
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "moekit/checkpoint.h"
 #include "moekit/communicator.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
+#include "moekit/runtime.h"
 #include "numerics/activation.h"
 #include "numerics/scales.h"
 #include "synthetic/synthetic.h"
@@ -371,7 +374,7 @@ class PyCommunicator final : public Communicator {
 // `memory`'s device; the view then reads them. Once, at construction: a GPU's W1 goes to the host and
 // back.
 ExpertWeightsView with_block_pairs(const MoeProblem& p, ExpertWeightsView w, Memory& memory,
-                                   std::vector<DeviceBuffer>& owned) {
+                                   std::deque<DeviceBuffer>& owned) {
   const std::int64_t I = p.I(), N = p.N, K = p.K, s1 = w.w1_scale_stride();
   std::vector<std::uint8_t> halves(static_cast<std::size_t>(w.E_local * N * K)), pairs(halves.size());
   std::vector<float> halves_scale(static_cast<std::size_t>(w.E_local * s1)), pairs_scale(halves_scale.size());
@@ -389,19 +392,17 @@ ExpertWeightsView with_block_pairs(const MoeProblem& p, ExpertWeightsView w, Mem
   return w;
 }
 
-// One rank's layer over arrays the caller keeps alive (the wrapper holds references to them), on
-// the CPU or the current CUDA device. Without a group: one rank holding every expert (dp = ep = 1).
-// With one: dp = ep = the group's size, this rank's E / size experts, NCCL between GPUs (the
-// layer's default dispatch) or the group itself between CPU ranks.
-class Layer {
+// One rank's runtime for a model's MoE layers (MoeRuntime), over weight arrays the caller keeps
+// alive (the wrapper holds references to them), on the CPU or the current CUDA device. Without a
+// group: one rank holding every expert (dp = ep = 1). With one: dp = ep = the group's size, this
+// rank's E / size experts, NCCL between GPUs (the default dispatch) or the group itself between CPU
+// ranks. Layers are added one by one (add_layer); all share the one workspace.
+class Runtime {
  public:
-  Layer(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
-        const std::string& experts, std::optional<std::string> activation, const std::string& device,
-        const std::string& dispatch, Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
-        std::optional<Array> w1_bias, std::optional<Array> w2_bias, std::optional<Array> shared_w1,
-        std::optional<Array> shared_w1_scale, std::optional<Array> shared_w2, std::optional<Array> shared_w2_scale,
-        std::optional<Array> shared_gate, bool shared_experts, const std::string& w1_layout, int num_threads,
-        std::optional<bool> fuse_w1, const std::string& accumulation, std::optional<nb::object> group)
+  Runtime(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
+          const std::string& experts, std::optional<std::string> activation, const std::string& device,
+          const std::string& dispatch, bool shared_experts, int num_threads, std::optional<bool> fuse_w1,
+          const std::string& accumulation, std::optional<nb::object> group)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -414,23 +415,36 @@ class Layer {
     opt.accumulation = parse_accumulation(accumulation);
     opt.shared_experts = shared_experts;
     opt.num_threads = std::max(1, num_threads);
+    shared_experts_ = shared_experts;
     if (group) {
       comm_ = std::make_unique<PyCommunicator>(*group);
     } else {
-      group_ = std::make_unique<Group>();  // a group of one, held for the layer's life
+      group_ = std::make_unique<Group>();  // a group of one, held for the runtime's life
     }
     Communicator& comm = comm_ ? *comm_ : group_->comm();
     const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
     const ExpertsEntry& entry = find_experts(experts, opt.device);
     problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation),
                             opt.fuse_w1, opt.accumulation);
+    DeviceScope scope(place_);
+    memory_ = make_memory(place_.device());
+    nb::gil_scoped_release release;  // NCCL's set-up blocks; the group takes the GIL back for its collectives
+    runtime_ = std::make_unique<MoeRuntime>(model_, par, opt, comm);
+  }
+
+  // One layer's weights (this rank's experts); returns its index. W1 arranged into the runtime's own
+  // copy where the recipe reads block pairs and the caller's are in gate_up order (owns_w1 then).
+  int add_layer(Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
+                std::optional<Array> w1_bias, std::optional<Array> w2_bias, std::optional<Array> shared_w1,
+                std::optional<Array> shared_w1_scale, std::optional<Array> shared_w2,
+                std::optional<Array> shared_w2_scale, std::optional<Array> shared_gate, const std::string& w1_layout) {
     const MoeProblem& p = problem_;
-    weights_ = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
+    const std::size_t owned_before = owned_.size();
+    ExpertWeightsView weights = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
     const bool arrange = w1_needs_block_pairs(w1_layout, p.activation, p.quant);
     if (arrange) {
       DeviceScope scope(place_);
-      memory_ = make_memory(place_.device());
-      weights_ = with_block_pairs(p, weights_, *memory_, owned_);
+      weights = with_block_pairs(p, weights, *memory_, owned_);
     }
     const float* bias_ptr = nullptr;
     if (model_.has_score_correction_bias) {
@@ -453,13 +467,13 @@ class Layer {
                    model_.name, model_.model_type, p.E_local, p.N, p.E_local, p.K);
       require(*w1_bias, "w1_bias", {kFloat}, 32, {p.E_local, p.N}, "float32", place_);
       require(*w2_bias, "w2_bias", {kFloat}, 32, {p.E_local, p.K}, "float32", place_);
-      weights_.w1_bias = static_cast<const float*>(w1_bias->data());
-      weights_.w2_bias = static_cast<const float*>(w2_bias->data());
+      weights.w1_bias = static_cast<const float*>(w1_bias->data());
+      weights.w2_bias = static_cast<const float*>(w2_bias->data());
     }
-    LayerWeights lw{weights_, bias_ptr};
+    LayerWeights lw{weights, bias_ptr};
     // The shared experts: every rank's full copy, one expert of shared_experts_problem.
     const bool any_shared = shared_w1 || shared_w1_scale || shared_w2 || shared_w2_scale || shared_gate;
-    const auto sp = shared_experts ? shared_experts_problem(model_, p) : std::nullopt;
+    const auto sp = shared_experts_ ? shared_experts_problem(model_, p) : std::nullopt;
     if (!sp) {
       MOEKIT_CHECK(!any_shared, "model '{}' ({}) {}, but the weights carry shared_* keys: drop them", model_.name,
                    model_.model_type,
@@ -489,48 +503,56 @@ class Layer {
         lw.shared_expert_gate = static_cast<const std::uint16_t*>(shared_gate->data());
       }
     }
-    DeviceScope scope(place_);
-    nb::gil_scoped_release release;  // NCCL's set-up blocks; the group takes the GIL back for its collectives
-    layer_ = std::make_unique<MoeLayer>(model_, par, opt, lw, comm);
+    std::lock_guard lock(mu_);
+    try {
+      const int index = runtime_->add_layer(lw);
+      owns_w1_.push_back(owned_.size() > owned_before);
+      return index;
+    } catch (...) {
+      owned_.resize(owned_before);  // nothing of a refused layer stays
+      throw;
+    }
   }
 
-  ~Layer() {
+  ~Runtime() {
     DeviceScope scope(place_);
     nb::gil_scoped_release release;  // a multi-rank teardown may wait for the group
-    layer_.reset();
+    runtime_.reset();
   }
 
   // hidden (T, K) bfloat16 (or its uint16 bits), router_logits (T, E) float32 -> out (T, K), same
   // dtype, on the layer's device. Synchronizes `stream` (the status of every chunk is checked).
-  void forward(Array hidden, Array logits, Array out, std::uintptr_t stream) {
+  void forward(int layer, Array hidden, Array logits, Array out, std::uintptr_t stream) {
     const std::int64_t T = check_step(hidden, logits, out);
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
-    std::lock_guard lock(mu_);  // one step at a time on the layer's workspace
-    layer_->forward(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
-                    static_cast<std::uint16_t*>(out.data()), stream_of(stream));
+    std::lock_guard lock(mu_);  // one step at a time on the runtime's workspace
+    runtime_->forward(layer, static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()),
+                      T, static_cast<std::uint16_t*>(out.data()), stream_of(stream));
   }
 
   // One step of at most max_tokens_per_rank tokens enqueued on `stream` with no host synchronization
   // (capturable in a CUDA graph); check_status() raises for what its kernels flagged.
   // max_tokens_any_rank: MoeLayer::enqueue's (0: not known).
-  void enqueue(Array hidden, Array logits, Array out, std::uintptr_t stream, std::int64_t max_tokens_any_rank) {
+  void enqueue(int layer, Array hidden, Array logits, Array out, std::uintptr_t stream,
+               std::int64_t max_tokens_any_rank) {
     const std::int64_t T = check_step(hidden, logits, out);
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
     std::lock_guard lock(mu_);
-    layer_->enqueue(static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()), T,
-                    static_cast<std::uint16_t*>(out.data()), stream_of(stream), {}, max_tokens_any_rank);
+    runtime_->enqueue(layer, static_cast<const std::uint16_t*>(hidden.data()), static_cast<const float*>(logits.data()),
+                      T, static_cast<std::uint16_t*>(out.data()), stream_of(stream), {}, max_tokens_any_rank);
   }
 
   void check_status(std::uintptr_t stream) {
     DeviceScope scope(place_);
     nb::gil_scoped_release release;
     std::lock_guard lock(mu_);
-    layer_->check_status(stream_of(stream));
+    runtime_->check_status(stream_of(stream));
   }
 
-  std::int64_t workspace_bytes() const { return layer_->allocated_workspace_bytes(); }
+  std::int64_t workspace_bytes() const { return runtime_->allocated_workspace_bytes(); }
+  int num_layers() const { return runtime_->num_layers(); }
   std::int64_t K() const { return problem_.K; }
   std::int64_t E() const { return problem_.E; }
   std::int64_t E_local() const { return problem_.E_local; }
@@ -538,9 +560,13 @@ class Layer {
   int ranks() const { return comm_ ? comm_->size() : 1; }
   std::string device() const { return place_.text(); }
   std::string problem() const { return problem_.describe(); }
-  std::string dispatch() const { return layer_->plan().section("prepare-finalize").owner; }
-  // W1 (and the shared experts') were arranged into the layer's own copy: the caller's may go.
-  bool owns_w1() const { return !owned_.empty(); }
+  std::string dispatch() const { return runtime_->plan().section("prepare-finalize").owner; }
+  // Layer `layer`'s W1 (and its shared experts') were arranged into the runtime's own copy: the
+  // caller's may go.
+  bool owns_w1(int layer) const {
+    MOEKIT_CHECK(layer >= 0 && static_cast<std::size_t>(layer) < owns_w1_.size(), "no layer {}", layer);
+    return owns_w1_[static_cast<std::size_t>(layer)];
+  }
 
  private:
   std::int64_t check_step(const Array& hidden, const Array& logits, const Array& out) const {
@@ -590,13 +616,14 @@ class Layer {
   ModelConfig model_;
   Place place_;
   MoeProblem problem_;
-  ExpertWeightsView weights_;
-  std::unique_ptr<Memory> memory_;   // the arranged W1's device (with w1_layout = gate_up under block128)
-  std::vector<DeviceBuffer> owned_;  // the arranged W1 and scales, routed then shared
-  std::unique_ptr<Group> group_;     // destroyed after layer_ (declared before it)
+  bool shared_experts_ = true;
+  std::unique_ptr<Memory> memory_;  // the arranged W1's device (with w1_layout = gate_up under block128)
+  std::deque<DeviceBuffer> owned_;  // the arranged W1 and scales of every layer, routed then shared
+  std::vector<bool> owns_w1_;       // per layer
+  std::unique_ptr<Group> group_;    // destroyed after runtime_ (declared before it)
   std::unique_ptr<PyCommunicator> comm_;
   std::mutex mu_;
-  std::unique_ptr<MoeLayer> layer_;
+  std::unique_ptr<MoeRuntime> runtime_;
 };
 
 // The scheme of an experts call: `quant` when named, else the one scheme whose scale shapes the
@@ -1071,6 +1098,88 @@ ExpertsOp& experts_op() {
 // Seeded synthetic weights and tokens, as `moekit run --seed` draws them (one rank, every expert).
 // Rank `rank` of `ranks` (dp = ep = ranks) gets its E / ranks experts and the global tokens
 // [rank * tokens, (rank + 1) * tokens), as `moekit run --dp ranks` draws them.
+// An array owning its data through a capsule that holds `holder` (a shared_ptr of the storage).
+template <class Holder, class T>
+nb::ndarray<nb::numpy, T> owned_array(const Holder& holder, T* data, std::initializer_list<std::size_t> shape) {
+  auto* keep = new Holder(holder);
+  nb::capsule owner(keep, [](void* ptr) noexcept { delete static_cast<Holder*>(ptr); });
+  return nb::ndarray<nb::numpy, T>(data, shape, owner);
+}
+
+// W1 in block pairs back to gate-then-up rows (the order Python callers pass, and MoeLayer
+// arranges itself), in place.
+void w1_to_halves(const MoeProblem& q, std::vector<std::uint8_t>& w1, std::vector<float>& w1_scale) {
+  if (numerics::w1_rows(q.activation, q.quant) != numerics::W1Rows::kBlockPairs) return;
+  const std::vector<std::uint8_t> pairs = w1;
+  const std::vector<float> pairs_scale = w1_scale;
+  const std::int64_t s1 = numerics::weight_scale_count(q.quant, q.N, q.K);
+  for (std::int64_t e = 0; e < q.E_local; ++e)
+    arrange_w1_halves(q.I(), q.K, pairs.data() + e * q.N * q.K, pairs_scale.data() + e * s1, w1.data() + e * q.N * q.K,
+                      w1_scale.data() + e * s1);
+}
+
+// A checkpoint directory (moekit/checkpoint.h): one layer's weights for one rank as the arrays
+// MoeLayer / Runtime.add_layer take (W1 in gate-then-up order), plus the router's weight and bias.
+class PyCheckpoint {
+ public:
+  explicit PyCheckpoint(const std::string& dir) : ck_(dir) {}
+  std::string model_type() const { return ck_.model().model_type; }
+  std::string config_path() const { return ck_.dir() + "/config.json"; }
+  std::vector<std::int64_t> moe_layers() const { return ck_.moe_layers(); }
+  std::vector<std::string> opened_shards() const { return ck_.opened_shards(); }
+
+  nb::dict load_layer(std::int64_t layer, const std::string& quant, std::int64_t rank, std::int64_t ranks,
+                      bool shared_experts) {
+    const ModelConfig& m = ck_.model();
+    MOEKIT_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank = {} of ranks = {}: need 0 <= rank < ranks", rank,
+                 ranks);
+    const ParallelConfig par{ranks, ranks, 1, 0};
+    const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, choose_quant(m, quant).quant);
+    auto l = std::make_shared<CheckpointLayer>();
+    {
+      nb::gil_scoped_release release;
+      *l = ck_.load_layer(layer, p, first_local_expert(par, p, static_cast<int>(rank)), shared_experts);
+      w1_to_halves(p, l->experts.w1, l->experts.w1_scale);
+      if (l->shared_experts)
+        w1_to_halves(l->shared_experts->problem, l->shared_experts->w1, l->shared_experts->w1_scale);
+    }
+    using Z = std::size_t;
+    const auto E = static_cast<Z>(p.E_local), N = static_cast<Z>(p.N), K = static_cast<Z>(p.K),
+               I = static_cast<Z>(p.I());
+    HostExpertWeights& w = l->experts;
+    nb::dict d;
+    d["w1"] = owned_array(l, w.w1.data(), {E, N, K});
+    d["w2"] = owned_array(l, w.w2.data(), {E, K, I});
+    d["w1_scale"] = owned_array(l, w.w1_scale.data(), {E, w.w1_scale.size() / E});
+    d["w2_scale"] = owned_array(l, w.w2_scale.data(), {E, w.w2_scale.size() / E});
+    if (p.expert_bias) {
+      d["w1_bias"] = owned_array(l, w.w1_bias.data(), {E, N});
+      d["w2_bias"] = owned_array(l, w.w2_bias.data(), {E, K});
+    }
+    if (!l->e_score_correction_bias.empty())
+      d["e_score_correction_bias"] =
+          owned_array(l, l->e_score_correction_bias.data(), {l->e_score_correction_bias.size()});
+    if (l->shared_experts) {
+      HostExpertWeights& sw = *l->shared_experts;
+      const auto Ns = static_cast<Z>(sw.problem.N), Is = static_cast<Z>(sw.problem.I());
+      d["shared_w1"] = owned_array(l, sw.w1.data(), {1, Ns, K});
+      d["shared_w2"] = owned_array(l, sw.w2.data(), {1, K, Is});
+      d["shared_w1_scale"] = owned_array(l, sw.w1_scale.data(), {1, sw.w1_scale.size()});
+      d["shared_w2_scale"] = owned_array(l, sw.w2_scale.data(), {1, sw.w2_scale.size()});
+      if (!l->shared_expert_gate.empty())
+        d["shared_expert_gate"] = owned_array(l, l->shared_expert_gate.data(), {l->shared_expert_gate.size()});
+    }
+    d["router_weight"] = owned_array(l, l->router_weight.data(), {static_cast<Z>(p.E), K});
+    if (!l->router_bias.empty()) d["router_bias"] = owned_array(l, l->router_bias.data(), {l->router_bias.size()});
+    d["note"] = l->note;
+    d["quant"] = std::string(quant_name(p.quant));
+    return d;
+  }
+
+ private:
+  Checkpoint ck_;
+};
+
 nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std::int64_t tokens,
                    std::int64_t max_tokens, const std::string& quant, std::uint64_t seed, std::int64_t rank,
                    std::int64_t ranks, int num_threads) {
@@ -1090,50 +1199,35 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
         synthetic::make_expert_weights(p, first_local_expert(par, p, static_cast<int>(rank)), seed, pool));
     sh = std::make_shared<synthetic::HostSharedExperts>(synthetic::make_shared_experts(m, p, seed, pool));
     // As a checkpoint stores W1 (gate rows then up rows): the layer arranges block pairs itself.
-    auto to_halves = [](const MoeProblem& q, std::vector<std::uint8_t>& w1, std::vector<float>& w1_scale) {
-      if (numerics::w1_rows(q.activation, q.quant) != numerics::W1Rows::kBlockPairs) return;
-      const std::vector<std::uint8_t> pairs = w1;
-      const std::vector<float> pairs_scale = w1_scale;
-      const std::int64_t s1 = numerics::weight_scale_count(q.quant, q.N, q.K);
-      for (std::int64_t e = 0; e < q.E_local; ++e)
-        arrange_w1_halves(q.I(), q.K, pairs.data() + e * q.N * q.K, pairs_scale.data() + e * s1,
-                          w1.data() + e * q.N * q.K, w1_scale.data() + e * s1);
-    };
-    to_halves(p, w->w1, w->w1_scale);
-    if (sh->problem) to_halves(*sh->problem, sh->experts.w1, sh->experts.w1_scale);
+    w1_to_halves(p, w->w1, w->w1_scale);
+    if (sh->problem) w1_to_halves(*sh->problem, sh->experts.w1, sh->experts.w1_scale);
     t = std::make_shared<synthetic::Tokens>(synthetic::make_tokens(p.K, p.E, rank * tokens, tokens, seed));
   }
   auto bias = std::make_shared<std::vector<float>>(m.has_score_correction_bias ? synthetic::make_routing_bias(p.E, seed)
                                                                                : std::vector<float>{});
-  // Arrays that own their data through a capsule holding the shared_ptr.
-  auto owned = [](auto holder, auto* data, std::initializer_list<std::size_t> shape) {
-    using T = std::remove_pointer_t<decltype(data)>;
-    auto* keep = new decltype(holder)(holder);
-    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<decltype(holder)*>(p); });
-    return nb::ndarray<nb::numpy, T>(data, shape, owner);
-  };
   const auto E = static_cast<std::size_t>(p.E_local);
   nb::dict d;
-  d["w1"] = owned(w, w->w1.data(), {E, static_cast<std::size_t>(p.N), static_cast<std::size_t>(p.K)});
-  d["w2"] = owned(w, w->w2.data(), {E, static_cast<std::size_t>(p.K), static_cast<std::size_t>(p.I())});
-  d["w1_scale"] = owned(w, w->w1_scale.data(), {E, w->w1_scale.size() / E});
-  d["w2_scale"] = owned(w, w->w2_scale.data(), {E, w->w2_scale.size() / E});
-  d["hidden"] = owned(t, t->hidden.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.K)});
-  d["router_logits"] = owned(t, t->logits.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.E)});
-  if (!bias->empty()) d["e_score_correction_bias"] = owned(bias, bias->data(), {bias->size()});
+  d["w1"] = owned_array(w, w->w1.data(), {E, static_cast<std::size_t>(p.N), static_cast<std::size_t>(p.K)});
+  d["w2"] = owned_array(w, w->w2.data(), {E, static_cast<std::size_t>(p.K), static_cast<std::size_t>(p.I())});
+  d["w1_scale"] = owned_array(w, w->w1_scale.data(), {E, w->w1_scale.size() / E});
+  d["w2_scale"] = owned_array(w, w->w2_scale.data(), {E, w->w2_scale.size() / E});
+  d["hidden"] = owned_array(t, t->hidden.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.K)});
+  d["router_logits"] =
+      owned_array(t, t->logits.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.E)});
+  if (!bias->empty()) d["e_score_correction_bias"] = owned_array(bias, bias->data(), {bias->size()});
   if (sh->problem) {
     auto& sw = sh->experts;  // writable arrays: the layer takes nb::ndarray<> (read-only ones are refused)
     const auto N = static_cast<std::size_t>(sh->problem->N), I = static_cast<std::size_t>(sh->problem->I()),
                K = static_cast<std::size_t>(p.K);
-    d["shared_w1"] = owned(sh, sw.w1.data(), {1, N, K});
-    d["shared_w2"] = owned(sh, sw.w2.data(), {1, K, I});
-    d["shared_w1_scale"] = owned(sh, sw.w1_scale.data(), {1, sw.w1_scale.size()});
-    d["shared_w2_scale"] = owned(sh, sw.w2_scale.data(), {1, sw.w2_scale.size()});
-    if (!sh->gate.empty()) d["shared_expert_gate"] = owned(sh, sh->gate.data(), {K});
+    d["shared_w1"] = owned_array(sh, sw.w1.data(), {1, N, K});
+    d["shared_w2"] = owned_array(sh, sw.w2.data(), {1, K, I});
+    d["shared_w1_scale"] = owned_array(sh, sw.w1_scale.data(), {1, sw.w1_scale.size()});
+    d["shared_w2_scale"] = owned_array(sh, sw.w2_scale.data(), {1, sw.w2_scale.size()});
+    if (!sh->gate.empty()) d["shared_expert_gate"] = owned_array(sh, sh->gate.data(), {K});
   }
   if (p.expert_bias) {
-    d["w1_bias"] = owned(w, w->w1_bias.data(), {E, static_cast<std::size_t>(p.N)});
-    d["w2_bias"] = owned(w, w->w2_bias.data(), {E, static_cast<std::size_t>(p.K)});
+    d["w1_bias"] = owned_array(w, w->w1_bias.data(), {E, static_cast<std::size_t>(p.N)});
+    d["w2_bias"] = owned_array(w, w->w2_bias.data(), {E, static_cast<std::size_t>(p.K)});
   }
   return d;
 }
@@ -1265,31 +1359,41 @@ NB_MODULE(_moekit, m) {
                                          static_cast<float*>(pairs_scale.data()) + e * blocks);
       },
       nb::arg("w1"), nb::arg("w1_scale"), nb::arg("out"), nb::arg("out_scale"));
-  nb::class_<Layer>(m, "Layer")
+  nb::class_<Runtime>(m, "Runtime")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
-                    std::optional<std::string>, const std::string&, const std::string&, Array, Array, Array, Array,
-                    std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>,
-                    std::optional<Array>, std::optional<Array>, std::optional<Array>, std::optional<Array>, bool,
-                    const std::string&, int, std::optional<bool>, const std::string&, std::optional<nb::object>>(),
+                    std::optional<std::string>, const std::string&, const std::string&, bool, int, std::optional<bool>,
+                    const std::string&, std::optional<nb::object>>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
-           nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"), nb::arg("w1"),
-           nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("e_score_correction_bias").none(),
-           nb::arg("w1_bias").none(), nb::arg("w2_bias").none(), nb::arg("shared_w1").none(),
-           nb::arg("shared_w1_scale").none(), nb::arg("shared_w2").none(), nb::arg("shared_w2_scale").none(),
-           nb::arg("shared_expert_gate").none(), nb::arg("shared_experts"), nb::arg("w1_layout"),
-           nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("accumulation"), nb::arg("group").none())
-      .def("forward", &Layer::forward, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"))
-      .def("enqueue", &Layer::enqueue, nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream"),
-           nb::arg("max_tokens_any_rank"))
-      .def("check_status", &Layer::check_status, nb::arg("stream"))
-      .def_prop_ro("workspace_bytes", &Layer::workspace_bytes)
-      .def_prop_ro("K", &Layer::K)
-      .def_prop_ro("E", &Layer::E)
-      .def_prop_ro("E_local", &Layer::E_local)
-      .def_prop_ro("rank", &Layer::rank)
-      .def_prop_ro("ranks", &Layer::ranks)
-      .def_prop_ro("device", &Layer::device)
-      .def_prop_ro("dispatch", &Layer::dispatch)
-      .def_prop_ro("owns_w1", &Layer::owns_w1)
-      .def_prop_ro("problem", &Layer::problem);
+           nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"),
+           nb::arg("shared_experts"), nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("accumulation"),
+           nb::arg("group").none())
+      .def("add_layer", &Runtime::add_layer, nb::arg("w1"), nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"),
+           nb::arg("e_score_correction_bias").none(), nb::arg("w1_bias").none(), nb::arg("w2_bias").none(),
+           nb::arg("shared_w1").none(), nb::arg("shared_w1_scale").none(), nb::arg("shared_w2").none(),
+           nb::arg("shared_w2_scale").none(), nb::arg("shared_expert_gate").none(), nb::arg("w1_layout"))
+      .def("forward", &Runtime::forward, nb::arg("layer"), nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"),
+           nb::arg("stream"))
+      .def("enqueue", &Runtime::enqueue, nb::arg("layer"), nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"),
+           nb::arg("stream"), nb::arg("max_tokens_any_rank"))
+      .def("check_status", &Runtime::check_status, nb::arg("stream"))
+      .def("owns_w1", &Runtime::owns_w1, nb::arg("layer"))
+      .def_prop_ro("workspace_bytes", &Runtime::workspace_bytes)
+      .def_prop_ro("num_layers", &Runtime::num_layers)
+      .def_prop_ro("K", &Runtime::K)
+      .def_prop_ro("E", &Runtime::E)
+      .def_prop_ro("E_local", &Runtime::E_local)
+      .def_prop_ro("rank", &Runtime::rank)
+      .def_prop_ro("ranks", &Runtime::ranks)
+      .def_prop_ro("device", &Runtime::device)
+      .def_prop_ro("dispatch", &Runtime::dispatch)
+      .def_prop_ro("problem", &Runtime::problem);
+  m.def("workspace_allocations", &moekit::Workspace::allocation_count);
+  nb::class_<PyCheckpoint>(m, "Checkpoint")
+      .def(nb::init<const std::string&>(), nb::arg("path"))
+      .def("load_layer", &PyCheckpoint::load_layer, nb::arg("layer"), nb::arg("quant"), nb::arg("rank"),
+           nb::arg("ranks"), nb::arg("shared_experts"))
+      .def_prop_ro("model_type", &PyCheckpoint::model_type)
+      .def_prop_ro("config_path", &PyCheckpoint::config_path)
+      .def_prop_ro("moe_layers", &PyCheckpoint::moe_layers)
+      .def_prop_ro("opened_shards", &PyCheckpoint::opened_shards);
 }

@@ -24,6 +24,7 @@ std::string human_bytes(std::int64_t bytes);
 
 struct PlanRequest {
   std::string model = "deepseek-v3";
+  std::string checkpoint;  // a Hugging Face checkpoint directory: its config and MoE layers (instead of model)
   ParallelConfig parallel{32, 32, 256, 0};
   std::string device = "cuda";           // whose declarations: what one GPU (or one CPU rank) allocates
   std::string activation;                // empty: the model's
@@ -46,12 +47,16 @@ struct PlanEntry {
   std::int64_t workspace_bytes;  // the "experts" section: the figure the upstream report is about
   std::int64_t buffer_bytes;     // the other sections: the experts' input/output, routing, shared experts
   std::int64_t weight_bytes;     // the local experts' FP8 weights + scales, the shared experts' included
+  // The whole model on one runtime: every MoE layer's weight_bytes + one plan total (-1: a reference
+  // formula or a plan that does not run).
+  std::int64_t model_bytes = -1;
 };
 
 struct PlanReport {
   ModelConfig model;
   std::vector<PlanEntry> entries;
   std::int64_t gpu_memory = -1;
+  std::int64_t moe_layers = 0;  // the model's MoE layers (the config's count, or a checkpoint's tensors)
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;  // the scheme planned (choose_quant)
   std::string quant_note;                                // where it came from
 };

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "moekit/check.h"
+#include "moekit/checkpoint.h"
 #include "moekit/registry.h"
 #include "moekit/weights.h"
 #include "plan/gemm_config.h"
@@ -96,7 +97,14 @@ std::string human_bytes(std::int64_t bytes) {
 
 PlanReport make_plan_report(const PlanRequest& req) {
   PlanReport report;
-  report.model = load_model(req.model);
+  if (!req.checkpoint.empty()) {
+    const Checkpoint ck(req.checkpoint);
+    report.model = ck.model();
+    report.moe_layers = static_cast<std::int64_t>(ck.moe_layers().size());
+  } else {
+    report.model = load_model(req.model);
+    report.moe_layers = report.model.num_moe_layers;
+  }
   const Device device = parse_device(req.device);
   const Activation act = req.activation.empty() ? report.model.activation : parse_activation(req.activation);
   const QuantChoice choice = choose_quant(report.model, req.quant);
@@ -123,7 +131,8 @@ PlanReport make_plan_report(const PlanRequest& req) {
     const std::int64_t weights = plan.reference ? expert_weight_bytes(plan.problem) : weight_bytes(plan.problem);
     const std::int64_t experts = plan.section_bytes("experts");
     const std::int64_t total = plan.total_bytes;
-    report.entries.push_back({std::move(plan), std::move(config), experts, total - experts, weights});
+    const std::int64_t model = plan.reference ? -1 : report.moe_layers * weights + total;
+    report.entries.push_back({std::move(plan), std::move(config), experts, total - experts, weights, model});
   };
   for (const auto& entry : experts_registry()) {
     if (entry.device != device || !wanted(entry.name)) continue;
@@ -136,7 +145,7 @@ PlanReport make_plan_report(const PlanRequest& req) {
       skipped.name = fmt::format("{} ({})", entry.name, device_name(entry.device));
       skipped.problem = problem;
       skipped.note = "does not run this problem: " + why;
-      report.entries.push_back({std::move(skipped), "", -1, -1, weight_bytes(problem)});
+      report.entries.push_back({std::move(skipped), "", -1, -1, weight_bytes(problem), -1});
       continue;
     }
     const bool has_dispatch =
@@ -221,7 +230,9 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
                         {"total_bytes", plan.total_bytes},
                         {"workspace_bytes", e.workspace_bytes},
                         {"buffer_bytes", e.buffer_bytes},
-                        {"expert_weight_bytes", e.weight_bytes}};
+                        {"expert_weight_bytes", e.weight_bytes},
+                        {"moe_layers", report.moe_layers},
+                        {"model_bytes", e.model_bytes}};
     for (const auto& s : plan.sections)
       b["sections"].push_back({{"name", s.name}, {"owner", s.owner}, {"offset", s.offset}, {"bytes", s.bytes}});
     for (const auto& r : plan.regions) b["regions"].push_back(region_json(r));
@@ -293,6 +304,17 @@ std::string plan_table(const PlanRequest& req, const PlanReport& report) {
   if (report.gpu_memory >= 0)
     s += fmt::format("GPU left = {} - local experts' FP8 weights - workspace - buffers\n",
                      human_bytes(report.gpu_memory));
+  s += fmt::format(
+      "\nwhole model per GPU: {} MoE layers on one runtime = every layer's local weights + one workspace "
+      "with its buffers\n",
+      report.moe_layers);
+  for (const PlanEntry& e : report.entries) {
+    if (e.model_bytes < 0) continue;
+    s += fmt::format(
+        "{:<42} {} x {} + {} = {}{}\n", e.plan.name, report.moe_layers, human_bytes(e.weight_bytes),
+        human_bytes(e.plan.total_bytes), human_bytes(e.model_bytes),
+        report.gpu_memory >= 0 ? fmt::format(", GPU left {}", human_bytes(report.gpu_memory - e.model_bytes)) : "");
+  }
   return s;
 }
 
@@ -300,7 +322,11 @@ std::function<int()> add_plan_command(CLI::App& app) {
   auto req = std::make_shared<PlanRequest>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Print what one GPU (or CPU rank) allocates with each experts implementation, region by region");
-  cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
+  auto* model_opt = cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")
+                        ->capture_default_str();
+  cmd->add_option("--checkpoint", req->checkpoint,
+                  "A Hugging Face checkpoint directory: its config.json, and its MoE layers counted from its tensors")
+      ->excludes(model_opt);
   cmd->add_option("--dp", req->parallel.dp, "Data-parallel ranks (= num_dispatchers)")->capture_default_str();
   cmd->add_option("--ep", req->parallel.ep, "Expert-parallel ranks")->capture_default_str();
   cmd->add_option("--max-tokens-per-rank", req->parallel.max_tokens_per_rank, "Tokens one rank sends per chunk")

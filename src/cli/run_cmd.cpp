@@ -1,7 +1,9 @@
-// `moekit run`: one MoE layer over N ranks with seeded synthetic weights and tokens, on the CPU or
-// a GPU (--device); prints per-step time and its stages, tokens/s, the workspace (equal to `moekit
-// plan`) and, with --check, the relative error against the float64 reference (src/check/). Ranks
-// are threads of this process (--comm in-process) or MPI processes (mpirun -np N moekit run ...).
+// `moekit run`: MoE layers over N ranks on one runtime per rank, with seeded synthetic weights (one
+// layer) or a Hugging Face checkpoint's (--checkpoint, its MoE layers or --layers A-B), and seeded
+// tokens, on the CPU or a GPU (--device); prints per-step time and its stages, tokens/s, the
+// workspace (equal to `moekit plan`) and, with --check, each layer's relative error against the
+// float64 reference of the same weights (src/check/). Ranks are threads of this process (--comm
+// in-process) or MPI processes (mpirun -np N moekit run ...).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -19,8 +21,10 @@
 #include "cuda/device_info.h"
 #include "cuda/ep_launch.h"
 #include "moekit/check.h"
+#include "moekit/checkpoint.h"
 #include "moekit/layer.h"
 #include "moekit/registry.h"
+#include "moekit/runtime.h"
 #include "numerics/fp8.h"
 #include "synthetic/synthetic.h"
 
@@ -29,6 +33,8 @@ namespace {
 
 struct RunRequest {
   std::string model = "deepseek-v3";
+  std::string checkpoint;  // a Hugging Face checkpoint directory (its config replaces --model)
+  std::string layers;      // with --checkpoint: "A-B" or "A" (model layer numbers); empty: every MoE layer
   std::int64_t dp = 4;
   std::int64_t ep = 0;  // 0: dp
   std::int64_t tokens_per_rank = 16;
@@ -52,14 +58,58 @@ struct RunRequest {
   std::optional<double> cpu_tolerance;  // nullopt: check::device_vs_cpu_tolerance of the run's scheme
 };
 
-// What the ranks of one run leave for the check: every rank's outputs in global token order, and
-// the weights it built (the reference reads them instead of building them again).
+// What the ranks of one run leave for the check: every layer's outputs of every rank in global token
+// order, and the synthetic weights each rank built (the reference reads them instead of building
+// them again; a checkpoint's it loads itself).
 struct RunResults {
   std::mutex mutex;
-  std::vector<std::uint16_t> output;
+  std::vector<std::vector<std::uint16_t>> output;  // [layer]
   std::vector<synthetic::HostExpertWeights> weights;
-  double device_vs_cpu = -1;  // a GPU run's relative difference to the CPU layer (-1: not run)
+  double device_vs_cpu = -1;  // a GPU run's largest relative difference to the CPU layer (-1: not run)
 };
+
+// The layers of a run: the checkpoint's MoE layers named by --layers, or none (synthetic weights).
+std::vector<std::int64_t> selected_layers(const RunRequest& req, const Checkpoint& ck) {
+  const std::vector<std::int64_t>& all = ck.moe_layers();
+  MOEKIT_CHECK(!all.empty(), "--checkpoint {}: no MoE layer found (no tensor names a router of model_type '{}')",
+               req.checkpoint, ck.model().model_type);
+  if (req.layers.empty()) return all;
+  std::int64_t a = -1, b = -1;
+  const auto dash = req.layers.find('-');
+  try {
+    std::size_t used = 0;
+    a = std::stoll(req.layers.substr(0, dash), &used);
+    MOEKIT_CHECK(used == (dash == std::string::npos ? req.layers.size() : dash), "");
+    b = dash == std::string::npos ? a : std::stoll(req.layers.substr(dash + 1), &used);
+    MOEKIT_CHECK(dash == std::string::npos || used == req.layers.size() - dash - 1, "");
+  } catch (const std::exception&) {
+    MOEKIT_FAIL("--layers '{}': write A-B or A (model layer numbers)", req.layers);
+  }
+  std::vector<std::int64_t> out;
+  for (const std::int64_t L : all)
+    if (L >= a && L <= b) out.push_back(L);
+  MOEKIT_CHECK(a <= b && !out.empty(), "--layers {}: no MoE layer of the checkpoint lies there; its MoE layers are {}",
+               req.layers, fmt::join(all, ", "));
+  return out;
+}
+
+// Seeded synthetic weights of one layer in the form a checkpoint's take.
+CheckpointLayer synthetic_layer(const RunRequest& req, const ModelConfig& model, const MoeProblem& p,
+                                std::int64_t first_expert, cpu::ThreadPool& pool) {
+  CheckpointLayer l;
+  l.layer = -1;
+  l.experts = synthetic::make_expert_weights(p, first_expert, req.seed, pool);
+  if (model.has_score_correction_bias) l.e_score_correction_bias = synthetic::make_routing_bias(p.E, req.seed);
+  if (req.shared_experts) {
+    synthetic::HostSharedExperts shared = synthetic::make_shared_experts(model, p, req.seed, pool);
+    if (shared.problem) {
+      l.shared_experts = std::move(shared.experts);
+      l.shared_expert_gate = std::move(shared.gate);
+    }
+  }
+  l.note = "seeded synthetic weights";
+  return l;
+}
 
 Device choose_device(const std::string& requested, ActivationFormat format, std::int64_t ep, std::int64_t ranks) {
   if (requested != "auto") return parse_device(requested);
@@ -92,48 +142,67 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   if (opt.device == Device::kCuda && comm.size() > 1) cuda::use_device_of_rank(comm.rank());  // one GPU per rank
   const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation),
                                     opt.fuse_w1, opt.accumulation);
-  if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
-
-  // Seeded synthetic weights and tokens: global expert and token indices, so any layout draws the
-  // same values. This rank's tokens are global tokens [rank * T, (rank + 1) * T).
+  const std::int64_t first = first_local_expert(par, p, comm.rank());
   cpu::ThreadPool pool(threads_per_rank);
-  synthetic::HostExpertWeights host_weights =
-      synthetic::make_expert_weights(p, first_local_expert(par, p, comm.rank()), req.seed, pool);
-  const std::vector<float> bias =
-      model.has_score_correction_bias ? synthetic::make_routing_bias(p.E, req.seed) : std::vector<float>{};
-  const synthetic::HostSharedExperts shared =
-      req.shared_experts ? synthetic::make_shared_experts(model, p, req.seed, pool) : synthetic::HostSharedExperts{};
+  // This rank's layers: seeded synthetic weights (global expert indices, so any layout draws the same
+  // values), or the checkpoint's (only this rank's experts read).
+  std::vector<CheckpointLayer> layers;
+  std::unique_ptr<Checkpoint> ck;
+  if (req.checkpoint.empty()) {
+    if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
+    layers.push_back(synthetic_layer(req, model, p, first, pool));
+  } else {
+    ck = std::make_unique<Checkpoint>(req.checkpoint);
+    const std::vector<std::int64_t> wanted = selected_layers(req, *ck);
+    if (root)
+      std::cerr << fmt::format("moekit run: loading {} MoE layer(s) from {}...\n", wanted.size(), req.checkpoint);
+    for (const std::int64_t L : wanted) layers.push_back(ck->load_layer(L, p, first, req.shared_experts));
+  }
+  // This rank's tokens are global tokens [rank * T, (rank + 1) * T); a checkpoint's layers route them
+  // with their own router weights.
   const std::int64_t T = req.tokens_per_rank, K = p.K, E = p.E;
   const synthetic::Tokens tokens = synthetic::make_tokens(K, E, comm.rank() * T, T, req.seed);
+  std::vector<std::vector<float>> host_logits;
+  for (const CheckpointLayer& l : layers)
+    host_logits.push_back(ck ? l.router_logits(tokens.hidden.data(), T) : tokens.logits);
 
   const std::unique_ptr<Memory> memory = make_memory(opt.device);
   DeviceCopies dev(*memory);
-  const ExpertWeightsView view = host_weights.view(dev);
-  const float* bias_ptr = bias.empty() ? nullptr : dev.put(bias, "bias");
   const std::uint16_t* hidden = dev.put(tokens.hidden, "hidden");
-  const float* logits = dev.put(tokens.logits, "logits");
-  std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
-  DeviceBuffer out_dev;
-  std::uint16_t* output = out.data();
-  if (opt.device != Device::kCpu && T > 0) {
-    out_dev = DeviceBuffer(*memory, 2 * T * K, "output");
-    output = out_dev.as<std::uint16_t>();
+  std::vector<const float*> logits;
+  for (const auto& l : host_logits) logits.push_back(dev.put(l, "logits"));
+  const std::size_t nl = layers.size();
+  std::vector<std::vector<std::uint16_t>> out(nl, std::vector<std::uint16_t>(static_cast<std::size_t>(T * K)));
+  std::vector<DeviceBuffer> out_dev;
+  std::vector<std::uint16_t*> output;
+  for (std::size_t l = 0; l < nl; ++l) {
+    if (opt.device != Device::kCpu && T > 0) {
+      out_dev.emplace_back(*memory, 2 * T * K, "output");
+      output.push_back(out_dev.back().as<std::uint16_t>());
+    } else {
+      output.push_back(out[l].data());
+    }
   }
 
-  LayerWeights layer_weights{view, bias_ptr};
-  shared.set(layer_weights, dev);
-  MoeLayer layer(model, par, opt, layer_weights, comm);
-  const MoeProblem& lp = layer.problem();
+  MoeRuntime runtime(model, par, opt, comm);
+  for (const CheckpointLayer& l : layers) runtime.add_layer(l.view(dev));
+  const MoeProblem& lp = runtime.problem();
   if (root) {
     std::cout << fmt::format(
         "moekit run: {} device={}{} experts={} dispatch={} comm={} ranks={} dp={} ep={} E={} E_local={} K={} I={} "
         "topk={} act={} quant={}{} format={}\n",
         model.name, device_name(opt.device), req.device == "auto" ? " (auto)" : "", req.experts,
-        layer.plan().section("prepare-finalize").owner, comm.name(), comm.size(), par.dp, par.ep, lp.E, lp.E_local,
+        runtime.plan().section("prepare-finalize").owner, comm.name(), comm.size(), par.dp, par.ep, lp.E, lp.E_local,
         lp.K, lp.I(), lp.topk, activation_name(lp.activation), quant_name(lp.quant), lp.fuse_w1 ? " (fused W1)" : "",
         format_name(lp.format));
     std::cout << fmt::format("quantization: {}\n", quant.note);
-    if (const auto& sp = layer.shared_problem())
+    if (ck) {
+      std::vector<std::int64_t> numbers;
+      for (const auto& l : layers) numbers.push_back(l.layer);
+      std::cout << fmt::format("checkpoint: {}: MoE layers {} on one runtime; rank 0 {}\n", req.checkpoint,
+                               fmt::join(numbers, ", "), layers.front().note);
+    }
+    if (const auto& sp = runtime.shared_problem())
       std::cout << fmt::format("shared experts: one MLP of I = {}{}, on every rank beside the routed experts\n",
                                sp->I(),
                                model.shared_expert_gate ? ", gated by sigmoid(hidden . shared_expert_gate)" : "");
@@ -143,53 +212,68 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
     std::cout << fmt::format(
         "workspace per rank: experts {} bytes ({}), layer {} bytes ({}) = moekit plan --device {} --experts {} for "
-        "this layout{}\n",
-        layer.plan().section_bytes("experts"), human_bytes(layer.plan().section_bytes("experts")),
-        layer.plan().total_bytes, human_bytes(layer.plan().total_bytes), device_name(opt.device), req.experts,
-        req.check ? fmt::format("; allocated {} bytes with guard bands", layer.allocated_workspace_bytes()) : "");
+        "this layout; one for all {} layer(s){}\n",
+        runtime.plan().section_bytes("experts"), human_bytes(runtime.plan().section_bytes("experts")),
+        runtime.plan().total_bytes, human_bytes(runtime.plan().total_bytes), device_name(opt.device), req.experts, nl,
+        req.check ? fmt::format("; allocated {} bytes with guard bands", runtime.allocated_workspace_bytes()) : "");
   }
   for (std::int64_t step = 0; step < req.steps; ++step) {
     comm.barrier();
-    layer.forward(hidden, logits, T, output);
-    const StepStats& s = layer.last_step();
+    StepStats s;
+    for (std::size_t l = 0; l < nl; ++l) {
+      runtime.forward(static_cast<int>(l), hidden, logits[l], T, output[l]);
+      const StepStats& one = runtime.last_step();
+      s.route_ms += one.route_ms;
+      s.prepare_ms += one.prepare_ms;
+      s.experts_ms += one.experts_ms;
+      s.finalize_ms += one.finalize_ms;
+      s.total_ms += one.total_ms;
+    }
     const double step_ms = comm.all_reduce_max(s.total_ms);
     if (root)
       std::cout << fmt::format(
                        "step {:>3}: {:9.2f} ms  {:10.1f} tokens/s  (rank 0: route {:.2f}, prepare {:.2f}, experts "
-                       "{:.2f}, finalize {:.2f} ms)\n",
+                       "{:.2f}, finalize {:.2f} ms{})\n",
                        step, step_ms, static_cast<double>(T * comm.size()) / (step_ms / 1e3), s.route_ms, s.prepare_ms,
-                       s.experts_ms, s.finalize_ms)
+                       s.experts_ms, s.finalize_ms, nl > 1 ? fmt::format("; {} layers", nl) : "")
                 << std::flush;
   }
-  if (output != out.data() && T > 0) memory->to_host(out.data(), output, 2 * T * K, nullptr);
+  for (std::size_t l = 0; l < nl; ++l)
+    if (output[l] != out[l].data() && T > 0) memory->to_host(out[l].data(), output[l], 2 * T * K, nullptr);
   if (!req.output.empty()) {
     const std::string path = comm.size() > 1 ? fmt::format("{}.rank{}", req.output, comm.rank()) : req.output;
     std::ofstream file(path, std::ios::binary);
-    file.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(2 * out.size()));
-    MOEKIT_CHECK(file.good(), "--output: cannot write {} bytes to '{}'", 2 * out.size(), path);
+    for (const auto& o : out)
+      file.write(reinterpret_cast<const char*>(o.data()), static_cast<std::streamsize>(2 * o.size()));
+    MOEKIT_CHECK(file.good(), "--output: cannot write {} bytes to '{}'", 2 * nl * T * K, path);
   }
   if (!req.check) return 0;
   if (opt.device != Device::kCpu) {
-    // The same step on the CPU backend with the same inputs and weights.
+    // The same steps on the CPU backend with the same inputs and weights.
     LayerOptions cpu_opt = opt;
     cpu_opt.device = Device::kCpu;
     cpu_opt.prepare_finalize.clear();
-    LayerWeights cpu_weights{host_weights.view(), bias.empty() ? nullptr : bias.data()};
-    shared.set(cpu_weights);
-    MoeLayer cpu_layer(model, par, cpu_opt, cpu_weights, comm);
-    std::vector<std::uint16_t> cpu_out(out.size());
-    cpu_layer.forward(tokens.hidden.data(), tokens.logits.data(), T, cpu_out.data());
-    double err = 0, norm = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const double x = numerics::bf16_decode(out[i]), y = numerics::bf16_decode(cpu_out[i]);
-      err += (x - y) * (x - y);
-      norm += y * y;
+    const auto host_memory = make_memory(Device::kCpu);
+    DeviceCopies host(*host_memory);
+    MoeRuntime cpu_runtime(model, par, cpu_opt, comm);
+    for (const CheckpointLayer& l : layers) cpu_runtime.add_layer(l.view(host));
+    double worst = 0;
+    for (std::size_t l = 0; l < nl; ++l) {
+      std::vector<std::uint16_t> cpu_out(out[l].size());
+      cpu_runtime.forward(static_cast<int>(l), tokens.hidden.data(), host_logits[l].data(), T, cpu_out.data());
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < cpu_out.size(); ++i) {
+        const double x = numerics::bf16_decode(out[l][i]), y = numerics::bf16_decode(cpu_out[i]);
+        err += (x - y) * (x - y);
+        norm += y * y;
+      }
+      worst = std::max(worst, norm > 0 ? std::sqrt(err / norm) : 0.0);
     }
     std::lock_guard<std::mutex> lock(results.mutex);
-    results.device_vs_cpu = norm > 0 ? std::sqrt(err / norm) : 0.0;
+    results.device_vs_cpu = std::max(results.device_vs_cpu, worst);
   }
-  // Every rank's outputs and weights to the check: in-process ranks share memory; MPI ranks send
-  // their outputs to rank 0, whose bank builds the other ranks' experts again.
+  // Every rank's outputs to the check: in-process ranks share memory; MPI ranks send their outputs to
+  // rank 0, whose bank builds the other ranks' synthetic experts again (a checkpoint's it loads).
   const auto P = static_cast<std::size_t>(comm.size());
   const std::int64_t bytes = 2 * T * K;
   std::vector<std::int64_t> send_bytes(P, 0), send_off(P, 0), recv_bytes(P, 0), recv_off(P, 0);
@@ -199,11 +283,14 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
       recv_bytes[r] = bytes;
       recv_off[r] = static_cast<std::int64_t>(r) * bytes;
     }
-  std::vector<std::uint16_t> all(root ? P * out.size() : 0);
-  comm.all_to_all_v(out.data(), send_bytes, send_off, all.data(), recv_bytes, recv_off);
+  std::vector<std::vector<std::uint16_t>> all(nl);
+  for (std::size_t l = 0; l < nl; ++l) {
+    all[l].resize(root ? P * out[l].size() : 0);
+    comm.all_to_all_v(out[l].data(), send_bytes, send_off, all[l].data(), recv_bytes, recv_off);
+  }
   std::lock_guard<std::mutex> lock(results.mutex);
   if (root) results.output = std::move(all);
-  results.weights.push_back(std::move(host_weights));
+  if (!ck) results.weights.push_back(std::move(layers.front().experts));
   return 0;
 }
 
@@ -213,37 +300,52 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
       req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
   // The float64 reference follows the recipe (no bf16 W1 output where W1 is fused).
-  const MoeProblem p = make_problem(model, par, entry.format, choose_quant(model, req.quant).quant,
-                                    req.activation.empty() ? model.activation : parse_activation(req.activation),
-                                    req.fuse_w1, parse_accumulation(req.accumulation));
+  const QuantScheme quant = choose_quant(model, req.quant).quant;
+  const Activation act = req.activation.empty() ? model.activation : parse_activation(req.activation);
+  const MoeProblem p =
+      make_problem(model, par, entry.format, quant, act, req.fuse_w1, parse_accumulation(req.accumulation));
   cpu::ThreadPool pool(threads);
-  synthetic::ExpertBank bank(p, req.seed, pool);
-  for (const auto& w : results.weights) bank.adopt(w);
-  const std::vector<float> bias =
-      model.has_score_correction_bias ? synthetic::make_routing_bias(p.E, req.seed) : std::vector<float>{};
-  check::LayerReference reference(
-      model, p, bias.empty() ? nullptr : bias.data(), [&](std::int64_t e) { return bank.expert(e); }, pool);
-  const synthetic::HostSharedExperts shared =
-      req.shared_experts ? synthetic::make_shared_experts(model, p, req.seed, pool) : synthetic::HostSharedExperts{};
-  if (shared.problem)
-    reference.set_shared(*shared.problem, shared.experts.view(), shared.gate.empty() ? nullptr : shared.gate.data());
-  const std::int64_t T = req.tokens_per_rank;
-  for (std::int64_t r = 0; r < req.dp; ++r) {
-    const synthetic::Tokens t = synthetic::make_tokens(p.K, p.E, r * T, T, req.seed);
-    reference.add(t.hidden.data(), t.logits.data(), T, par.max_tokens_per_rank, results.output.data() + r * T * p.K);
+  // Every expert of each layer: the synthetic bank, or the checkpoint's layer loaded whole.
+  std::unique_ptr<Checkpoint> ck;
+  std::vector<std::int64_t> numbers{-1};
+  if (!req.checkpoint.empty()) {
+    ck = std::make_unique<Checkpoint>(req.checkpoint);
+    numbers = selected_layers(req, *ck);
   }
-  const check::LayerError& err = reference.error();
-  // The float64 reference runs on the CPU's quantized operands; a GPU's FP8 codes flip where its bf16
-  // W1 outputs differ by an ulp, so a GPU run is held to the device-vs-CPU bound there.
+  const MoeProblem whole = make_problem(model, ParallelConfig{1, 1, par.max_tokens_per_rank, 0}, entry.format, quant,
+                                        act, req.fuse_w1, parse_accumulation(req.accumulation));
   const bool gpu = results.device_vs_cpu >= 0;
   const double cpu_tolerance = req.cpu_tolerance.value_or(check::device_vs_cpu_tolerance(p.quant));
   const double tolerance = gpu ? std::max(req.tolerance, cpu_tolerance) : req.tolerance;
-  bool ok = err.relative() <= tolerance && err.nan_outputs == 0;
-  std::cout << fmt::format(
-      "check: relative error vs float64 {:.3e} {} tolerance {:.1e}{}; {} NaN outputs; guard bands intact\n",
-      err.relative(), err.relative() <= tolerance ? "<=" : ">", tolerance,
-      gpu ? " (GPU: FP8 code flips against the CPU's operands)" : "", err.nan_outputs);
-  if (results.device_vs_cpu >= 0) {
+  bool ok = true;
+  const std::int64_t T = req.tokens_per_rank;
+  for (std::size_t l = 0; l < numbers.size(); ++l) {
+    synthetic::ExpertBank bank(p, req.seed, pool);
+    for (const auto& w : results.weights) bank.adopt(w);
+    const CheckpointLayer layer =
+        ck ? ck->load_layer(numbers[l], whole, 0, req.shared_experts) : synthetic_layer(req, model, whole, 0, pool);
+    const ExpertWeightsView all = layer.experts.view();
+    check::LayerReference reference(
+        model, p, layer.e_score_correction_bias.empty() ? nullptr : layer.e_score_correction_bias.data(),
+        [&](std::int64_t e) { return ck ? all.expert(e) : bank.expert(e); }, pool);
+    if (layer.shared_experts)
+      reference.set_shared(*shared_experts_problem(model, p), layer.shared_experts->view(),
+                           layer.shared_expert_gate.empty() ? nullptr : layer.shared_expert_gate.data());
+    for (std::int64_t r = 0; r < req.dp; ++r) {
+      const synthetic::Tokens t = synthetic::make_tokens(p.K, p.E, r * T, T, req.seed);
+      const std::vector<float> logits = ck ? layer.router_logits(t.hidden.data(), T) : t.logits;
+      reference.add(t.hidden.data(), logits.data(), T, par.max_tokens_per_rank, results.output[l].data() + r * T * p.K);
+    }
+    // The float64 reference runs on the CPU's quantized operands; a GPU's FP8 codes flip where its
+    // bf16 W1 outputs differ by an ulp, so a GPU run is held to the device-vs-CPU bound there.
+    const check::LayerError& err = reference.error();
+    ok = ok && err.relative() <= tolerance && err.nan_outputs == 0;
+    std::cout << fmt::format(
+        "check{}: relative error vs float64 {:.3e} {} tolerance {:.1e}{}; {} NaN outputs; guard bands intact\n",
+        ck ? fmt::format(" layer {}", numbers[l]) : "", err.relative(), err.relative() <= tolerance ? "<=" : ">",
+        tolerance, gpu ? " (GPU: FP8 code flips against the CPU's operands)" : "", err.nan_outputs);
+  }
+  if (gpu) {
     ok = ok && results.device_vs_cpu <= cpu_tolerance;
     std::cout << fmt::format(
         "check: relative difference to the cpu backend on the same inputs and weights {:.3e} {} "
@@ -257,7 +359,11 @@ int run_command(const RunRequest& req) {
   MOEKIT_CHECK(req.tokens_per_rank >= 0, "--tokens-per-rank = {} must be >= 0", req.tokens_per_rank);
   MOEKIT_CHECK(req.steps >= 1, "--steps = {} must be >= 1", req.steps);
   if (req.device != "auto") parse_device(req.device);  // a bad name fails before any work
-  ModelConfig model = load_model(req.model);
+  ModelConfig model = req.checkpoint.empty() ? load_model(req.model) : Checkpoint(req.checkpoint).model();
+  MOEKIT_CHECK(req.checkpoint.empty() || req.num_experts == 0,
+               "--num-experts with --checkpoint: the checkpoint holds its model's {} experts", model.num_experts);
+  MOEKIT_CHECK(!req.checkpoint.empty() || req.layers.empty(),
+               "--layers selects a checkpoint's layers: pass --checkpoint");
   if (req.num_experts > 0) model.num_experts = req.num_experts;
   std::string comm_kind = req.comm;
   if (comm_kind == "auto") comm_kind = std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "in-process";
@@ -288,8 +394,16 @@ int run_command(const RunRequest& req) {
 
 std::function<int()> add_run_command(CLI::App& app) {
   auto req = std::make_shared<RunRequest>();
-  CLI::App* cmd = app.add_subcommand("run", "Run the MoE layer over N ranks with seeded synthetic weights and tokens");
-  cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Run MoE layers over N ranks: seeded synthetic weights or a checkpoint's, seeded tokens");
+  auto* model_opt = cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")
+                        ->capture_default_str();
+  cmd->add_option("--checkpoint", req->checkpoint,
+                  "Run a Hugging Face checkpoint directory's MoE layers (its weights and config) on one runtime per "
+                  "rank")
+      ->excludes(model_opt);
+  cmd->add_option("--layers", req->layers,
+                  "With --checkpoint: the MoE layers A-B or A (model layer numbers; default all)");
   cmd->add_option("--device", req->device, "auto (cuda when the layer runs on a present GPU), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

@@ -389,38 +389,56 @@ void refuse_llama4(const Reader& r, ModelConfig&) {
 struct Row {
   ArchitectureInfo info;
   void (*read)(const Reader&, ModelConfig&);
+  WeightNames names = WeightNames::kNone;  // how its checkpoints name the MoE block's tensors
 };
 
 const std::vector<Row>& rows() {
   static const std::vector<Row> table = {
       {{"deepseek_v3", "DeepseekV3MoE",
         "sigmoid + e_score_correction_bias, groups by top-2 sum, renormalized, scaled; shared experts"},
-       read_deepseek_v3},
-      {{"kimi_k2", "DeepseekV3MoE", "Kimi-K2 ships DeepSeek-V3's code: the deepseek_v3 row"}, read_deepseek_v3},
+       read_deepseek_v3,
+       WeightNames::kDeepseek},
+      {{"kimi_k2", "DeepseekV3MoE", "Kimi-K2 ships DeepSeek-V3's code: the deepseek_v3 row"},
+       read_deepseek_v3,
+       WeightNames::kDeepseek},
       {{"deepseek_v2", "DeepseekV2Moe",
         "softmax, greedy or group_limited_greedy (groups by max), scaled, never renormalized; shared experts"},
-       read_deepseek_v2},
-      {{"glm4_moe", "Glm4MoeMoE", "DeepSeek-V3's routing with GLM's defaults; shared experts"}, read_glm4_moe},
+       read_deepseek_v2,
+       WeightNames::kDeepseek},
+      {{"glm4_moe", "Glm4MoeMoE", "DeepSeek-V3's routing with GLM's defaults; shared experts"},
+       read_glm4_moe,
+       WeightNames::kDeepseek},
       {{"glm_moe_dsa", "GlmMoeDsaMoE", "GLM-5: the glm4_moe block (routed_scaling_factor 2.5 by default)"},
-       read_glm_moe_dsa},
-      {{"deepseek_v32", "DeepseekV32MoE", "DeepSeek-V3.2: the deepseek_v3 block and defaults"}, read_deepseek_v32},
+       read_glm_moe_dsa,
+       WeightNames::kDeepseek},
+      {{"deepseek_v32", "DeepseekV32MoE", "DeepSeek-V3.2: the deepseek_v3 block and defaults"},
+       read_deepseek_v32,
+       WeightNames::kDeepseek},
       {{"glm4_moe_lite", "Glm4MoeLiteMoE", "the glm4_moe block, routed_scaling_factor 1.8, one dense layer first"},
-       read_glm4_moe_lite},
-      {{"dots1", "Dots1MoE", "the deepseek_v3 block; not renormalized unless norm_topk_prob"}, read_dots1},
+       read_glm4_moe_lite,
+       WeightNames::kDeepseek},
+      {{"dots1", "Dots1MoE", "the deepseek_v3 block; not renormalized unless norm_topk_prob"},
+       read_dots1,
+       WeightNames::kDeepseek},
       {{"qwen2_moe", "Qwen2MoeSparseMoeBlock", "softmax top-k (norm_topk_prob); a shared expert behind a sigmoid gate"},
-       read_qwen2_moe},
+       read_qwen2_moe,
+       WeightNames::kQwen},
       {{"qwen3_next", "Qwen3NextSparseMoeBlock",
         "the qwen2_moe block (gated shared expert), norm_topk_prob true by default"},
-       read_qwen3_next},
-      {{"qwen3_moe", "Qwen3MoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_qwen3_moe},
-      {{"olmoe", "OlmoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_olmoe},
-      {{"flex_olmo", "FlexOlmoSparseMoeBlock", "the olmoe block"}, read_flex_olmo},
-      {{"mixtral", "MixtralSparseMoeBlock", "softmax top-k, always renormalized"}, read_mixtral},
-      {{"minimax", "MiniMaxSparseMoeBlock", "the mixtral block (MiniMax-Text-01)"}, read_minimax},
+       read_qwen3_next,
+       WeightNames::kQwen},
+      {{"qwen3_moe", "Qwen3MoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_qwen3_moe, WeightNames::kQwen},
+      {{"olmoe", "OlmoeSparseMoeBlock", "softmax top-k (norm_topk_prob)"}, read_olmoe, WeightNames::kQwen},
+      {{"flex_olmo", "FlexOlmoSparseMoeBlock", "the olmoe block"}, read_flex_olmo, WeightNames::kQwen},
+      {{"mixtral", "MixtralSparseMoeBlock", "softmax top-k, always renormalized"}, read_mixtral, WeightNames::kMixtral},
+      {{"minimax", "MiniMaxSparseMoeBlock", "the mixtral block (MiniMax-Text-01)"},
+       read_minimax,
+       WeightNames::kMixtral},
       {{"granitemoe", "GraniteMoeMoE", "the mixtral block: softmax over the top-k logits"}, read_granitemoe},
       {{"jamba", "JambaSparseMoeBlock", "softmax top-k, never renormalized"}, read_jamba},
       {{"gpt_oss", "GptOssMLP", "softmax over the top-k logits; expert biases; clamped SwiGLU (limit 7)"},
-       read_gpt_oss},
+       read_gpt_oss,
+       WeightNames::kGptOss},
       {{"llama4_text", "Llama4TextMoe", "refused: the router weights the experts' input"}, refuse_llama4},
       {{"llama4", "Llama4TextMoe", "refused: the router weights the experts' input"}, refuse_llama4},
   };
@@ -472,6 +490,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   m.hidden_size = r.integer({"hidden_size"}, 1);
   m.num_layers = r.integer({"num_hidden_layers"}, 1);
   row->read(r, m);
+  m.weight_names = row->names;
   read_quantization(r, m);
 
   MOEKIT_CHECK(m.num_moe_layers >= 1, "{}: {} layers leave no MoE layer", source_name, m.num_layers);

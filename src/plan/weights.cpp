@@ -156,4 +156,25 @@ std::int64_t expert_weight_bytes(const MoeProblem& p) {
   return fp8 + shape_bytes({p.E_local, scales + biases}, DType::kFp32, "expert weight scales and biases");
 }
 
+ExpertWeightsView HostExpertWeights::view() const {
+  ExpertWeightsView v =
+      ExpertWeightsView::of(problem, Device::kCpu, w1.data(), w1_scale.data(), w2.data(), w2_scale.data());
+  if (problem.expert_bias) {
+    v.w1_bias = w1_bias.data();
+    v.w2_bias = w2_bias.data();
+  }
+  return v;
+}
+
+ExpertWeightsView HostExpertWeights::view(DeviceCopies& copies) const {
+  ExpertWeightsView v =
+      ExpertWeightsView::of(problem, copies.device(), copies.put(w1, "W1"), copies.put(w1_scale, "W1 scales"),
+                            copies.put(w2, "W2"), copies.put(w2_scale, "W2 scales"));
+  if (problem.expert_bias) {
+    v.w1_bias = copies.put(w1_bias, "W1 biases");
+    v.w2_bias = copies.put(w2_bias, "W2 biases");
+  }
+  return v;
+}
+
 }  // namespace moekit

@@ -38,27 +38,6 @@ ModelConfig tiny_model(bool grouped) {
   return m;
 }
 
-ExpertWeightsView HostExpertWeights::view() const {
-  ExpertWeightsView v =
-      ExpertWeightsView::of(problem, Device::kCpu, w1.data(), w1_scale.data(), w2.data(), w2_scale.data());
-  if (problem.expert_bias) {
-    v.w1_bias = w1_bias.data();
-    v.w2_bias = w2_bias.data();
-  }
-  return v;
-}
-
-ExpertWeightsView HostExpertWeights::view(DeviceCopies& copies) const {
-  ExpertWeightsView v =
-      ExpertWeightsView::of(problem, copies.device(), copies.put(w1, "W1"), copies.put(w1_scale, "W1 scales"),
-                            copies.put(w2, "W2"), copies.put(w2_scale, "W2 scales"));
-  if (problem.expert_bias) {
-    v.w1_bias = copies.put(w1_bias, "W1 biases");
-    v.w2_bias = copies.put(w2_bias, "W2 biases");
-  }
-  return v;
-}
-
 HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_expert, std::uint64_t seed,
                                       cpu::ThreadPool& pool) {
   HostExpertWeights w;

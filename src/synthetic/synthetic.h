@@ -24,17 +24,7 @@ namespace moekit::synthetic {
 // routed scaling 2.5) and one shared expert of I = 128.
 ModelConfig tiny_model(bool grouped);
 
-// Host-owned expert weights in the layout of moekit/weights.h.
-struct HostExpertWeights {
-  MoeProblem problem;
-  std::int64_t first_expert = 0;  // global index of expert 0 here
-  std::vector<std::uint8_t> w1, w2;
-  std::vector<float> w1_scale, w2_scale;
-  std::vector<float> w1_bias, w2_bias;  // problem.expert_bias: (E_local, N), (E_local, K); else empty
-  ExpertWeightsView view() const;       // on the host
-  // On the device of `copies`, which holds them (the host weights themselves on the CPU).
-  ExpertWeightsView view(DeviceCopies& copies) const;
-};
+using moekit::HostExpertWeights;
 
 // Experts [first_expert, first_expert + problem.E_local): normal(0, 1/sqrt(K)) W1 and normal(0,
 // 1/sqrt(I)) W2, quantized with problem.quant; with problem.expert_bias, 0.1 * normal biases.

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -29,6 +30,38 @@ inline void write_file(const std::filesystem::path& path, const std::vector<std:
 inline void write_text(const std::filesystem::path& path, const std::string& text) {
   std::ofstream f(path);
   f << text;
+}
+
+// A tensor to write: its format dtype name ("BF16", "F8_E4M3", ...), shape and little-endian bytes.
+struct Tensor {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> data;
+};
+
+template <class T>
+Tensor tensor_of(std::string name, std::string dtype, std::vector<std::int64_t> shape, const T* values,
+                 std::size_t count) {
+  Tensor t{std::move(name), std::move(dtype), std::move(shape), std::vector<std::uint8_t>(count * sizeof(T))};
+  std::memcpy(t.data.data(), values, t.data.size());
+  return t;
+}
+
+// A safetensors file of `tensors`, in order, as the format lays them out.
+inline void write_tensors(const std::filesystem::path& path, const std::vector<Tensor>& tensors) {
+  std::string header = "{";
+  std::vector<std::uint8_t> data;
+  for (const Tensor& t : tensors) {
+    if (header.size() > 1) header += ",";
+    header.append("\"").append(t.name).append("\":{\"dtype\":\"").append(t.dtype).append("\",\"shape\":[");
+    for (std::size_t i = 0; i < t.shape.size(); ++i) header.append(i ? "," : "").append(std::to_string(t.shape[i]));
+    header.append("],\"data_offsets\":[").append(std::to_string(data.size())).append(",");
+    header.append(std::to_string(data.size() + t.data.size())).append("]}");
+    data.insert(data.end(), t.data.begin(), t.data.end());
+  }
+  header += "}";
+  write_file(path, file_bytes(header, data));
 }
 
 }  // namespace moekit::checkpoint::testing

@@ -352,7 +352,7 @@ def test_w1_as_checkpoints_store_it(tmp_path):
     E, N, K = w["w1"].shape
     layer = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=5, quant="block128")
     out = layer(w["hidden"], w["router_logits"])
-    assert "w1" not in layer._weights  # arranged into the layer's own copy
+    assert "w1" not in layer._runtime._held[0]  # arranged into the runtime's own copy
     pairs, pairs_scale = moekit.arrange_w1_block_pairs(w["w1"], w["w1_scale"])
     shared_pairs, shared_scale = moekit.arrange_w1_block_pairs(w["shared_w1"], w["shared_w1_scale"])
     arranged = {**w, "w1": pairs, "w1_scale": pairs_scale, "shared_w1": shared_pairs, "shared_w1_scale": shared_scale}

@@ -1,0 +1,80 @@
+// Hugging Face checkpoints in, layer weights out. A checkpoint directory (config.json and
+// model.safetensors, or shards named by model.safetensors.index.json) is read as untrusted input
+// (the safetensors headers and the index are checked; src/checkpoint/), memory-mapped, and only the
+// tensors a rank asks for are touched: its experts of each layer, the router, the shared experts.
+//
+// The family's tensor names come from the architecture table (ModelConfig::weight_names). Weights
+// are arranged once, at load, into the layout of moekit/weights.h for a problem (its scheme, its
+// activation's W1 rows, its E_local experts from first_expert):
+//   - FP8 e4m3 weights whose scales (weight_scale_inv, or compressed-tensors' weight_scale) have the
+//     problem's granularity (128x128 blocks for block128, one per row for per-token) load as stored:
+//     codes and scales moved, never re-rounded;
+//   - bf16, fp16 and fp32 weights, and FP8 weights of another granularity (dequantized first), are
+//     quantized at load by cpu::quantize_weight, the one quantizer the tests and the synthetic
+//     weights use (what was done is in CheckpointLayer::note);
+//   - MXFP4 (gpt-oss's *_blocks / *_scales) and packed int4 are refused by name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moekit/layer.h"
+#include "moekit/memory.h"
+#include "moekit/model.h"
+#include "moekit/problem.h"
+#include "moekit/weights.h"
+
+namespace moekit {
+
+// One MoE layer's weights for one rank, on the host.
+struct CheckpointLayer {
+  std::int64_t layer = 0;                           // the model's layer number (model.layers.L)
+  HostExpertWeights experts;                        // the rank's E_local routed experts
+  std::optional<HostExpertWeights> shared_experts;  // one expert of shared_experts_problem
+  std::vector<std::uint16_t> shared_expert_gate;    // (K) bf16: Qwen2-MoE's gate; else empty
+  std::vector<float> e_score_correction_bias;       // (E) when the model routes with one; else empty
+  std::vector<float> router_weight;                 // (E, K): the router's linear layer
+  std::vector<float> router_bias;                   // (E): gpt-oss's router bias; else empty
+  std::string note;                                 // how the routed experts were stored and what loading did to them
+
+  // The layer's weights on the device of `copies` (which holds the device copies).
+  LayerWeights view(DeviceCopies& copies) const;
+  // Router logits (num_tokens, E) of bf16 hidden rows (num_tokens, K): hidden . router_weight^T
+  // (+ router_bias), summed in fp32 (the model computes them before the MoE block; moekit takes them
+  // as an input).
+  std::vector<float> router_logits(const std::uint16_t* hidden, std::int64_t num_tokens) const;
+};
+
+class Checkpoint {
+ public:
+  // Reads config.json through the architecture table and the checkpoint's index; opens no shard yet.
+  // Raises moekit::Error for a directory that is not a Hugging Face checkpoint, naming the file.
+  explicit Checkpoint(const std::string& dir);
+  ~Checkpoint();
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  const std::string& dir() const;
+  const ModelConfig& model() const;
+  // The model's layers that hold an MoE block, found from the tensor names (ascending; layers at or
+  // past num_hidden_layers, e.g. DeepSeek-V3's multi-token-prediction layer, are not the model's).
+  const std::vector<std::int64_t>& moe_layers() const;
+
+  // Layer `layer`'s weights for `problem` (a problem of this model: K, I, E, activation and scheme)
+  // on the rank holding experts [first_expert, first_expert + problem.E_local); the shared experts
+  // when `shared_experts` and the model has them. Each tensor's dtype and shape are checked against
+  // the config, each violation an Error naming the tensor.
+  CheckpointLayer load_layer(std::int64_t layer, const MoeProblem& problem, std::int64_t first_expert,
+                             bool shared_experts = true);
+  // The shard files read so far.
+  std::vector<std::string> opened_shards() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moekit

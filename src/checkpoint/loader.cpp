@@ -1,0 +1,504 @@
+// The checkpoint loader (moekit/checkpoint.h): tensor names from the family's naming, each tensor
+// checked against the config, then every expert matrix either moved as stored (FP8 of the problem's
+// granularity) or decoded to fp32 and quantized by cpu::quantize_weight, in the W1 row layout of the
+// problem's activation and scheme (numerics::w1_rows).
+#include "moekit/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <set>
+#include <string_view>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "cpu/quant.h"
+#include "moekit/check.h"
+#include "numerics/activation.h"
+#include "numerics/fp8.h"
+#include "numerics/scales.h"
+
+namespace moekit {
+namespace {
+
+using checkpoint::CheckpointDir;
+using checkpoint::TensorDType;
+using checkpoint::TensorInfo;
+
+float f16_decode(std::uint16_t h) {
+  const std::uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  std::uint32_t bits = 0;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man != 0) {  // subnormal: normalize
+    int e = -1;
+    std::uint32_t m = man;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400u) == 0);
+    bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((m & 0x3FFu) << 13);
+  } else {
+    bits = sign;
+  }
+  float f = 0;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Element i of a float tensor's bytes (bf16, fp16, fp32; unaligned-safe).
+float float_at(const std::byte* data, TensorDType d, std::int64_t i) {
+  if (d == TensorDType::kF32) {
+    float f = 0;
+    std::memcpy(&f, data + 4 * i, 4);
+    return f;
+  }
+  std::uint16_t h = 0;
+  std::memcpy(&h, data + 2 * i, 2);
+  return d == TensorDType::kBF16 ? numerics::bf16_decode(h) : f16_decode(h);
+}
+
+enum class Granularity : std::uint8_t { kTensor, kChannel, kBlock };
+
+// One (n, k) weight matrix inside a checkpoint tensor: element (r, c) at offset + r * stride_r + c *
+// stride_c (elements), so a per-expert tensor, a slice of a fused one and a transposed one read
+// alike. FP8 matrices carry their scale tensor (per-expert tensors only).
+struct Matrix {
+  std::string name;
+  TensorDType dtype = TensorDType::kBF16;
+  const std::byte* data = nullptr;
+  std::int64_t n = 0, k = 0, offset = 0, stride_r = 0, stride_c = 1;
+  // FP8 only.
+  const std::byte* scale = nullptr;
+  TensorDType scale_dtype = TensorDType::kF32;
+  Granularity granularity = Granularity::kTensor;
+  std::int64_t scale_cols = 1;  // block scales per row of blocks
+
+  float scale_of(std::int64_t r, std::int64_t c) const {
+    const std::int64_t i = granularity == Granularity::kTensor    ? 0
+                           : granularity == Granularity::kChannel ? r
+                                                                  : (r / kQuantBlock) * scale_cols + c / kQuantBlock;
+    return float_at(scale, scale_dtype, i);
+  }
+  std::uint8_t code(std::int64_t r, std::int64_t c) const {
+    return static_cast<std::uint8_t>(data[offset + r * stride_r + c * stride_c]);
+  }
+  float at(std::int64_t r, std::int64_t c) const {
+    if (dtype == TensorDType::kF8E4M3) return numerics::fp8_decode(code(r, c)) * scale_of(r, c);
+    return float_at(data, dtype, offset + r * stride_r + c * stride_c);
+  }
+};
+
+std::optional<Granularity> granularity_of(QuantScheme q) {
+  switch (q) {
+    case QuantScheme::kPerTensor: return Granularity::kTensor;
+    case QuantScheme::kPerTokenPerChannel: return Granularity::kChannel;
+    case QuantScheme::kBlock128: return Granularity::kBlock;
+  }
+  return std::nullopt;
+}
+
+std::string_view granularity_name(Granularity g) {
+  return g == Granularity::kTensor    ? "one scale per tensor"
+         : g == Granularity::kChannel ? "one scale per row"
+                                      : "128x128 block scales";
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  return fmt::format("({})", fmt::join(s, ", "));
+}
+
+// The tensor names of one family's MoE block of layer L.
+struct Names {
+  WeightNames naming;
+  std::string prefix;  // "model.layers.L.mlp." or "...block_sparse_moe."
+
+  std::string expert(std::int64_t e, std::string_view which) const {  // which: gate, up, down
+    if (naming == WeightNames::kMixtral)
+      return fmt::format("{}experts.{}.{}.weight", prefix, e, which == "gate" ? "w1" : which == "up" ? "w3" : "w2");
+    return fmt::format("{}experts.{}.{}_proj.weight", prefix, e, which);
+  }
+  std::string router() const { return prefix + (naming == WeightNames::kGptOss ? "router.weight" : "gate.weight"); }
+  std::string shared(std::string_view which) const {
+    return fmt::format("{}{}.{}_proj.weight", prefix, naming == WeightNames::kQwen ? "shared_expert" : "shared_experts",
+                       which);
+  }
+};
+
+}  // namespace
+
+struct Checkpoint::Impl {
+  CheckpointDir dir;
+  ModelConfig model;
+  std::vector<std::int64_t> layers;
+
+  explicit Impl(const std::string& path) : dir(path), model(load_model_config_file(dir.config_path())) {
+    MOEKIT_CHECK(model.weight_names != WeightNames::kNone,
+                 "{}: moekit's checkpoint loader does not know how model_type '{}' names its MoE tensors (it reads "
+                 "the deepseek, qwen, mixtral and gpt_oss families' names); pass the weights in memory instead",
+                 dir.config_path(), model.model_type);
+    const std::string router_leaf = model.weight_names == WeightNames::kGptOss    ? "mlp.router.weight"
+                                    : model.weight_names == WeightNames::kMixtral ? "block_sparse_moe.gate.weight"
+                                                                                  : "mlp.gate.weight";
+    std::set<std::int64_t> found;
+    for (const std::string& name : dir.tensor_names()) {
+      constexpr std::string_view head = "model.layers.";
+      if (!name.starts_with(head)) continue;
+      const std::string_view rest = std::string_view(name).substr(head.size());
+      std::int64_t L = -1;
+      const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), L);
+      if (ec != std::errc() || end == rest.data() || *end != '.') continue;
+      if (std::string_view(end + 1) == router_leaf && L < model.num_layers) found.insert(L);
+    }
+    layers.assign(found.begin(), found.end());
+  }
+
+  Names names(std::int64_t L) const {
+    return {model.weight_names,
+            fmt::format("model.layers.{}.{}", L,
+                        model.weight_names == WeightNames::kMixtral ? "block_sparse_moe." : "mlp.")};
+  }
+
+  // The tensor, checked to have `shape` (when given) and a dtype of `dtypes`.
+  const TensorInfo& tensor(const std::string& name, const std::vector<std::int64_t>& shape,
+                           std::initializer_list<TensorDType> dtypes, std::string_view what) {
+    MOEKIT_CHECK(dir.contains(name), "{}: the checkpoint holds no tensor '{}' ({}), which model_type '{}' needs",
+                 dir.dir(), name, what, model.model_type);
+    const TensorInfo& t = dir.info(name);
+    MOEKIT_CHECK(shape.empty() || t.shape == shape, "{}: tensor '{}' ({}) has shape {}, the config says {}", dir.dir(),
+                 name, what, shape_str(t.shape), shape_str(shape));
+    if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
+      std::vector<std::string_view> accepted;
+      for (const TensorDType d : dtypes) accepted.push_back(checkpoint::dtype_name(d));
+      MOEKIT_FAIL("{}: tensor '{}' ({}) is {}; moekit reads {} there", dir.dir(), name, what,
+                  checkpoint::dtype_name(t.dtype), fmt::join(accepted, ", "));
+    }
+    return t;
+  }
+
+  const std::byte* bytes(const std::string& name) { return dir.data(name).data(); }
+
+  // A per-expert (n, k) weight: float, or FP8 with its scale tensor (weight_scale_inv or weight_scale).
+  Matrix stored(const std::string& name, std::int64_t n, std::int64_t k, std::string_view what) {
+    const TensorInfo& t =
+        tensor(name, {n, k}, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32, TensorDType::kF8E4M3}, what);
+    Matrix m{name, t.dtype, bytes(name), n, k, 0, k, 1};
+    if (t.dtype != TensorDType::kF8E4M3) return m;
+    const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
+    std::string sname = base + ".weight_scale_inv";
+    if (!dir.contains(sname)) sname = base + ".weight_scale";
+    MOEKIT_CHECK(dir.contains(sname),
+                 "{}: FP8 tensor '{}' has no scale tensor ('{}.weight_scale_inv' or '.weight_scale'): an FP8 "
+                 "weight without its scales cannot be read",
+                 dir.dir(), name, base);
+    const TensorInfo& s = tensor(sname, {}, {TensorDType::kF32, TensorDType::kBF16}, "FP8 weight scales");
+    const std::int64_t bn = (n + kQuantBlock - 1) / kQuantBlock, bk = (k + kQuantBlock - 1) / kQuantBlock;
+    if (s.numel() == 1) {
+      m.granularity = Granularity::kTensor;
+    } else if (s.shape == std::vector<std::int64_t>{n} || s.shape == std::vector<std::int64_t>{n, 1}) {
+      m.granularity = Granularity::kChannel;
+    } else if (s.shape == std::vector<std::int64_t>{bn, bk}) {
+      m.granularity = Granularity::kBlock;
+      m.scale_cols = bk;
+    } else {
+      MOEKIT_FAIL(
+          "{}: scale tensor '{}' has shape {}: for a weight of shape ({}, {}) moekit reads one scale, one "
+          "per row ({}) or 128x128 blocks ({}, {})",
+          dir.dir(), sname, shape_str(s.shape), n, k, n, bn, bk);
+    }
+    m.scale = bytes(sname);
+    m.scale_dtype = s.dtype;
+    return m;
+  }
+
+  // Expert e's (n, k) slice of a fused float tensor (E, ., .): rows from `row0` step `row_step`,
+  // transposed when the tensor holds K first (gpt-oss).
+  Matrix fused(const std::string& name, std::int64_t e, std::int64_t n, std::int64_t k, std::int64_t row0,
+               std::int64_t row_step, bool transposed, std::int64_t dim1, std::int64_t dim2) {
+    const TensorInfo& t = tensor(name, {model.num_experts, dim1, dim2},
+                                 {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, "fused experts");
+    Matrix m{name, t.dtype, bytes(name), n, k, e * dim1 * dim2, 0, 0};
+    if (transposed) {  // element (r, c) of W at [c][row0 + r * row_step] of the (dim1 = k, dim2) expert
+      m.offset += row0;
+      m.stride_r = row_step;
+      m.stride_c = dim2;
+    } else {  // at [row0 + r * row_step][c]
+      m.offset += row0 * dim2;
+      m.stride_r = row_step * dim2;
+      m.stride_c = 1;
+    }
+    return m;
+  }
+
+  // Fills expert slot `slot` of `out` from its gate, up (W1; up is null for single-row activations)
+  // and down (W2) matrices; returns whether the codes were moved as stored.
+  static bool put_expert(HostExpertWeights& out, std::int64_t slot, const Matrix& gate, const Matrix* up,
+                         const Matrix& down) {
+    const MoeProblem& p = out.problem;
+    const std::int64_t N = p.N, K = p.K, I = p.I();
+    const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
+    const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K),
+                       s2 = numerics::weight_scale_count(p.quant, K, I);
+    std::uint8_t* w1 = out.w1.data() + slot * N * K;
+    std::uint8_t* w2 = out.w2.data() + slot * K * I;
+    float* sc1 = out.w1_scale.data() + slot * s1;
+    float* sc2 = out.w2_scale.data() + slot * s2;
+    const auto target = granularity_of(p.quant);
+    auto as_stored = [&](const Matrix& m) { return m.dtype == TensorDType::kF8E4M3 && m.granularity == *target; };
+    // Per-tensor W1 from two matrices moves as stored only when both carry one and the same scale.
+    // Block scales move with whole 128-row blocks: not into interleaved rows.
+    const bool w1_stored =
+        as_stored(gate) && (up == nullptr || as_stored(*up)) &&
+        (p.quant != QuantScheme::kBlock128 || rows != numerics::W1Rows::kInterleaved) &&
+        (p.quant != QuantScheme::kPerTensor || up == nullptr || gate.scale_of(0, 0) == up->scale_of(0, 0));
+    auto dest_row = [&](bool is_up, std::int64_t c) {
+      return is_up ? numerics::up_column(rows, I, c) : numerics::gate_column(rows, I, c);
+    };
+    if (w1_stored) {
+      for (int part = 0; part < (up ? 2 : 1); ++part) {
+        const Matrix& m = part == 0 ? gate : *up;
+        for (std::int64_t r = 0; r < I; ++r) {
+          const std::int64_t d = dest_row(part == 1, r);
+          for (std::int64_t c = 0; c < K; ++c) w1[d * K + c] = m.code(r, c);
+          if (p.quant == QuantScheme::kPerTokenPerChannel) sc1[d] = m.scale_of(r, 0);
+          if (p.quant == QuantScheme::kBlock128 && r % kQuantBlock == 0)
+            for (std::int64_t b = 0; b < m.scale_cols; ++b)
+              sc1[(d / kQuantBlock) * m.scale_cols + b] = m.scale_of(r, b * kQuantBlock);
+        }
+      }
+      if (p.quant == QuantScheme::kPerTensor) sc1[0] = gate.scale_of(0, 0);
+    } else {
+      std::vector<float> w(static_cast<std::size_t>(N * K));
+      for (int part = 0; part < (up ? 2 : 1); ++part) {
+        const Matrix& m = part == 0 ? gate : *up;
+        for (std::int64_t r = 0; r < I; ++r) {
+          float* row = w.data() + dest_row(part == 1, r) * K;
+          for (std::int64_t c = 0; c < K; ++c) row[c] = m.at(r, c);
+        }
+      }
+      cpu::quantize_weight(p.quant, w.data(), N, K, reinterpret_cast<numerics::fp8_t*>(w1), sc1);
+    }
+    const bool w2_stored = as_stored(down);
+    if (w2_stored) {
+      for (std::int64_t r = 0; r < K; ++r)
+        for (std::int64_t c = 0; c < I; ++c) w2[r * I + c] = down.code(r, c);
+      for (std::int64_t i = 0; i < s2; ++i)
+        sc2[i] = p.quant == QuantScheme::kPerTensor ? down.scale_of(0, 0)
+                 : p.quant == QuantScheme::kPerTokenPerChannel
+                     ? down.scale_of(i, 0)
+                     : down.scale_of((i / down.scale_cols) * kQuantBlock, (i % down.scale_cols) * kQuantBlock);
+    } else {
+      std::vector<float> w(static_cast<std::size_t>(K * I));
+      for (std::int64_t r = 0; r < K; ++r)
+        for (std::int64_t c = 0; c < I; ++c) w[static_cast<std::size_t>(r * I + c)] = down.at(r, c);
+      cpu::quantize_weight(p.quant, w.data(), K, I, reinterpret_cast<numerics::fp8_t*>(w2), sc2);
+    }
+    return w1_stored && w2_stored;
+  }
+
+  static HostExpertWeights empty_experts(const MoeProblem& p, std::int64_t first_expert) {
+    HostExpertWeights w;
+    w.problem = p;
+    w.first_expert = first_expert;
+    const std::int64_t N = p.N, K = p.K, I = p.I();
+    w.w1.resize(static_cast<std::size_t>(p.E_local * N * K));
+    w.w2.resize(static_cast<std::size_t>(p.E_local * K * I));
+    w.w1_scale.resize(static_cast<std::size_t>(p.E_local * numerics::weight_scale_count(p.quant, N, K)));
+    w.w2_scale.resize(static_cast<std::size_t>(p.E_local * numerics::weight_scale_count(p.quant, K, I)));
+    if (p.expert_bias) {
+      w.w1_bias.resize(static_cast<std::size_t>(p.E_local * N));
+      w.w2_bias.resize(static_cast<std::size_t>(p.E_local * K));
+    }
+    return w;
+  }
+
+  void check_problem(const MoeProblem& p) const {
+    MOEKIT_CHECK(p.K == model.hidden_size && p.I() == model.moe_intermediate_size && p.E == model.num_experts,
+                 "load_layer: the problem ({}) is not one of this checkpoint's model (hidden_size {}, "
+                 "moe_intermediate_size {}, {} experts): build it with make_problem from Checkpoint::model()",
+                 p.describe(), model.hidden_size, model.moe_intermediate_size, model.num_experts);
+    MOEKIT_CHECK(p.expert_bias == model.expert_bias, "load_layer: the problem {} expert biases, the model {}",
+                 p.expert_bias ? "has" : "has no", model.expert_bias ? "has" : "has none");
+    MOEKIT_CHECK(p.activation == model.activation,
+                 "load_layer: the problem's activation {} is not the model's ({}): the checkpoint's W1 holds the "
+                 "model's gate and up rows",
+                 activation_name(p.activation), activation_name(model.activation));
+  }
+
+  // The routed experts of layer L into `out`; returns the load note.
+  std::string load_routed(const Names& nm, HostExpertWeights& out) {
+    const MoeProblem& p = out.problem;
+    const std::int64_t K = p.K, I = p.I(), E = p.E;
+    const bool gated = numerics::w1_rows(p.activation, p.quant) != numerics::W1Rows::kSingle;
+    MOEKIT_CHECK(gated, "{}: loading non-gated experts ({}) is not supported: the families moekit loads are gated",
+                 dir.dir(), activation_name(p.activation));
+    MOEKIT_CHECK(out.first_expert >= 0 && out.first_expert + p.E_local <= E,
+                 "load_layer: experts [{}, {}) of a model with {}: first_expert is rank * E_local", out.first_expert,
+                 out.first_expert + p.E_local, E);
+    const std::string fused_w1 = nm.prefix + "experts.gate_up_proj", fused_w2 = nm.prefix + "experts.down_proj";
+    for (const char* packed : {"_blocks", "_scales"})
+      MOEKIT_CHECK(!dir.contains(fused_w1 + packed),
+                   "{}: '{}{}' is MXFP4 (gpt-oss's released format), which moekit does not dequantize: convert the "
+                   "checkpoint to bf16 first (transformers: Mxfp4Config(dequantize=True), then save_pretrained)",
+                   dir.dir(), fused_w1, packed);
+    const std::string first = nm.expert(out.first_expert, "gate");
+    MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
+                 "{}: '{}' is packed int4 (compressed-tensors), which moekit does not read", dir.dir(),
+                 first.substr(0, first.size() - 7) + ".weight_packed");
+    const bool per_expert = nm.naming != WeightNames::kGptOss && !dir.contains(fused_w1);
+    std::string stored_as;
+    bool all_stored = true;
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      const std::int64_t g = out.first_expert + e;
+      bool moved = false;
+      if (per_expert) {
+        const Matrix gate = stored(nm.expert(g, "gate"), I, K, "an expert's gate rows");
+        const Matrix up = stored(nm.expert(g, "up"), I, K, "an expert's up rows");
+        const Matrix down = stored(nm.expert(g, "down"), K, I, "an expert's W2");
+        moved = put_expert(out, e, gate, &up, down);
+        if (e == 0)
+          stored_as = gate.dtype == TensorDType::kF8E4M3
+                          ? fmt::format("F8_E4M3 with {}", granularity_name(gate.granularity))
+                          : std::string(checkpoint::dtype_name(gate.dtype));
+      } else if (nm.naming == WeightNames::kGptOss) {
+        // (E, K, 2I) with gate/up interleaved along the last axis; down (E, I, K).
+        const Matrix gate = fused(fused_w1, g, I, K, 0, 2, true, K, 2 * I);
+        const Matrix up = fused(fused_w1, g, I, K, 1, 2, true, K, 2 * I);
+        const Matrix down = fused(fused_w2, g, K, I, 0, 1, true, I, K);
+        moved = put_expert(out, e, gate, &up, down);
+        stored_as = std::string(checkpoint::dtype_name(gate.dtype));
+      } else {
+        // transformers' in-memory form: (E, 2I, K) gate rows then up rows; down (E, K, I).
+        const Matrix gate = fused(fused_w1, g, I, K, 0, 1, false, 2 * I, K);
+        const Matrix up = fused(fused_w1, g, I, K, I, 1, false, 2 * I, K);
+        const Matrix down = fused(fused_w2, g, K, I, 0, 1, false, K, I);
+        moved = put_expert(out, e, gate, &up, down);
+        stored_as = std::string(checkpoint::dtype_name(gate.dtype));
+      }
+      all_stored = all_stored && moved;
+    }
+    if (p.expert_bias) load_expert_biases(nm, out);
+    return fmt::format("{}experts {}-{}: {} ({}), {}", nm.prefix, out.first_expert, out.first_expert + p.E_local - 1,
+                       stored_as, per_expert ? "one tensor per expert" : "fused tensors",
+                       all_stored ? fmt::format("loaded as stored ({})", quant_name(p.quant))
+                                  : fmt::format("quantized to {} at load", quant_name(p.quant)));
+  }
+
+  void load_expert_biases(const Names& nm, HostExpertWeights& out) {
+    const MoeProblem& p = out.problem;
+    const std::int64_t N = p.N, K = p.K, I = p.I(), E = p.E;
+    MOEKIT_CHECK(nm.naming == WeightNames::kGptOss, "{}: expert biases are read for gpt_oss only", dir.dir());
+    const std::string b1 = nm.prefix + "experts.gate_up_proj_bias", b2 = nm.prefix + "experts.down_proj_bias";
+    const TensorInfo& t1 =
+        tensor(b1, {E, 2 * I}, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, "W1 biases");
+    const TensorInfo& t2 = tensor(b2, {E, K}, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, "W2 biases");
+    const std::byte* d1 = bytes(b1);
+    const std::byte* d2 = bytes(b2);
+    const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
+    for (std::int64_t e = 0; e < p.E_local; ++e) {
+      const std::int64_t g = out.first_expert + e;
+      for (std::int64_t c = 0; c < I; ++c) {  // stored interleaved: gate 2c, up 2c + 1
+        out.w1_bias[static_cast<std::size_t>(e * N + numerics::gate_column(rows, I, c))] =
+            float_at(d1, t1.dtype, g * 2 * I + 2 * c);
+        out.w1_bias[static_cast<std::size_t>(e * N + numerics::up_column(rows, I, c))] =
+            float_at(d1, t1.dtype, g * 2 * I + 2 * c + 1);
+      }
+      for (std::int64_t c = 0; c < K; ++c)
+        out.w2_bias[static_cast<std::size_t>(e * K + c)] = float_at(d2, t2.dtype, g * K + c);
+    }
+  }
+
+  std::vector<float> floats(const std::string& name, const std::vector<std::int64_t>& shape, std::string_view what) {
+    const TensorInfo& t = tensor(name, shape, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, what);
+    const std::byte* d = bytes(name);
+    std::vector<float> v(static_cast<std::size_t>(t.numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = float_at(d, t.dtype, static_cast<std::int64_t>(i));
+    return v;
+  }
+
+  CheckpointLayer load(std::int64_t L, const MoeProblem& p, std::int64_t first_expert, bool want_shared) {
+    MOEKIT_CHECK(std::binary_search(layers.begin(), layers.end(), L),
+                 "{}: layer {} holds no MoE block (the MoE layers are {})", dir.dir(), L,
+                 layers.empty() ? std::string("none") : fmt::format("{}", fmt::join(layers, ", ")));
+    check_problem(p);
+    const Names nm = names(L);
+    CheckpointLayer out;
+    out.layer = L;
+    out.experts = empty_experts(p, first_expert);
+    out.note = load_routed(nm, out.experts);
+    const std::int64_t E = p.E, K = p.K;
+    out.router_weight = floats(nm.router(), {E, K}, "the router's weight");
+    if (nm.naming == WeightNames::kGptOss)
+      out.router_bias = floats(nm.prefix + "router.bias", {E}, "the router's bias");
+    if (model.has_score_correction_bias)
+      out.e_score_correction_bias =
+          floats(nm.prefix + "gate.e_score_correction_bias", {E}, "the router's e_score_correction_bias");
+    if (want_shared) {
+      if (const auto sp = shared_experts_problem(model, p)) {
+        out.shared_experts = empty_experts(*sp, 0);
+        const std::int64_t Is = sp->I();
+        const Matrix gate = stored(nm.shared("gate"), Is, K, "the shared experts' gate rows");
+        const Matrix up = stored(nm.shared("up"), Is, K, "the shared experts' up rows");
+        const Matrix down = stored(nm.shared("down"), K, Is, "the shared experts' W2");
+        put_expert(*out.shared_experts, 0, gate, &up, down);
+        if (model.shared_expert_gate) {
+          const std::vector<float> g = floats(nm.prefix + "shared_expert_gate.weight", {1, K}, "shared_expert_gate");
+          out.shared_expert_gate.resize(g.size());
+          std::transform(g.begin(), g.end(), out.shared_expert_gate.begin(), numerics::bf16_encode);
+        }
+      }
+    }
+    return out;
+  }
+};
+
+LayerWeights CheckpointLayer::view(DeviceCopies& copies) const {
+  LayerWeights w{experts.view(copies),
+                 e_score_correction_bias.empty() ? nullptr : copies.put(e_score_correction_bias, "routing bias")};
+  if (shared_experts) {
+    w.shared_experts = shared_experts->view(copies);
+    w.shared_expert_gate = shared_expert_gate.empty() ? nullptr : copies.put(shared_expert_gate, "shared_expert_gate");
+  }
+  return w;
+}
+
+std::vector<float> CheckpointLayer::router_logits(const std::uint16_t* hidden, std::int64_t num_tokens) const {
+  const std::int64_t K = experts.problem.K, E = experts.problem.E;
+  std::vector<float> logits(static_cast<std::size_t>(num_tokens * E));
+  std::vector<float> h(static_cast<std::size_t>(K));
+  for (std::int64_t t = 0; t < num_tokens; ++t) {
+    for (std::int64_t c = 0; c < K; ++c) h[static_cast<std::size_t>(c)] = numerics::bf16_decode(hidden[t * K + c]);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const float* w = router_weight.data() + e * K;
+      float acc = router_bias.empty() ? 0.0f : router_bias[static_cast<std::size_t>(e)];
+      for (std::int64_t c = 0; c < K; ++c) acc += h[static_cast<std::size_t>(c)] * w[c];
+      logits[static_cast<std::size_t>(t * E + e)] = acc;
+    }
+  }
+  return logits;
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : impl_(std::make_unique<Impl>(dir)) {}
+Checkpoint::~Checkpoint() = default;
+
+const std::string& Checkpoint::dir() const {
+  return impl_->dir.dir();
+}
+const ModelConfig& Checkpoint::model() const {
+  return impl_->model;
+}
+const std::vector<std::int64_t>& Checkpoint::moe_layers() const {
+  return impl_->layers;
+}
+CheckpointLayer Checkpoint::load_layer(std::int64_t layer, const MoeProblem& problem, std::int64_t first_expert,
+                                       bool shared_experts) {
+  return impl_->load(layer, problem, first_expert, shared_experts);
+}
+std::vector<std::string> Checkpoint::opened_shards() const {
+  return impl_->dir.opened_shards();
+}
+
+}  // namespace moekit
