@@ -256,7 +256,9 @@ void read_deepseek_v2(const Reader& r, ModelConfig& m) {
 // renormalized when norm_topk_prob (default false); no scaling factor.
 void read_softmax_topk(const Reader& r, ModelConfig& m, const char* intermediate_key) {
   m.moe_intermediate_size = r.integer({intermediate_key}, 1);
-  m.num_experts = r.integer({"num_experts"}, 1);
+  // transformers 5 writes Qwen3-MoE's count as num_local_experts (its attribute_map); the published
+  // configs say num_experts.
+  m.num_experts = r.integer({"num_experts", "num_local_experts"}, 1);
   m.topk = r.integer({"num_experts_per_tok"}, 1);
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", false);

@@ -1,0 +1,213 @@
+"""The parity cases run from checkpoint directories: transformers writes a small model of each family
+with save_pretrained (sharded, with its index: the layout as published), moekit.Checkpoint loads each
+MoE layer from the directory, and transformers' from_pretrained of the same directory is the
+reference (its MoE block, moekit's activation quantization emulated as in
+test_transformers_parity.py). The weights are made FP8-exact in the recipe's scheme before saving,
+so loading requantizes them to themselves and the tolerance is the in-memory parity test's.
+
+Also: a DeepSeek-V3 FP8 checkpoint as published (float8_e4m3fn weights with 128x128
+weight_scale_inv, quantization_config fp8) loads as stored and runs bit for bit as the same codes
+passed in memory; several layers share one Runtime (one workspace allocation); `moekit run
+--checkpoint --check` and `moekit plan --checkpoint` read the same directories.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import moekit  # noqa: E402
+import test_transformers_parity as parity  # noqa: E402
+
+FAMILIES = ["deepseek_v3", "qwen2_moe", "qwen3_moe_norm", "mixtral", "gpt_oss"]
+# Small attention for the saved model (the MoE block is what is tested).
+ATTENTION = {"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64, "head_dim": 32,
+             "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
+
+
+def save_checkpoint(case, scheme, path, seed=1, fp8_exact=True):
+    """A CausalLM of `case`'s config whose MoE blocks are parity.build_block's (seed + layer), made
+    FP8-exact in `scheme`, saved by transformers (float32, sharded). Returns the MoE layer numbers."""
+    model_type, config_cls, module, block_cls, keys = parity.CASES[case]
+    cfg = getattr(transformers, config_cls)(**{**ATTENTION, **keys})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    layers = []
+    for i, layer in enumerate(model.model.layers):
+        mlp = getattr(layer, "mlp", None)
+        if type(mlp).__name__ != block_cls:
+            continue
+        block, _ = parity.build_block(case, seed + i)
+        if fp8_exact:
+            parity.arrange(block, scheme, case in parity.TRANSPOSED)
+            parity.arrange_shared(block, scheme)
+        mlp.load_state_dict(block.state_dict())
+        layers.append(i)
+    model.save_pretrained(str(path), max_shard_size="300KB")
+    assert (path / "model.safetensors.index.json").exists(), "the test checkpoint is meant to be sharded"
+    return layers
+
+
+def reference(block, case, scheme, x):
+    """The block's output with moekit's activation quantization emulated, and its router logits."""
+    mlp = parity.shared_mlp(block)
+    router = parity.router_of(block)
+    with torch.no_grad():
+        routed = router(x)
+        logits = (routed[0] if isinstance(routed, tuple) else routed).float().contiguous()
+        if case in parity.TRANSPOSED:
+            return parity.reference_transposed(block, x, scheme), logits
+        w1 = list(block.experts.gate_up_proj) + ([mlp.gate_proj.weight, mlp.up_proj.weight] if mlp else [])
+        w2 = list(block.experts.down_proj) + ([mlp.down_proj.weight] if mlp else [])
+        T = x.shape[0]
+        with parity.emulated_activation_quant({"w1": w1, "w2": w2}, scheme, x.abs().amax(),
+                                              w1_out_bf16=scheme != "block128"):
+            ref = block(x.reshape(1, T, -1))
+        return (ref[0] if isinstance(ref, tuple) else ref).reshape(T, -1), logits
+
+
+def to_bits(x):
+    return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def from_bits(out):
+    return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("scheme", parity.SCHEMES)
+@pytest.mark.parametrize("case", FAMILIES)
+def test_checkpoint_matches_transformers(tmp_path, case, scheme):
+    path = tmp_path / case
+    layers = save_checkpoint(case, scheme, path)
+    ck = moekit.Checkpoint(str(path))
+    assert ck.moe_layers == layers
+    # The eager experts (one F.linear per expert, where the emulation quantizes their inputs), as the
+    # in-memory parity blocks run.
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                                  experts_implementation="eager").eval()
+    T = 37
+    x = parity.bf16(torch.randn(T, parity.K, generator=torch.Generator().manual_seed(5)))
+    rt = moekit.Runtime(ck.config_path, max_tokens_per_rank=T, quant=scheme, device=parity.DEVICE)
+    loaded = [ck.load_layer(L, quant=scheme) for L in layers]
+    assert "quantized to" in loaded[0].note and loaded[0].quant == scheme
+    for lw in loaded:
+        rt.add_layer(lw if parity.DEVICE == "cpu" else _to_cuda(lw))
+    for index, L in enumerate(layers):
+        ref, logits = reference(ref_model.model.layers[L].mlp, case, scheme, x)
+        mine = loaded[index].router_logits(to_bits(x))
+        np.testing.assert_allclose(mine, logits.numpy(), rtol=1e-4, atol=1e-4)  # the router, from the file
+        if parity.DEVICE == "cuda":
+            got = rt.forward(index, x.to(torch.bfloat16).cuda(), torch.from_numpy(logits.numpy()).cuda()).float().cpu()
+        else:
+            got = from_bits(rt.forward(index, to_bits(x), logits.numpy()))
+        err = float((got - ref).norm() / ref.norm())
+        assert err < parity.tolerance(scheme), f"{case} {scheme} layer {L}: relative error {err:.3e}"
+        print(f"{case:16s} {scheme:10s} layer {L}: relative error from the checkpoint {err:.2e}")
+
+
+def _to_cuda(lw):
+    w = {k: torch.from_numpy(v).cuda() for k, v in lw.weights.items()}
+    for k in ("w1", "w2", "shared_w1", "shared_w2"):
+        if k in w:
+            w[k] = w[k].view(torch.float8_e4m3fn)
+    if "shared_expert_gate" in w:
+        w["shared_expert_gate"] = w["shared_expert_gate"].view(torch.bfloat16)
+    return w
+
+
+def write_fp8_blocks(src, dst):
+    """`src` (a bf16/fp32 DeepSeek-style checkpoint) as DeepSeek-V3 publishes its FP8 release: every
+    expert and shared-expert projection float8_e4m3fn with float32 weight_scale_inv in 128x128 blocks
+    (w = code * scale), quantization_config fp8 with weight_block_size [128, 128]."""
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(dst, exist_ok=True)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    weight_map = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(str(src / shard))
+        out = {}
+        for name, t in tensors.items():
+            if ".mlp." in name and "_proj.weight" in name and ("experts" in name):
+                n, k = t.shape
+                blocks = t.float().reshape(n // 128, 128, k // 128, 128)
+                scale = blocks.abs().amax(dim=(1, 3), keepdim=True) / parity.FP8_MAX
+                out[name] = (blocks / scale).clamp(-448, 448).to(torch.float8_e4m3fn).reshape(n, k)
+                out[name + "_scale_inv"] = scale.reshape(n // 128, k // 128).contiguous()
+                weight_map[name + "_scale_inv"] = shard
+            else:
+                out[name] = t
+            weight_map[name] = shard
+        save_file(out, str(dst / shard), metadata={"format": "pt"})
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                     "weight_block_size": [128, 128]}
+    (dst / "config.json").write_text(json.dumps(config))
+
+
+def test_deepseek_fp8_blocks_load_as_stored_and_run_as_in_memory(tmp_path):
+    layers = save_checkpoint("deepseek_v3", "block128", tmp_path / "bf16", fp8_exact=False)
+    write_fp8_blocks(tmp_path / "bf16", tmp_path / "fp8")
+    ck = moekit.Checkpoint(str(tmp_path / "fp8"))
+    loaded = ck.load_layer(layers[0])  # auto: the checkpoint's block128
+    assert loaded.quant == "block128" and "loaded as stored (block128)" in loaded.note, loaded.note
+    # The codes are the file's, byte for byte (gate rows then up rows).
+    from safetensors import safe_open
+
+    files = json.loads((tmp_path / "fp8" / "model.safetensors.index.json").read_text())["weight_map"]
+    name = f"model.layers.{layers[0]}.mlp.experts.3.up_proj.weight"
+    with safe_open(str(tmp_path / "fp8" / files[name]), "pt") as f:
+        up = f.get_tensor(name).view(torch.uint8).numpy()
+    I = up.shape[0]
+    np.testing.assert_array_equal(loaded.weights["w1"][3, I:], up)
+    T = 19
+    x = to_bits(parity.bf16(torch.randn(T, parity.K, generator=torch.Generator().manual_seed(3))))
+    logits = loaded.router_logits(x)
+    rt = moekit.Runtime(ck.config_path, max_tokens_per_rank=T)
+    rt.add_layer(loaded)
+    layer = moekit.MoeLayer(ck.config_path, weights=loaded.weights, max_tokens_per_rank=T)
+    np.testing.assert_array_equal(rt.forward(0, x, logits), layer(x, logits))
+
+
+def test_layers_share_one_runtime(tmp_path):
+    layers = save_checkpoint("qwen2_moe", "per-token", tmp_path / "ck")
+    assert len(layers) == 2
+    ck = moekit.Checkpoint(str(tmp_path / "ck"))
+    loaded = [ck.load_layer(L) for L in layers]
+    before = moekit.workspace_allocations()
+    rt = moekit.Runtime(ck.config_path, max_tokens_per_rank=8)
+    for lw in loaded:
+        rt.add_layer(lw)
+    assert moekit.workspace_allocations() - before == 1 and rt.num_layers == 2
+    x = to_bits(parity.bf16(torch.randn(8, parity.K, generator=torch.Generator().manual_seed(4))))
+    for index, lw in enumerate(loaded):
+        logits = lw.router_logits(x)
+        alone = moekit.MoeLayer(ck.config_path, weights=lw.weights, max_tokens_per_rank=8)
+        np.testing.assert_array_equal(rt.forward(index, x, logits), alone(x, logits))
+    # Rank 1 of 2 reads only its experts, and gets the upper half.
+    half = ck.load_layer(layers[0], rank=1, ranks=2)
+    np.testing.assert_array_equal(half.weights["w1"], loaded[0].weights["w1"][8:])
+
+
+def test_cli_runs_and_plans_a_checkpoint(tmp_path):
+    cli = os.environ.get("MOEKIT_CLI")
+    if not cli:
+        pytest.skip("MOEKIT_CLI (the moekit binary) not set")
+    save_checkpoint("deepseek_v3", "block128", tmp_path / "bf16", fp8_exact=False)
+    write_fp8_blocks(tmp_path / "bf16", tmp_path / "fp8")
+    run = subprocess.run([cli, "run", "--checkpoint", str(tmp_path / "fp8"), "--device", "cpu", "--dp", "2",
+                          "--tokens-per-rank", "5", "--steps", "1", "--check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "loaded as stored (block128)" in run.stdout and run.stdout.count("check layer") == 2, run.stdout
+    plan = subprocess.run([cli, "plan", "--checkpoint", str(tmp_path / "fp8"), "--dp", "2", "--ep", "2",
+                           "--max-tokens-per-rank", "8"], capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    assert "whole model per GPU: 2 MoE layers on one runtime" in plan.stdout, plan.stdout
+    bad = subprocess.run([cli, "run", "--checkpoint", str(tmp_path / "fp8"), "--layers", "7-9", "--device", "cpu",
+                          "--dp", "1"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no MoE layer of the checkpoint lies there" in bad.stderr, bad.stderr
