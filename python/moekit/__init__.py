@@ -397,13 +397,18 @@ class LoadedLayer:
     quant: str
     note: str
 
-    def router_logits(self, hidden) -> np.ndarray:
-        """(T, E) float32 logits of bf16 hidden rows (T, K) (NumPy uint16 bits or a torch tensor):
-        hidden . router_weight^T (+ router_bias), in float32."""
+    def router_logits(self, hidden):
+        """(T, E) float32 logits of bf16 hidden rows (T, K): hidden . router_weight^T (+ router_bias),
+        in float32; a torch tensor on hidden's device for a torch tensor, else NumPy (uint16 bits in)."""
         if ops._is_torch(hidden):
-            h = hidden.float().cpu().numpy()
-        else:
-            h = (np.asarray(hidden, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+            import torch
+
+            w = torch.from_numpy(self.router_weight).to(hidden.device)
+            out = hidden.float() @ w.T
+            if self.router_bias is not None:
+                out = out + torch.from_numpy(self.router_bias).to(hidden.device)
+            return out.contiguous()
+        h = (np.asarray(hidden, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
         out = h @ self.router_weight.T
         if self.router_bias is not None:
             out = out + self.router_bias

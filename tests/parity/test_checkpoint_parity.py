@@ -189,6 +189,9 @@ def test_layers_share_one_runtime(tmp_path):
         logits = lw.router_logits(x)
         alone = moekit.MoeLayer(ck.config_path, weights=lw.weights, max_tokens_per_rank=8)
         np.testing.assert_array_equal(rt.forward(index, x, logits), alone(x, logits))
+    # The router's logits from a torch tensor: a tensor, the same values.
+    xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    np.testing.assert_allclose(loaded[0].router_logits(xt).numpy(), loaded[0].router_logits(x), rtol=1e-5, atol=1e-6)
     # Rank 1 of 2 reads only its experts, and gets the upper half.
     half = ck.load_layer(layers[0], rank=1, ranks=2)
     np.testing.assert_array_equal(half.weights["w1"], loaded[0].weights["w1"][8:])
@@ -211,3 +214,19 @@ def test_cli_runs_and_plans_a_checkpoint(tmp_path):
     bad = subprocess.run([cli, "run", "--checkpoint", str(tmp_path / "fp8"), "--layers", "7-9", "--device", "cpu",
                           "--dp", "1"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no MoE layer of the checkpoint lies there" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("case", ["qwen2_moe", "qwen3_moe_norm", "mixtral", "gpt_oss"])
+def test_cli_runs_each_family(tmp_path, case):
+    """`moekit run --checkpoint --check` on transformers' own directory of each family: two ranks, every
+    MoE layer, the float64 reference of the loaded weights."""
+    cli = os.environ.get("MOEKIT_CLI")
+    if not cli:
+        pytest.skip("MOEKIT_CLI (the moekit binary) not set")
+    layers = save_checkpoint(case, "per-token", tmp_path / case)
+    run = subprocess.run([cli, "run", "--checkpoint", str(tmp_path / case), "--device", "cpu", "--dp", "2",
+                          "--tokens-per-rank", "6", "--steps", "1", "--check", "--layers", f"{layers[-1]}"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"MoE layers {layers[-1]} on one runtime" in run.stdout and "quantized to per-token at load" in run.stdout
+    assert run.stdout.count("check layer") == 1, run.stdout
