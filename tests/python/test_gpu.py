@@ -261,7 +261,7 @@ def test_op_overhead_over_the_direct_call():
     stream = torch.cuda.current_stream().cuda_stream
     calls = {
         "C++ entry, tensors": lambda: moekit._moekit.batched_experts(*[views[k] for k in names], out, "silu", "", False,
-                                                                      1, stream, 0, 7.0, "precise", "gate_up"),
+                                                                      1, stream, 0, 7.0, "precise", "gate_up", None),
         "moekit.ops.batched_experts": lambda: moekit.ops.batched_experts(**t, out=out),
         "torch.ops.moekit.batched_experts": lambda: torch.ops.moekit.batched_experts(**t, out=out),
     }
