@@ -64,6 +64,9 @@ struct MoeRuntime::Impl {
                  "ep = {} with dp = {}: the layer runs ep == dp (experts spread over all ranks) or ep == 1 (every "
                  "rank holds every expert)",
                  parallel.ep, parallel.dp);
+    // The device's allocator first: a GPU runtime where moekit was built without CUDA, or where no
+    // device is present, is refused here, naming which, before any seam is made.
+    memory = make_memory(options.device);
     const ExpertsEntry& entry = find_experts(options.experts, options.device);
     problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation),
                            options.fuse_w1, options.accumulation);
@@ -103,8 +106,8 @@ struct MoeRuntime::Impl {
     // Ranks that exchange data must have planned the same layer: a transport stores at its own
     // region offsets in its peers' workspaces. Agreed before anything is allocated or registered.
     if (collective_chunks) require_same_plan(allocated);
-    memory = prepare_finalize->workspace_memory();  // symmetric memory for NCCL's device-initiated transport
-    if (memory == nullptr) memory = make_memory(options.device);
+    // Symmetric memory for NCCL's device-initiated transport, the device's allocator otherwise.
+    if (std::unique_ptr<Memory> symmetric = prepare_finalize->workspace_memory()) memory = std::move(symmetric);
     // One allocation, once, at the maximum size; never grown on the hot path.
     workspace = std::make_unique<Workspace>(std::move(allocated), *memory);
     if (options.checked) workspace->poison(nullptr);

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "cpu/routing.h"
+#include "cuda/backend.h"
 #include "layer_test_util.h"
 #include "moekit/check.h"
 #include "moekit/registry.h"
@@ -238,9 +239,11 @@ TEST(LayerBadInput, Construction) {
   LayerWeights half = lw;
   half.experts.E_local = 4;
   expect_error([&] { build({2, 2, 8, 0}, options(QuantScheme::kBlock128), 2, half); }, "E_local = 4");
+  // Host weights for a GPU layer; without a GPU (or without CUDA in the build) the runtime itself is
+  // refused first, saying which.
   LayerOptions gpu = options(QuantScheme::kBlock128);
   gpu.device = Device::kCuda;
-  expect_error([&] { build({2, 2, 8, 0}, gpu, 2, lw); }, "cuda");
+  expect_error([&] { build({2, 2, 8, 0}, gpu, 2, lw); }, cuda::available() ? "cuda" : "CUDA");
   const ModelConfig grouped = tiny_model(true);
   expect_error(
       [&] {
