@@ -20,6 +20,9 @@
 #          measured in the same rounds (--baseline: compare builds by these, not by raw ms); the SM
 #          clock and power meanwhile in configs_clocks.csv.
 #   layer: the layer on every device (test_layer_devices) and the backend-ops harness.
+#   runtime: one runtime for many layers (test_runtime) and redundant experts (test_redundant_experts:
+#          one GPU holding every expert twice, a CUDA graph replaying a replaced placement), both
+#          under memcheck, and `moekit run --local-experts` on the GPU checked against float64.
 #   python: the Python package with torch (tests/python: CPU tests, test_gpu.py, and with 2 GPUs
 #          expert parallelism under torchrun), the ops' host overhead in python_results.json.
 #   graphs: the captured step (test_batched_experts' graph tests, memcheck on them), the experts
@@ -37,7 +40,7 @@
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|ep|ep-layer|python|parity|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|runtime|ep|ep-layer|python|parity|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -249,6 +252,27 @@ if [[ $part == layer ]]; then
   ops_rc=$?
   grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran' "$OUT/layer_tests.log" | tail -30
   echo "layer rc=$layer_rc backend_ops rc=$ops_rc" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == runtime ]]; then
+  echo "== one runtime, many layers; redundant experts"
+  run timeout 200 $BIN/test_runtime > "$OUT/runtime_tests.log" 2>&1
+  runtime_rc=$?
+  run timeout 200 $BIN/test_redundant_experts >> "$OUT/runtime_tests.log" 2>&1
+  redundant_rc=$?
+  grep -E 'FAILED|PASSED|SKIPPED|Failure|tests ran|relative difference|EPLB' "$OUT/runtime_tests.log" | tail -30
+  : > "$OUT/runtime_sanitizer.log"
+  san_rc=0
+  for t in "test_runtime --gtest_filter=RuntimeOnGpu.*" "test_redundant_experts --gtest_filter=RedundantExpertsGpu.*"; do
+    # shellcheck disable=SC2086
+    run timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/$t >> "$OUT/runtime_sanitizer.log" 2>&1 \
+      || san_rc=$((san_rc | $?))
+  done
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/runtime_sanitizer.log" | tail -8
+  echo "== moekit run --local-experts on the GPU (DeepSeek-V3 shapes, 32 experts in 64 slots), checked"
+  run timeout 200 $BIN/moekit run --device cuda --dp 1 --ep 1 --model deepseek-v3 --num-experts 32 --local-experts 64 \
+    --tokens-per-rank 48 --steps 3 --check 2>&1 | grep -v "^moekit run: building" | tail -8 | tee "$OUT/runtime_run.log"
+  echo "runtime rc=$runtime_rc redundant rc=$redundant_rc memcheck rc=$san_rc" | tee -a "$OUT/machine.txt"
 fi
 
 if [[ $part == ep ]]; then

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ class Checkpoint {
   // when `shared_experts` and the model has them. Each tensor's dtype and shape are checked against
   // the config, each violation an Error naming the tensor.
   CheckpointLayer load_layer(std::int64_t layer, const MoeProblem& problem, std::int64_t first_expert,
+                             bool shared_experts = true);
+  // Redundant experts (moekit/placement.h): this rank's slots, slot j holding the model's expert
+  // slot_experts[j] (a placement's physical_to_logical from rank * E_local, E_local of them); the
+  // weights' first_expert is -1.
+  CheckpointLayer load_layer(std::int64_t layer, const MoeProblem& problem, std::span<const std::int32_t> slot_experts,
                              bool shared_experts = true);
   // The shard files read so far.
   std::vector<std::string> opened_shards() const;

@@ -17,6 +17,7 @@
 #include "moekit/communicator.h"
 #include "moekit/memory.h"
 #include "moekit/model.h"
+#include "moekit/placement.h"
 #include "moekit/problem.h"
 #include "moekit/weights.h"
 #include "moekit/workspace.h"
@@ -62,6 +63,12 @@ struct LayerWeights {
   // (K) bf16: Qwen2-MoE's shared_expert_gate (the shared output times sigmoid(hidden . gate)), when
   // the model has one.
   const std::uint16_t* shared_expert_gate = nullptr;
+  // Redundant experts (moekit/placement.h): which logical expert each of the E_local * ep slots
+  // holds; `experts` then holds this rank's slots [rank * E_local, (rank + 1) * E_local), each
+  // with its logical expert's weights. Copied at registration. nullptr: the round-robin placement
+  // where the ranks hold more slots than E (slot p holds expert p mod E), none otherwise (slot =
+  // expert). A placement with as many slots as experts permutes them.
+  const ExpertPlacement* placement = nullptr;
 };
 
 // Host time of forward()'s stages: on the CPU the stages themselves, on a GPU the time to enqueue

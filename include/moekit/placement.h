@@ -10,8 +10,10 @@
 //
 // Per-slot load counts, summed over ranks and replicas (logical_load), are the logical experts'
 // loads that rebalance_experts (DeepSeek's EPLB) turns into a new placement.
-// Status: the placement, its rule and EPLB are planning code; the runtime does not run a placement
-// yet (it refuses local_experts above E / ep).
+// The runtime (moekit/runtime.h) runs a layer's placement (LayerWeights::placement; round robin by
+// default where the ranks hold more slots than E): the router's ids become slot ids before the
+// dispatch, each slot's pairs are counted (MoeRuntime::expert_load), and replace_layer installs a
+// rebalanced placement where the step reads it (a captured CUDA graph replays it).
 #pragma once
 
 #include <cstdint>

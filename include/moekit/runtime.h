@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "moekit/communicator.h"
 #include "moekit/layer.h"
 #include "moekit/model.h"
+#include "moekit/placement.h"
 #include "moekit/problem.h"
 #include "moekit/weights.h"
 #include "moekit/workspace.h"
@@ -36,6 +38,23 @@ class MoeRuntime {
   int add_layer(const LayerWeights& weights);
   int num_layers() const;
   const LayerWeights& layer_weights(int layer) const;
+
+  // Redundant experts (moekit/placement.h). A layer's placement, nullptr when it has none (slot =
+  // expert).
+  const ExpertPlacement* placement(int layer) const;
+  // This rank's (token, expert) pairs sent to each of the layer's E_local * ep slots since it was
+  // registered or last read; reading clears them (it synchronizes `stream`). Summed over the ranks
+  // (logical_load) they are the load that rebalance_experts turns into a new placement. A layer
+  // without a placement is an Error: register it with one (round_robin_placement(E, E) is the
+  // identity) to count.
+  std::vector<std::int64_t> expert_load(int layer, Stream stream = nullptr);
+  // Replaces a layer's weights and placement (validated as add_layer does; the slot count stays
+  // E_local * ep): a new placement from rebalance_experts with the slots' new weights. The
+  // placement tables are rewritten where the step reads them, after the work enqueued on `stream`,
+  // and the load counts restart: a CUDA graph captured before replays the new placement, with the
+  // weights at the addresses it captured (rewrite the slots' weights in place to keep it; weights
+  // at new addresses need a new capture).
+  void replace_layer(int layer, const LayerWeights& weights, Stream stream = nullptr);
 
   // MoeLayer::forward / enqueue for the registered `layer`: the same contracts (collective, chunks,
   // CUDA graph capture, max_tokens_any_rank). A graph may hold steps of several layers; they run in

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -121,6 +121,21 @@ class Plan:
             if r.name == name:
                 return r
         raise KeyError(f"{self.name} has no region {name!r}")
+
+
+def rebalance_experts(load: Sequence[float], num_physical: int, num_groups: int = 1, num_nodes: int = 1,
+                      num_ranks: int = 1) -> List[int]:
+    """DeepSeek's EPLB: each logical expert's load (e.g. the sum over ranks and over its slots of
+    Runtime.expert_load) -> a slot -> expert map of num_physical slots over num_ranks ranks (hot
+    experts replicated, ranks balanced; hierarchical over nodes when the router's num_groups divide
+    over num_nodes)."""
+    return _moekit.rebalance_experts([float(x) for x in load], int(num_physical), int(num_groups), int(num_nodes),
+                                     int(num_ranks))
+
+
+def round_robin_placement(num_logical: int, num_physical: int) -> List[int]:
+    """The default placement: slot p holds expert p mod num_logical."""
+    return _moekit.round_robin_placement(int(num_logical), int(num_physical))
 
 
 def plan(model: str = "deepseek-v3", dp: int = 32, ep: int = 32, max_tokens_per_rank: int = 256,
@@ -287,11 +302,16 @@ class Runtime:
 
     Runtime(model, max_tokens_per_rank, quant="auto", experts="batched-fp8", activation=None,
             num_threads=1, device="cpu", group=None, dispatch=None, num_experts=0, fuse_w1=None,
-            shared_experts=True, accumulation="precise")
-      the arguments of MoeLayer (but the weights); device: "cpu" or "cuda" (the current GPU)
-    add_layer(weights, w1_layout="gate_up") -> int: one layer's weights (MoeLayer's mapping, or a
-      LoadedLayer from Checkpoint.load_layer), kept referenced, never copied (but W1 arranged under
-      block128); returns the layer's index, 0, 1, ...
+            shared_experts=True, accumulation="precise", local_experts=0)
+      the arguments of MoeLayer (but the weights); device: "cpu" or "cuda" (the current GPU);
+      local_experts: expert slots per rank (0: E / ranks; more: redundant experts, EPLB)
+    add_layer(weights, w1_layout="gate_up", placement=None) -> int: one layer's weights (MoeLayer's
+      mapping, or a LoadedLayer from Checkpoint.load_layer), kept referenced, never copied (but W1
+      arranged under block128); returns the layer's index, 0, 1, ... With redundant experts the
+      weights hold this rank's slots and `placement` maps every slot of all ranks to its expert
+      (default: slot p holds expert p mod E); see rebalance_experts.
+    placement(layer), expert_load(layer): the slot -> expert map, and this rank's pairs per slot
+      since the last read (summed over ranks, the load rebalance_experts takes).
     forward(layer, hidden, router_logits, out=None, stream=None), enqueue(layer, ...), check_status():
       MoeLayer's, for one registered layer. A CUDA graph may capture steps of several layers.
     """
@@ -299,15 +319,16 @@ class Runtime:
     def __init__(self, model: str, max_tokens_per_rank: int, quant: str = "auto", experts: str = "batched-fp8",
                  activation: Optional[str] = None, num_threads: int = 1, device: str = "cpu", group: Any = None,
                  dispatch: Optional[str] = None, num_experts: int = 0, fuse_w1: Optional[bool] = None,
-                 shared_experts: bool = True, accumulation: str = "precise"):
+                 shared_experts: bool = True, accumulation: str = "precise", local_experts: int = 0):
         if group is not None and not hasattr(group, "all_gather"):
             group = TorchGroup.of(group)  # a torch.distributed process group
         self._group = group
         self._held = []  # per layer: the arrays the runtime reads
         self._rt = _moekit.Runtime(model, num_experts, max_tokens_per_rank, quant, experts, activation, device,
-                                   dispatch or "", shared_experts, num_threads, fuse_w1, accumulation, group)
+                                   dispatch or "", shared_experts, num_threads, fuse_w1, accumulation, group,
+                                   int(local_experts))
 
-    def add_layer(self, weights: Any, w1_layout: str = "gate_up") -> int:
+    def add_layer(self, weights: Any, w1_layout: str = "gate_up", placement: Optional[Sequence[int]] = None) -> int:
         if isinstance(weights, LoadedLayer):
             weights = weights.weights
         held = _layer_arrays(weights)
@@ -315,12 +336,26 @@ class Runtime:
         index = self._rt.add_layer(w["w1"], w["w1_scale"], w["w2"], w["w2_scale"], w.get("e_score_correction_bias"),
                                    w.get("w1_bias"), w.get("w2_bias"), w.get("shared_w1"), w.get("shared_w1_scale"),
                                    w.get("shared_w2"), w.get("shared_w2_scale"), w.get("shared_expert_gate"),
-                                   w1_layout)
+                                   w1_layout, None if placement is None else [int(e) for e in placement])
         if self._rt.owns_w1(index):  # arranged into the runtime's own copy: the caller's arrays may go
             for k in ("w1", "w1_scale", "shared_w1", "shared_w1_scale"):
                 held.pop(k, None)
         self._held.append(held)
         return index
+
+    def placement(self, layer: int) -> Optional[List[int]]:
+        """Layer `layer`'s slot -> expert map (all ranks' slots), None when it has no placement."""
+        return self._rt.placement(int(layer))
+
+    def expert_load(self, layer: int, stream=None) -> np.ndarray:
+        """This rank's (token, expert) pairs sent to each slot of layer `layer` since it was added or
+        last read (reading clears them), int64 (slots,). Summed over the ranks and fed to
+        rebalance_experts (with each expert's load the sum of its slots') they give a new placement."""
+        if stream is None and self.device.startswith("cuda"):
+            import torch
+
+            stream = torch.cuda.current_stream(torch.device(self.device)).cuda_stream
+        return np.asarray(self._rt.expert_load(int(layer), ops._stream(None, stream)), dtype=np.int64)
 
     @property
     def num_layers(self) -> int:
@@ -449,8 +484,11 @@ class Checkpoint:
         return list(self._ck.opened_shards)
 
     def load_layer(self, layer: int, quant: str = "auto", rank: int = 0, ranks: int = 1,
-                   shared_experts: bool = True) -> LoadedLayer:
-        d = dict(self._ck.load_layer(int(layer), quant, int(rank), int(ranks), bool(shared_experts)))
+                   shared_experts: bool = True, placement: Optional[Sequence[int]] = None) -> LoadedLayer:
+        """placement: with redundant experts, the slot -> expert map of all ranks' slots; this rank's
+        len(placement) / ranks slots are read."""
+        d = dict(self._ck.load_layer(int(layer), quant, int(rank), int(ranks), bool(shared_experts),
+                                     None if placement is None else [int(e) for e in placement]))
         router_weight = d.pop("router_weight")
         router_bias = d.pop("router_bias", None)
         q = d.pop("quant")

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -402,7 +403,7 @@ class Runtime {
   Runtime(const std::string& model_name, std::int64_t num_experts, std::int64_t max_tokens, const std::string& quant,
           const std::string& experts, std::optional<std::string> activation, const std::string& device,
           const std::string& dispatch, bool shared_experts, int num_threads, std::optional<bool> fuse_w1,
-          const std::string& accumulation, std::optional<nb::object> group)
+          const std::string& accumulation, std::optional<nb::object> group, std::int64_t local_experts)
       : model_(model_with(model_name, num_experts)), place_(parse_place(device)) {
     MOEKIT_CHECK(max_tokens >= 1, "max_tokens_per_rank = {} must be >= 1", max_tokens);
     LayerOptions opt;
@@ -422,7 +423,7 @@ class Runtime {
       group_ = std::make_unique<Group>();  // a group of one, held for the runtime's life
     }
     Communicator& comm = comm_ ? *comm_ : group_->comm();
-    const ParallelConfig par{comm.size(), comm.size(), max_tokens, 0};
+    const ParallelConfig par{comm.size(), comm.size(), max_tokens, local_experts};
     const ExpertsEntry& entry = find_experts(experts, opt.device);
     problem_ = make_problem(model_, par, entry.format, opt.quant, opt.activation.value_or(model_.activation),
                             opt.fuse_w1, opt.accumulation);
@@ -437,7 +438,8 @@ class Runtime {
   int add_layer(Array w1, Array w1_scale, Array w2, Array w2_scale, std::optional<Array> bias,
                 std::optional<Array> w1_bias, std::optional<Array> w2_bias, std::optional<Array> shared_w1,
                 std::optional<Array> shared_w1_scale, std::optional<Array> shared_w2,
-                std::optional<Array> shared_w2_scale, std::optional<Array> shared_gate, const std::string& w1_layout) {
+                std::optional<Array> shared_w2_scale, std::optional<Array> shared_gate, const std::string& w1_layout,
+                std::optional<std::vector<std::int32_t>> placement) {
     const MoeProblem& p = problem_;
     const std::size_t owned_before = owned_.size();
     ExpertWeightsView weights = weights_of(p, w1, w1_scale, w2, w2_scale, place_);
@@ -503,6 +505,9 @@ class Runtime {
         lw.shared_expert_gate = static_cast<const std::uint16_t*>(shared_gate->data());
       }
     }
+    std::optional<ExpertPlacement> given;
+    if (placement) given = make_placement(p.E, *placement);
+    lw.placement = given ? &*given : nullptr;  // copied by the runtime
     std::lock_guard lock(mu_);
     try {
       const int index = runtime_->add_layer(lw);
@@ -549,6 +554,20 @@ class Runtime {
     nb::gil_scoped_release release;
     std::lock_guard lock(mu_);
     runtime_->check_status(stream_of(stream));
+  }
+
+  // Redundant experts: the layer's slot -> expert map (None without a placement), and this rank's
+  // per-slot pair counts since the last read (cleared).
+  std::optional<std::vector<std::int32_t>> placement(int layer) const {
+    const ExpertPlacement* pl = runtime_->placement(layer);
+    if (pl == nullptr) return std::nullopt;
+    return pl->physical_to_logical;
+  }
+  std::vector<std::int64_t> expert_load(int layer, std::uintptr_t stream) {
+    DeviceScope scope(place_);
+    nb::gil_scoped_release release;
+    std::lock_guard lock(mu_);
+    return runtime_->expert_load(layer, stream_of(stream));
   }
 
   std::int64_t workspace_bytes() const { return runtime_->allocated_workspace_bytes(); }
@@ -1128,17 +1147,33 @@ class PyCheckpoint {
   std::vector<std::int64_t> moe_layers() const { return ck_.moe_layers(); }
   std::vector<std::string> opened_shards() const { return ck_.opened_shards(); }
 
+  // placement: the slot -> expert map of all ranks' E_local * ranks slots (redundant experts), this
+  // rank's slots read; None: experts [rank * E / ranks, ...).
   nb::dict load_layer(std::int64_t layer, const std::string& quant, std::int64_t rank, std::int64_t ranks,
-                      bool shared_experts) {
+                      bool shared_experts, std::optional<std::vector<std::int32_t>> placement) {
     const ModelConfig& m = ck_.model();
     MOEKIT_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank = {} of ranks = {}: need 0 <= rank < ranks", rank,
                  ranks);
-    const ParallelConfig par{ranks, ranks, 1, 0};
+    std::int64_t local = 0;
+    if (placement) {
+      const auto slots = static_cast<std::int64_t>(placement->size());
+      MOEKIT_CHECK(slots % ranks == 0, "placement: {} slots do not divide over ranks = {}", slots, ranks);
+      local = slots / ranks;
+      make_placement(m.num_experts, *placement);  // validated: every expert in some slot
+    }
+    const ParallelConfig par{ranks, ranks, 1, local};
     const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, choose_quant(m, quant).quant);
     auto l = std::make_shared<CheckpointLayer>();
     {
       nb::gil_scoped_release release;
-      *l = ck_.load_layer(layer, p, first_local_expert(par, p, static_cast<int>(rank)), shared_experts);
+      const std::int64_t first = first_local_expert(par, p, static_cast<int>(rank));
+      *l =
+          placement
+              ? ck_.load_layer(
+                    layer, p,
+                    std::span(*placement).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(p.E_local)),
+                    shared_experts)
+              : ck_.load_layer(layer, p, first, shared_experts);
       w1_to_halves(p, l->experts.w1, l->experts.w1_scale);
       if (l->shared_experts)
         w1_to_halves(l->shared_experts->problem, l->shared_experts->w1, l->shared_experts->w1_scale);
@@ -1362,15 +1397,18 @@ NB_MODULE(_moekit, m) {
   nb::class_<Runtime>(m, "Runtime")
       .def(nb::init<const std::string&, std::int64_t, std::int64_t, const std::string&, const std::string&,
                     std::optional<std::string>, const std::string&, const std::string&, bool, int, std::optional<bool>,
-                    const std::string&, std::optional<nb::object>>(),
+                    const std::string&, std::optional<nb::object>, std::int64_t>(),
            nb::arg("model"), nb::arg("num_experts"), nb::arg("max_tokens_per_rank"), nb::arg("quant"),
            nb::arg("experts"), nb::arg("activation").none(), nb::arg("device"), nb::arg("dispatch"),
            nb::arg("shared_experts"), nb::arg("num_threads"), nb::arg("fuse_w1").none(), nb::arg("accumulation"),
-           nb::arg("group").none())
+           nb::arg("group").none(), nb::arg("local_experts"))
       .def("add_layer", &Runtime::add_layer, nb::arg("w1"), nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"),
            nb::arg("e_score_correction_bias").none(), nb::arg("w1_bias").none(), nb::arg("w2_bias").none(),
            nb::arg("shared_w1").none(), nb::arg("shared_w1_scale").none(), nb::arg("shared_w2").none(),
-           nb::arg("shared_w2_scale").none(), nb::arg("shared_expert_gate").none(), nb::arg("w1_layout"))
+           nb::arg("shared_w2_scale").none(), nb::arg("shared_expert_gate").none(), nb::arg("w1_layout"),
+           nb::arg("placement").none())
+      .def("placement", &Runtime::placement, nb::arg("layer"))
+      .def("expert_load", &Runtime::expert_load, nb::arg("layer"), nb::arg("stream"))
       .def("forward", &Runtime::forward, nb::arg("layer"), nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"),
            nb::arg("stream"))
       .def("enqueue", &Runtime::enqueue, nb::arg("layer"), nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"),
@@ -1388,10 +1426,23 @@ NB_MODULE(_moekit, m) {
       .def_prop_ro("dispatch", &Runtime::dispatch)
       .def_prop_ro("problem", &Runtime::problem);
   m.def("workspace_allocations", &moekit::Workspace::allocation_count);
+  m.def(
+      "rebalance_experts",
+      [](const std::vector<double>& load, std::int64_t num_physical, std::int64_t num_groups, std::int64_t num_nodes,
+         std::int64_t num_ranks) {
+        return moekit::rebalance_experts(load, num_physical, num_groups, num_nodes, num_ranks).physical_to_logical;
+      },
+      nb::arg("load"), nb::arg("num_physical"), nb::arg("num_groups"), nb::arg("num_nodes"), nb::arg("num_ranks"));
+  m.def(
+      "round_robin_placement",
+      [](std::int64_t num_logical, std::int64_t num_physical) {
+        return moekit::round_robin_placement(num_logical, num_physical).physical_to_logical;
+      },
+      nb::arg("num_logical"), nb::arg("num_physical"));
   nb::class_<PyCheckpoint>(m, "Checkpoint")
       .def(nb::init<const std::string&>(), nb::arg("path"))
       .def("load_layer", &PyCheckpoint::load_layer, nb::arg("layer"), nb::arg("quant"), nb::arg("rank"),
-           nb::arg("ranks"), nb::arg("shared_experts"))
+           nb::arg("ranks"), nb::arg("shared_experts"), nb::arg("placement").none())
       .def_prop_ro("model_type", &PyCheckpoint::model_type)
       .def_prop_ro("config_path", &PyCheckpoint::config_path)
       .def_prop_ro("moe_layers", &PyCheckpoint::moe_layers)

@@ -328,23 +328,21 @@ struct Checkpoint::Impl {
                  activation_name(p.activation), activation_name(model.activation));
   }
 
-  // The routed experts of layer L into `out`; returns the load note.
-  std::string load_routed(const Names& nm, HostExpertWeights& out) {
+  // The routed experts of layer L into `out`, local expert e from the model's expert experts[e];
+  // returns the load note.
+  std::string load_routed(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {
     const MoeProblem& p = out.problem;
-    const std::int64_t K = p.K, I = p.I(), E = p.E;
+    const std::int64_t K = p.K, I = p.I();
     const bool gated = numerics::w1_rows(p.activation, p.quant) != numerics::W1Rows::kSingle;
     MOEKIT_CHECK(gated, "{}: loading non-gated experts ({}) is not supported: the families moekit loads are gated",
                  dir.dir(), activation_name(p.activation));
-    MOEKIT_CHECK(out.first_expert >= 0 && out.first_expert + p.E_local <= E,
-                 "load_layer: experts [{}, {}) of a model with {}: first_expert is rank * E_local", out.first_expert,
-                 out.first_expert + p.E_local, E);
     const std::string fused_w1 = nm.prefix + "experts.gate_up_proj", fused_w2 = nm.prefix + "experts.down_proj";
     for (const char* packed : {"_blocks", "_scales"})
       MOEKIT_CHECK(!dir.contains(fused_w1 + packed),
                    "{}: '{}{}' is MXFP4 (gpt-oss's released format), which moekit does not dequantize: convert the "
                    "checkpoint to bf16 first (transformers: Mxfp4Config(dequantize=True), then save_pretrained)",
                    dir.dir(), fused_w1, packed);
-    const std::string first = nm.expert(out.first_expert, "gate");
+    const std::string first = nm.expert(experts.front(), "gate");
     MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
                  "{}: '{}' is packed int4 (compressed-tensors), which moekit does not read", dir.dir(),
                  first.substr(0, first.size() - 7) + ".weight_packed");
@@ -352,7 +350,7 @@ struct Checkpoint::Impl {
     std::string stored_as;
     bool all_stored = true;
     for (std::int64_t e = 0; e < p.E_local; ++e) {
-      const std::int64_t g = out.first_expert + e;
+      const std::int64_t g = experts[static_cast<std::size_t>(e)];
       bool moved = false;
       if (per_expert) {
         const Matrix gate = stored(nm.expert(g, "gate"), I, K, "an expert's gate rows");
@@ -380,14 +378,17 @@ struct Checkpoint::Impl {
       }
       all_stored = all_stored && moved;
     }
-    if (p.expert_bias) load_expert_biases(nm, out);
-    return fmt::format("{}experts {}-{}: {} ({}), {}", nm.prefix, out.first_expert, out.first_expert + p.E_local - 1,
-                       stored_as, per_expert ? "one tensor per expert" : "fused tensors",
+    if (p.expert_bias) load_expert_biases(nm, experts, out);
+    const std::string which = out.first_expert >= 0
+                                  ? fmt::format("experts {}-{}", out.first_expert, out.first_expert + p.E_local - 1)
+                                  : fmt::format("{} slots of experts {}", p.E_local, fmt::join(experts, ","));
+    return fmt::format("{}{}: {} ({}), {}", nm.prefix, which, stored_as,
+                       per_expert ? "one tensor per expert" : "fused tensors",
                        all_stored ? fmt::format("loaded as stored ({})", quant_name(p.quant))
                                   : fmt::format("quantized to {} at load", quant_name(p.quant)));
   }
 
-  void load_expert_biases(const Names& nm, HostExpertWeights& out) {
+  void load_expert_biases(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {
     const MoeProblem& p = out.problem;
     const std::int64_t N = p.N, K = p.K, I = p.I(), E = p.E;
     MOEKIT_CHECK(nm.naming == WeightNames::kGptOss, "{}: expert biases are read for gpt_oss only", dir.dir());
@@ -399,7 +400,7 @@ struct Checkpoint::Impl {
     const std::byte* d2 = bytes(b2);
     const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
     for (std::int64_t e = 0; e < p.E_local; ++e) {
-      const std::int64_t g = out.first_expert + e;
+      const std::int64_t g = experts[static_cast<std::size_t>(e)];
       for (std::int64_t c = 0; c < I; ++c) {  // stored interleaved: gate 2c, up 2c + 1
         out.w1_bias[static_cast<std::size_t>(e * N + numerics::gate_column(rows, I, c))] =
             float_at(d1, t1.dtype, g * 2 * I + 2 * c);
@@ -419,16 +420,25 @@ struct Checkpoint::Impl {
     return v;
   }
 
-  CheckpointLayer load(std::int64_t L, const MoeProblem& p, std::int64_t first_expert, bool want_shared) {
+  // experts: the model's expert of each local slot; first_expert: experts[0] when they are a
+  // range, -1 for the slots of a placement.
+  CheckpointLayer load(std::int64_t L, const MoeProblem& p, const std::vector<std::int64_t>& experts,
+                       std::int64_t first_expert, bool want_shared) {
     MOEKIT_CHECK(std::binary_search(layers.begin(), layers.end(), L),
                  "{}: layer {} holds no MoE block (the MoE layers are {})", dir.dir(), L,
                  layers.empty() ? std::string("none") : fmt::format("{}", fmt::join(layers, ", ")));
     check_problem(p);
+    MOEKIT_CHECK(static_cast<std::int64_t>(experts.size()) == p.E_local,
+                 "load_layer: {} slot experts for a problem of E_local = {}", experts.size(), p.E_local);
+    for (std::size_t e = 0; e < experts.size(); ++e)
+      MOEKIT_CHECK(experts[e] >= 0 && experts[e] < p.E,
+                   "load_layer: local expert {} is the model's expert {}, outside [0, {}){}", e, experts[e], p.E,
+                   first_expert >= 0 ? ": first_expert is rank * E_local" : "");
     const Names nm = names(L);
     CheckpointLayer out;
     out.layer = L;
     out.experts = empty_experts(p, first_expert);
-    out.note = load_routed(nm, out.experts);
+    out.note = load_routed(nm, experts, out.experts);
     const std::int64_t E = p.E, K = p.K;
     out.router_weight = floats(nm.router(), {E, K}, "the router's weight");
     if (nm.naming == WeightNames::kGptOss)
@@ -495,7 +505,13 @@ const std::vector<std::int64_t>& Checkpoint::moe_layers() const {
 }
 CheckpointLayer Checkpoint::load_layer(std::int64_t layer, const MoeProblem& problem, std::int64_t first_expert,
                                        bool shared_experts) {
-  return impl_->load(layer, problem, first_expert, shared_experts);
+  std::vector<std::int64_t> experts(static_cast<std::size_t>(std::max<std::int64_t>(problem.E_local, 0)));
+  for (std::size_t e = 0; e < experts.size(); ++e) experts[e] = first_expert + static_cast<std::int64_t>(e);
+  return impl_->load(layer, problem, experts, first_expert, shared_experts);
+}
+CheckpointLayer Checkpoint::load_layer(std::int64_t layer, const MoeProblem& problem,
+                                       std::span<const std::int32_t> slot_experts, bool shared_experts) {
+  return impl_->load(layer, problem, {slot_experts.begin(), slot_experts.end()}, -1, shared_experts);
 }
 std::vector<std::string> Checkpoint::opened_shards() const {
   return impl_->dir.opened_shards();

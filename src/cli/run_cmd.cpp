@@ -6,13 +6,16 @@
 // in-process) or MPI processes (mpirun -np N moekit run ...).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "check/reference.h"
@@ -23,6 +26,7 @@
 #include "moekit/check.h"
 #include "moekit/checkpoint.h"
 #include "moekit/layer.h"
+#include "moekit/placement.h"
 #include "moekit/registry.h"
 #include "moekit/runtime.h"
 #include "numerics/fp8.h"
@@ -40,6 +44,7 @@ struct RunRequest {
   std::int64_t tokens_per_rank = 16;
   std::int64_t max_tokens_per_rank = 0;  // 0: tokens_per_rank
   std::int64_t num_experts = 0;          // 0: the model's
+  std::int64_t local_experts = 0;        // 0: E / ep; more: redundant experts in the round-robin placement
   std::string device = "auto";
   std::string experts = "batched-fp8";
   std::string dispatch;        // empty: the default prepare/finalize
@@ -93,12 +98,15 @@ std::vector<std::int64_t> selected_layers(const RunRequest& req, const Checkpoin
   return out;
 }
 
-// Seeded synthetic weights of one layer in the form a checkpoint's take.
+// Seeded synthetic weights of one layer in the form a checkpoint's take: experts [first_expert,
+// first_expert + E_local), or with a placement the slots from first_expert on.
 CheckpointLayer synthetic_layer(const RunRequest& req, const ModelConfig& model, const MoeProblem& p,
-                                std::int64_t first_expert, cpu::ThreadPool& pool) {
+                                std::int64_t first_expert, cpu::ThreadPool& pool,
+                                const ExpertPlacement* placement = nullptr) {
   CheckpointLayer l;
   l.layer = -1;
-  l.experts = synthetic::make_expert_weights(p, first_expert, req.seed, pool);
+  l.experts = placement ? synthetic::make_slot_weights(p, *placement, first_expert, req.seed, pool)
+                        : synthetic::make_expert_weights(p, first_expert, req.seed, pool);
   if (model.has_score_correction_bias) l.e_score_correction_bias = synthetic::make_routing_bias(p.E, req.seed);
   if (req.shared_experts) {
     synthetic::HostSharedExperts shared = synthetic::make_shared_experts(model, p, req.seed, pool);
@@ -109,6 +117,44 @@ CheckpointLayer synthetic_layer(const RunRequest& req, const ModelConfig& model,
   }
   l.note = "seeded synthetic weights";
   return l;
+}
+
+// Redundant experts: every layer's per-slot counts of all steps, summed over the ranks on rank 0,
+// printed as the ranks' max/mean load and the max/mean that rebalance_experts' placement would give.
+// ep ranks hold the slots (one with ep == 1: every rank holds them all).
+void report_load(MoeRuntime& runtime, Communicator& comm, const ExpertPlacement& placement, int num_layers,
+                 std::int64_t ep) {
+  const auto P = static_cast<std::size_t>(comm.size());
+  const std::int64_t slots = placement.num_physical(), bytes = slots * 8;
+  for (int l = 0; l < num_layers; ++l) {
+    const std::vector<std::int64_t> mine = runtime.expert_load(l);
+    std::vector<std::int64_t> send_bytes(P, 0), send_off(P, 0), recv_bytes(P, 0), recv_off(P, 0);
+    send_bytes[0] = bytes;
+    if (comm.rank() == 0)
+      for (std::size_t r = 0; r < P; ++r) {
+        recv_bytes[r] = bytes;
+        recv_off[r] = static_cast<std::int64_t>(r) * bytes;
+      }
+    std::vector<std::int64_t> all(comm.rank() == 0 ? P * static_cast<std::size_t>(slots) : 0);
+    comm.all_to_all_v(mine.data(), send_bytes, send_off, all.data(), recv_bytes, recv_off);
+    if (comm.rank() != 0) continue;
+    std::vector<std::int64_t> total(static_cast<std::size_t>(slots), 0);
+    for (std::size_t i = 0; i < all.size(); ++i) total[i % static_cast<std::size_t>(slots)] += all[i];
+    const std::vector<double> load = logical_load(placement, total);
+    const double pairs = std::accumulate(load.begin(), load.end(), 0.0);
+    const std::int64_t ranks = ep;
+    std::vector<double> per_rank(static_cast<std::size_t>(ranks), 0.0);
+    for (std::int64_t s = 0; s < slots; ++s)
+      per_rank[static_cast<std::size_t>(s / (slots / ranks))] +=
+          static_cast<double>(total[static_cast<std::size_t>(s)]);
+    const double measured =
+        pairs > 0 ? *std::max_element(per_rank.begin(), per_rank.end()) * static_cast<double>(ranks) / pairs : 1.0;
+    const double eplb = pairs > 0 ? rank_imbalance(rebalance_experts(load, slots, 1, 1, ranks), load, ranks) : 1.0;
+    std::cout << fmt::format(
+        "expert load{}: {} pairs over {} slots; ranks' max/mean {:.3f} measured, {:.3f} with EPLB's placement of "
+        "these counts\n",
+        num_layers > 1 ? fmt::format(" (layer {})", l) : "", static_cast<std::int64_t>(pairs), slots, measured, eplb);
+  }
 }
 
 Device choose_device(const std::string& requested, ActivationFormat format, std::int64_t ep, std::int64_t ranks) {
@@ -125,7 +171,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   const bool root = comm.rank() == 0;
   const ParallelConfig par{
       req.dp, req.ep == 0 ? req.dp : req.ep,
-      req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
+      req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank,
+      req.local_experts};
   LayerOptions opt;
   opt.experts = req.experts;
   const QuantChoice quant = choose_quant(model, req.quant);
@@ -143,6 +190,11 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   const MoeProblem p = make_problem(model, par, entry.format, opt.quant, opt.activation.value_or(model.activation),
                                     opt.fuse_w1, opt.accumulation);
   const std::int64_t first = first_local_expert(par, p, comm.rank());
+  // Redundant experts: the runtime's default placement (round robin) of the ranks' slots; this
+  // rank's slots are [first, first + E_local).
+  const std::int64_t slots = p.E_local * par.ep;
+  const std::optional<ExpertPlacement> placement =
+      slots > p.E ? std::optional(round_robin_placement(p.E, slots)) : std::nullopt;
   cpu::ThreadPool pool(threads_per_rank);
   // This rank's layers: seeded synthetic weights (global expert indices, so any layout draws the same
   // values), or the checkpoint's (only this rank's experts read).
@@ -150,13 +202,19 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   std::unique_ptr<Checkpoint> ck;
   if (req.checkpoint.empty()) {
     if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
-    layers.push_back(synthetic_layer(req, model, p, first, pool));
+    layers.push_back(synthetic_layer(req, model, p, first, pool, placement ? &*placement : nullptr));
   } else {
     ck = std::make_unique<Checkpoint>(req.checkpoint);
     const std::vector<std::int64_t> wanted = selected_layers(req, *ck);
     if (root)
       std::cerr << fmt::format("moekit run: loading {} MoE layer(s) from {}...\n", wanted.size(), req.checkpoint);
-    for (const std::int64_t L : wanted) layers.push_back(ck->load_layer(L, p, first, req.shared_experts));
+    for (const std::int64_t L : wanted)
+      layers.push_back(
+          placement ? ck->load_layer(L, p,
+                                     std::span(placement->physical_to_logical)
+                                         .subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(p.E_local)),
+                                     req.shared_experts)
+                    : ck->load_layer(L, p, first, req.shared_experts));
   }
   // This rank's tokens are global tokens [rank * T, (rank + 1) * T); a checkpoint's layers route them
   // with their own router weights.
@@ -210,6 +268,11 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
       std::cout << fmt::format("shared experts: not in the step (--no-shared-experts)\n");
     std::cout << fmt::format("tokens per rank {} (max_tokens_per_rank {}, M = {}), threads per rank {}\n", T,
                              par.max_tokens_per_rank, lp.M, threads_per_rank);
+    if (placement)
+      std::cout << fmt::format(
+          "redundant experts: {} slots for {} experts ({} per rank), slot p holding expert p mod {} (round robin); "
+          "a pair takes replica (token + rank) mod replicas\n",
+          slots, p.E, p.E_local, p.E);
     std::cout << fmt::format(
         "workspace per rank: experts {} bytes ({}), layer {} bytes ({}) = moekit plan --device {} --experts {} for "
         "this layout; one for all {} layer(s){}\n",
@@ -238,6 +301,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
                        s.experts_ms, s.finalize_ms, nl > 1 ? fmt::format("; {} layers", nl) : "")
                 << std::flush;
   }
+  if (placement) report_load(runtime, comm, *placement, static_cast<int>(nl), par.ep);
   for (std::size_t l = 0; l < nl; ++l)
     if (output[l] != out[l].data() && T > 0) memory->to_host(out[l].data(), output[l], 2 * T * K, nullptr);
   if (!req.output.empty()) {
@@ -297,7 +361,8 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
 int check_run(const RunRequest& req, const ModelConfig& model, RunResults& results, int threads) {
   const ParallelConfig par{
       req.dp, req.ep == 0 ? req.dp : req.ep,
-      req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank, 0};
+      req.max_tokens_per_rank == 0 ? std::max<std::int64_t>(req.tokens_per_rank, 1) : req.max_tokens_per_rank,
+      req.local_experts};
   const ExpertsEntry& entry = find_experts(req.experts, Device::kCpu);
   // The float64 reference follows the recipe (no bf16 W1 output where W1 is fused).
   const QuantScheme quant = choose_quant(model, req.quant).quant;
@@ -305,7 +370,8 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
   const MoeProblem p =
       make_problem(model, par, entry.format, quant, act, req.fuse_w1, parse_accumulation(req.accumulation));
   cpu::ThreadPool pool(threads);
-  // Every expert of each layer: the synthetic bank, or the checkpoint's layer loaded whole.
+  // Every expert of each layer: the synthetic bank (regenerating the logical experts of slot
+  // weights), or the checkpoint's layer loaded whole.
   std::unique_ptr<Checkpoint> ck;
   std::vector<std::int64_t> numbers{-1};
   if (!req.checkpoint.empty()) {
@@ -321,7 +387,8 @@ int check_run(const RunRequest& req, const ModelConfig& model, RunResults& resul
   const std::int64_t T = req.tokens_per_rank;
   for (std::size_t l = 0; l < numbers.size(); ++l) {
     synthetic::ExpertBank bank(p, req.seed, pool);
-    for (const auto& w : results.weights) bank.adopt(w);
+    for (const auto& w : results.weights)
+      if (w.first_expert >= 0) bank.adopt(w);
     const CheckpointLayer layer =
         ck ? ck->load_layer(numbers[l], whole, 0, req.shared_experts) : synthetic_layer(req, model, whole, 0, pool);
     const ExpertWeightsView all = layer.experts.view();
@@ -421,6 +488,10 @@ std::function<int()> add_run_command(CLI::App& app) {
                   "Chunk capacity (0: tokens-per-rank); larger steps are chunked")
       ->capture_default_str();
   cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep) to keep runs short")
+      ->capture_default_str();
+  cmd->add_option("--local-experts", req->local_experts,
+                  "Expert slots per rank (0: experts / ep; more: redundant experts, slot p holding expert p mod E; "
+                  "prints the measured load and EPLB's rebalanced figure)")
       ->capture_default_str();
   cmd->add_option("--quant", req->quant,
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "

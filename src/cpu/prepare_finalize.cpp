@@ -30,10 +30,10 @@ void check_ids(const MoeProblem& p, const PrepareArgs& a) {
                "prepare: {} tokens exceed max_tokens_per_rank = {}: chunk the step", a.num_tokens,
                p.max_tokens_per_rank);
   for (std::int64_t i = 0; i < a.num_tokens * p.topk; ++i)
-    MOEKIT_CHECK(a.topk_ids[i] >= -1 && a.topk_ids[i] < p.E,
-                 "prepare: topk_ids[{}][{}] = {} is outside [0, E = {}) (or -1: none): the router produced an invalid "
-                 "expert",
-                 i / p.topk, i % p.topk, a.topk_ids[i], p.E);
+    MOEKIT_CHECK(a.topk_ids[i] >= -1 && a.topk_ids[i] < p.E_local,
+                 "prepare: topk_ids[{}][{}] = {} is outside [0, E_local = {}) (or -1: none): the router produced an "
+                 "invalid expert",
+                 i / p.topk, i % p.topk, a.topk_ids[i], p.E_local);
 }
 
 class AllToAll final : public PrepareFinalize {
@@ -47,9 +47,11 @@ class AllToAll final : public PrepareFinalize {
   ExpertsInput prepare(const MoeProblem& p, const PrepareArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "all-to-all prepare");
     MOEKIT_CHECK(comm_ != nullptr && pool_ != nullptr, "all-to-all runs over a communicator and a thread pool");
-    MOEKIT_CHECK(comm_->size() * p.E_local == p.E,
-                 "all-to-all: {} ranks x E_local = {} do not hold the E = {} experts (one expert, one rank)",
-                 comm_->size(), p.E_local, p.E);
+    // Ids are slots: rank r holds [r * E_local, (r + 1) * E_local), E or more of them (redundant
+    // experts, moekit/placement.h, make the router's ids slots before the dispatch).
+    const std::int64_t slots = comm_->size() * p.E_local;
+    MOEKIT_CHECK(slots >= p.E, "all-to-all: {} ranks x E_local = {} hold {} slots, fewer than the E = {} experts",
+                 comm_->size(), p.E_local, slots, p.E);
     MOEKIT_CHECK(comm_->size() <= plan::kMaxEpRanks && p.topk <= plan::kMaxEpTopk,
                  "all-to-all: {} ranks and topk = {}; the transport takes at most {} ranks and topk {}", comm_->size(),
                  p.topk, plan::kMaxEpRanks, plan::kMaxEpTopk);
@@ -62,11 +64,12 @@ class AllToAll final : public PrepareFinalize {
     // exchanges (no peer is left waiting in a collective) and check_status() raises on this rank.
     pending_.clear();
     for (std::int64_t i = 0; i < a.num_tokens * p.topk && pending_.empty(); ++i)
-      if (a.topk_ids[i] < -1 || a.topk_ids[i] >= p.E)
+      if (a.topk_ids[i] < -1 || a.topk_ids[i] >= slots)
         pending_ = fmt::format(
-            "prepare: topk_ids[{}][{}] = {} is outside [0, E = {}) (or -1: none): the router produced an invalid "
-            "expert; that pair was dropped",
-            i / p.topk, i % p.topk, a.topk_ids[i], p.E);
+            "prepare: topk_ids[{}][{}] = {} is outside [0, {}) (or -1: none): the router produced an invalid expert; "
+            "that pair was dropped",
+            i / p.topk, i % p.topk, a.topk_ids[i],
+            slots == p.E ? fmt::format("E = {}", p.E) : fmt::format("{} expert slots", slots));
     const std::int64_t K = p.K, M = p.M, topk = p.topk, E_local = p.E_local, tc = a.num_tokens;
     const plan::EpRecord rl = plan::ep_record(p.quant, K, topk);
     const std::int64_t spr = rl.scales_per_row, rb = rl.bytes;
@@ -244,7 +247,7 @@ class Local final : public PrepareFinalize {
 
   ExpertsInput prepare(const MoeProblem& p, const PrepareArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "local prepare");
-    MOEKIT_CHECK(p.E_local == p.E, "the local prepare/finalize holds every expert (ep == 1); E_local = {} of E = {}",
+    MOEKIT_CHECK(p.E_local >= p.E, "the local prepare/finalize holds every expert (ep == 1); E_local = {} of E = {}",
                  p.E_local, p.E);
     check_ids(p, a);
     auto* a1q = ws.get<fp8_t>("a1q");

@@ -4,6 +4,7 @@
 #include "cuda/backend.h"
 #include "cuda/device_info.h"
 #include "cuda/launch.h"
+#include "cuda/placement.h"
 #include "moekit/check.h"
 
 namespace moekit::cuda {
@@ -125,6 +126,10 @@ void launch_route(const RoutingConfig&, const float*, std::int64_t, const float*
 void launch_route_shared(const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, std::int32_t*, float*,
                          void*) {
   no_cuda("the CUDA router");
+}
+void launch_place_experts(std::int32_t*, std::int64_t, std::int64_t, std::int64_t, const plan::PlacementTables&,
+                          void*) {
+  no_cuda("the CUDA expert placement");
 }
 void launch_row_map(const std::int32_t*, std::int64_t, int, int, bool, std::int64_t, std::int32_t*, std::int32_t*,
                     std::int32_t*, std::int32_t*, std::int32_t*, void*) {

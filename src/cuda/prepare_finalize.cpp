@@ -85,7 +85,8 @@ class Scatter final : public PrepareFinalize {
 
   ExpertsInput prepare(const MoeProblem& p, const PrepareArgs& a, Workspace& ws, Stream stream) override {
     ws.require(p, "scatter prepare (cuda)");
-    MOEKIT_CHECK(p.E_local == p.E && p.num_dispatchers == 1,
+    // E_local above E: the slots of redundant experts (moekit/placement.h), ids already slots.
+    MOEKIT_CHECK(p.E_local >= p.E && p.num_dispatchers == 1,
                  "the single-GPU scatter holds every expert of one rank (dp == ep == 1); E_local = {} of E = {}, {} "
                  "dispatchers",
                  p.E_local, p.E, p.num_dispatchers);
@@ -127,7 +128,7 @@ class Local final : public PrepareFinalize {
 
   ExpertsInput prepare(const MoeProblem& p, const PrepareArgs& a, Workspace& ws, Stream stream) override {
     ws.require(p, "local prepare (cuda)");
-    MOEKIT_CHECK(p.E_local == p.E, "the local prepare/finalize holds every expert (ep == 1); E_local = {} of E = {}",
+    MOEKIT_CHECK(p.E_local >= p.E, "the local prepare/finalize holds every expert (ep == 1); E_local = {} of E = {}",
                  p.E_local, p.E);
     check_tokens(p, a);
     launch_quantize_tokens(quantize(p, a, ws, nullptr, 1), stream);
@@ -298,9 +299,11 @@ class NcclAllToAll final : public PrepareFinalize {
     check_problem(p);
     check_tokens(p, a);
     MOEKIT_CHECK(group_ != nullptr, "{}: the layer attaches the transport before its first step", name());
-    MOEKIT_CHECK(comm_->size() == p.num_dispatchers && p.E_local * comm_->size() == p.E,
-                 "{}: {} ranks with D = {}, E_local = {}, E = {}: every rank dispatches and holds E / ranks experts",
-                 name(), comm_->size(), p.num_dispatchers, p.E_local, p.E);
+    MOEKIT_CHECK(
+        comm_->size() == p.num_dispatchers && p.E_local * comm_->size() >= p.E,
+        "{}: {} ranks with D = {}, E_local = {}, E = {}: every rank dispatches and holds E_local expert slots, "
+        "E or more in all",
+        name(), comm_->size(), p.num_dispatchers, p.E_local, p.E);
     MOEKIT_CHECK(a.num_tokens == 0 || (a.hidden && a.topk_ids && a.topk_weights),
                  "{} prepare: hidden, topk_ids and topk_weights must be non-null for {} tokens (the owner applies the "
                  "weights before the combine)",

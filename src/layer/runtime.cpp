@@ -1,19 +1,22 @@
 // The runtime as a composition of its seams (moekit/runtime.h): it validates the layout, picks the
 // implementations from the registry, allocates the one workspace from plan_layer, validates each
-// registered layer's weights, and runs Router -> prepare -> experts -> finalize per chunk of a layer's
-// step. Nothing here computes.
+// registered layer's weights (and uploads its expert placement), and runs Router -> placement ->
+// prepare -> experts -> finalize per chunk of a layer's step. Nothing here computes.
 #include "moekit/runtime.h"
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <exception>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "cpu/placement.h"
 #include "cpu/thread_pool.h"
+#include "cuda/placement.h"
 #include "moekit/check.h"
 #include "moekit/registry.h"
 #include "numerics/fp8.h"
@@ -28,17 +31,28 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// A registered layer: its weights and, with redundant experts, its placement where the step reads
+// it: one small buffer on the runtime's device, load counts (uint64, E_physical) then the replica
+// tables (int32, E + 1 and E_physical), at fixed addresses for the layer's lifetime.
+struct LayerState {
+  LayerWeights weights;                        // weights.placement points at `placement`
+  std::unique_ptr<ExpertPlacement> placement;  // null: slot = expert
+  DeviceBuffer tables;
+  plan::PlacementTables view;
+};
+
 }  // namespace
 
 struct MoeRuntime::Impl {
   LayerOptions options;
   ModelConfig model;
-  std::vector<LayerWeights> layers;  // registered weight sets, by index
   Communicator& comm;
   ParallelConfig parallel;
   MoeProblem problem;
   cpu::ThreadPool pool;
-  std::unique_ptr<Memory> memory;
+  std::unique_ptr<Memory> memory;     // the device's allocator
+  std::unique_ptr<Memory> symmetric;  // the transport's (NCCL's symmetric memory), for the workspace
+  std::vector<LayerState> layers;     // registered layers, by index (their tables in `memory`)
   std::unique_ptr<Router> router;
   std::unique_ptr<PrepareFinalize> prepare_finalize;
   std::unique_ptr<Experts> experts;
@@ -70,9 +84,6 @@ struct MoeRuntime::Impl {
     const ExpertsEntry& entry = find_experts(options.experts, options.device);
     problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation),
                            options.fuse_w1, options.accumulation);
-    MOEKIT_CHECK(problem.E_local * parallel.ep == problem.E,
-                 "the layer needs E_local * ep == E, got {} * {} != {} (redundant experts are a planning option only)",
-                 problem.E_local, parallel.ep, problem.E);
     if (problem.quant == QuantScheme::kPerTensor)
       MOEKIT_CHECK(parallel.dp == 1,
                    "per-tensor activation scales are per rank, and rows from {} ranks cannot share one: use --quant "
@@ -107,9 +118,9 @@ struct MoeRuntime::Impl {
     // region offsets in its peers' workspaces. Agreed before anything is allocated or registered.
     if (collective_chunks) require_same_plan(allocated);
     // Symmetric memory for NCCL's device-initiated transport, the device's allocator otherwise.
-    if (std::unique_ptr<Memory> symmetric = prepare_finalize->workspace_memory()) memory = std::move(symmetric);
+    symmetric = prepare_finalize->workspace_memory();
     // One allocation, once, at the maximum size; never grown on the hot path.
-    workspace = std::make_unique<Workspace>(std::move(allocated), *memory);
+    workspace = std::make_unique<Workspace>(std::move(allocated), symmetric ? *symmetric : *memory);
     if (options.checked) workspace->poison(nullptr);
     prepare_finalize->attach(*workspace, nullptr);
     if (shared_problem) {
@@ -164,6 +175,69 @@ struct MoeRuntime::Impl {
         model.shared_expert_gate ? fmt::format("pass {} bf16 values as", shared_problem->K) : "drop");
   }
 
+  // Expert slots over the ranks: E without redundant experts.
+  std::int64_t num_slots() const { return problem.E_local * parallel.ep; }
+
+  // A layer's placement: the given one (validated), the round-robin default where the ranks hold
+  // more slots than E, or none.
+  std::unique_ptr<ExpertPlacement> resolve_placement(const LayerWeights& weights) const {
+    const std::int64_t slots = num_slots();
+    if (weights.placement != nullptr) {
+      const ExpertPlacement& given = *weights.placement;
+      MOEKIT_CHECK(given.num_logical == problem.E && given.num_physical() == slots,
+                   "the placement (LayerWeights::placement) puts {} experts in {} slots; this runtime's ranks hold E = "
+                   "{} experts in {} slots (E_local = {} x ep = {}): make it with {} slots",
+                   given.num_logical, given.num_physical(), problem.E, slots, problem.E_local, parallel.ep, slots);
+      // Derived again: the caller's replica tables are not trusted to match its map.
+      return std::make_unique<ExpertPlacement>(make_placement(problem.E, given.physical_to_logical));
+    }
+    if (slots > problem.E) return std::make_unique<ExpertPlacement>(round_robin_placement(problem.E, slots));
+    return nullptr;
+  }
+
+  // A validated layer, its placement's tables uploaded.
+  LayerState make_layer(const LayerWeights& weights) {
+    validate_layer(weights);
+    LayerState state;
+    state.placement = resolve_placement(weights);
+    state.weights = weights;
+    state.weights.placement = state.placement.get();
+    const std::int64_t slots = num_slots();
+    if (state.placement) {
+      // (E_physical) uint64 counts, then (E + 1) + (E_physical) int32: at DeepSeek-V3's 512 slots, 6 KiB.
+      state.tables = DeviceBuffer(*memory, slots * 8 + (problem.E + 1 + slots) * 4, "expert placement tables");
+      auto* base = state.tables.as<std::byte>();
+      state.view.load = reinterpret_cast<unsigned long long*>(base);
+      state.view.replica_offsets = reinterpret_cast<std::int32_t*>(base + slots * 8);
+      state.view.replica_slots = state.view.replica_offsets + problem.E + 1;
+      state.view.num_logical = problem.E;
+      state.view.num_physical = slots;
+      upload_placement(state, nullptr);
+    }
+    return state;
+  }
+
+  // The replica tables where the step reads them, and the load counts zeroed; after the work
+  // enqueued on `stream`.
+  void upload_placement(const LayerState& state, Stream stream) {
+    const ExpertPlacement& pl = *state.placement;
+    const std::int64_t slots = pl.num_physical(), offsets = pl.num_logical + 1;
+    std::byte* base = state.tables.as<std::byte>();
+    memory->fill(base, 0, slots * 8, stream);
+    memory->from_host(base + slots * 8, pl.replica_offsets.data(), offsets * 4, stream);
+    memory->from_host(base + slots * 8 + offsets * 4, pl.replica_slots.data(), slots * 4, stream);
+  }
+
+  // The router's logical ids -> slot ids in place, by the replica rule; token_base = the chunk's
+  // first token in the call + this rank.
+  void place_experts(const LayerState& state, std::int32_t* ids, std::int64_t num_tokens, std::int64_t token_base,
+                     Stream stream) const {
+    if (options.device == Device::kCuda)
+      cuda::launch_place_experts(ids, num_tokens, problem.topk, token_base, state.view, stream);
+    else
+      cpu::place_experts(ids, num_tokens, problem.topk, token_base, state.view);
+  }
+
   // Every rank's plan (problem, regions, offsets, sizes, guard bands) hashes the same, or every rank
   // raises moekit::Error.
   void require_same_plan(const WorkspacePlan& p) const {
@@ -185,9 +259,11 @@ struct MoeRuntime::Impl {
   }
 
   // max_tokens_any_rank: the most tokens any rank feeds this step (0: not known), for the experts.
-  void run_chunk(const LayerWeights& weights, const std::uint16_t* hidden, const float* logits, std::int64_t tc,
+  // first_token: the chunk's first token in the call (the replica rule's token index).
+  void run_chunk(const LayerState& layer, const std::uint16_t* hidden, const float* logits, std::int64_t tc,
                  std::uint16_t* out, Stream stream, const MoeLayer::StageObserver& observe,
-                 std::int64_t max_tokens_any_rank) {
+                 std::int64_t max_tokens_any_rank, std::int64_t first_token) {
+    const LayerWeights& weights = layer.weights;
     Workspace& ws = *workspace;
     if (options.checked) ws.poison(stream);  // padding rows and every region NaN
     auto stage = [&](std::string_view name, double& ms, auto&& fn) {
@@ -213,7 +289,9 @@ struct MoeRuntime::Impl {
       stats.shared_ms += ms_since(t0);
     }
     const RouterOutput routed = stage("route", stats.route_ms, [&] {
-      return router->route(problem, logits, tc, weights.e_score_correction_bias, ws, stream);
+      const RouterOutput r = router->route(problem, logits, tc, weights.e_score_correction_bias, ws, stream);
+      if (layer.placement) place_experts(layer, r.topk_ids, tc, first_token + comm.rank(), stream);
+      return r;
     });
     ExpertsInput in = stage("prepare", stats.prepare_ms, [&] {
       return prepare_finalize->prepare(problem, {hidden, routed.topk_ids, routed.topk_weights, tc}, ws, stream);
@@ -232,13 +310,14 @@ struct MoeRuntime::Impl {
     });
   }
 
-  const LayerWeights& layer(int index) const {
+  LayerState& layer(int index) {
     MOEKIT_CHECK(index >= 0 && static_cast<std::size_t>(index) < layers.size(),
                  "layer {} is not registered with this runtime: it holds {} layer{} (add_layer returns 0 to {})", index,
                  layers.size(), layers.size() == 1 ? "" : "s",
                  layers.empty() ? std::string("-") : std::to_string(layers.size() - 1));
     return layers[static_cast<std::size_t>(index)];
   }
+  const LayerState& layer(int index) const { return const_cast<Impl*>(this)->layer(index); }
 
   // In pipeline order, so the first cause is the one reported. Every seam reads (and so clears) its
   // flags before the first error is raised: the flags persist until read, and a later check must
@@ -275,11 +354,46 @@ MoeRuntime::~MoeRuntime() = default;
 
 int MoeRuntime::add_layer(const LayerWeights& weights) {
   Impl& s = *impl_;
-  s.validate_layer(weights);
   MOEKIT_CHECK(s.layers.size() < static_cast<std::size_t>(std::numeric_limits<int>::max()),
                "a runtime holds at most {} layers", std::numeric_limits<int>::max());
-  s.layers.push_back(weights);
+  s.layers.push_back(s.make_layer(weights));
   return static_cast<int>(s.layers.size() - 1);
+}
+
+const ExpertPlacement* MoeRuntime::placement(int layer) const {
+  return impl_->layer(layer).placement.get();
+}
+
+std::vector<std::int64_t> MoeRuntime::expert_load(int layer, Stream stream) {
+  Impl& s = *impl_;
+  const LayerState& state = s.layer(layer);
+  MOEKIT_CHECK(state.placement != nullptr,
+               "layer {} has no expert placement, so its step counts no load: register it with one "
+               "(LayerWeights::placement; round_robin_placement(E, E) is the identity)",
+               layer);
+  const std::int64_t slots = state.view.num_physical;
+  std::vector<unsigned long long> counts(static_cast<std::size_t>(slots));
+  s.memory->to_host(counts.data(), state.view.load, slots * 8, stream);
+  s.memory->fill(state.view.load, 0, slots * 8, stream);
+  return {counts.begin(), counts.end()};
+}
+
+void MoeRuntime::replace_layer(int layer, const LayerWeights& weights, Stream stream) {
+  Impl& s = *impl_;
+  LayerState& state = s.layer(layer);
+  s.validate_layer(weights);  // before anything changes
+  std::unique_ptr<ExpertPlacement> placement = s.resolve_placement(weights);
+  MOEKIT_CHECK((placement != nullptr) == (state.placement != nullptr),
+               "replace_layer: layer {} was registered {} placement; the new weights come {} one: a layer keeps "
+               "whether it counts its load",
+               layer, state.placement ? "with a" : "without a", placement ? "with" : "without");
+  state.weights = weights;
+  if (state.placement) {
+    // The step reads the old tables' addresses (a captured graph too): the new placement goes there.
+    state.placement = std::move(placement);
+    s.upload_placement(state, stream);
+  }
+  state.weights.placement = state.placement.get();
 }
 
 int MoeRuntime::num_layers() const {
@@ -287,13 +401,13 @@ int MoeRuntime::num_layers() const {
 }
 
 const LayerWeights& MoeRuntime::layer_weights(int layer) const {
-  return impl_->layer(layer);
+  return impl_->layer(layer).weights;
 }
 
 void MoeRuntime::forward(int layer, const std::uint16_t* hidden, const float* router_logits, std::int64_t num_tokens,
                          std::uint16_t* output, Stream stream) {
   Impl& s = *impl_;
-  const LayerWeights& weights = s.layer(layer);
+  const LayerState& state = s.layer(layer);
   MOEKIT_CHECK(num_tokens >= 0, "num_tokens = {} must be >= 0", num_tokens);
   MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
                "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
@@ -310,8 +424,8 @@ void MoeRuntime::forward(int layer, const std::uint16_t* hidden, const float* ro
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t t0 = std::min(num_tokens, c * chunk);
     const std::int64_t tc = std::min(chunk, num_tokens - t0);
-    s.run_chunk(weights, hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
-                std::min(chunk, most - c * chunk));
+    s.run_chunk(state, hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
+                std::min(chunk, most - c * chunk), t0);
     s.check_status(stream);
   }
   if (s.options.checked && num_tokens > 0) {
@@ -330,14 +444,14 @@ void MoeRuntime::enqueue(int layer, const std::uint16_t* hidden, const float* ro
                          std::uint16_t* output, Stream stream, const MoeLayer::StageObserver& observer,
                          std::int64_t max_tokens_any_rank) {
   Impl& s = *impl_;
-  const LayerWeights& weights = s.layer(layer);
+  const LayerState& state = s.layer(layer);
   MOEKIT_CHECK(num_tokens >= 0 && num_tokens <= s.problem.max_tokens_per_rank,
                "enqueue: {} tokens; one step holds 0 to max_tokens_per_rank = {}: use forward() to chunk larger steps",
                num_tokens, s.problem.max_tokens_per_rank);
   MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
                "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
   plan::step_tokens_per_rank(s.problem, num_tokens, max_tokens_any_rank);  // raises for a bad declaration
-  s.run_chunk(weights, hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank);
+  s.run_chunk(state, hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank, 0);
 }
 
 void MoeRuntime::check_status(Stream stream) {

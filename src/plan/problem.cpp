@@ -13,6 +13,9 @@
 namespace moekit {
 namespace {
 
+// Slots (E_local * ep) per routed expert at most: DeepSeek's deployments use 1.125-2.
+constexpr std::int64_t kMaxSlotsPerExpert = 4;
+
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r = 0;
   MOEKIT_CHECK(!__builtin_mul_overflow(a, b, &r), "{} = {} * {} overflows 64 bits; use smaller values", what, a, b);
@@ -41,9 +44,11 @@ void validate_problem(const MoeProblem& p) {
   MOEKIT_CHECK(p.K >= 1, "hidden size K = {} must be >= 1", p.K);
   MOEKIT_CHECK(p.N >= 1, "W1 output width N = {} must be >= 1", p.N);
   MOEKIT_CHECK(p.E >= 1, "number of experts E = {} must be >= 1", p.E);
-  MOEKIT_CHECK(p.E_local >= 1 && p.E_local <= p.E,
-               "local experts E_local = {} must be in [1, E = {}]: a rank cannot hold more experts than the model has",
-               p.E_local, p.E);
+  // E_local above E: redundant experts (moekit/placement.h) on few ranks, each slot a replica.
+  MOEKIT_CHECK(p.E_local >= 1 && p.E_local <= kMaxSlotsPerExpert * p.E,
+               "local experts E_local = {} must be in [1, {} x E = {}]: more slots than {} replicas of every expert "
+               "serve no placement",
+               p.E_local, kMaxSlotsPerExpert, kMaxSlotsPerExpert * p.E, kMaxSlotsPerExpert);
   MOEKIT_CHECK(p.topk >= 1 && p.topk <= p.E, "topk = {} must be in [1, E = {}]", p.topk, p.E);
   MOEKIT_CHECK(p.num_dispatchers >= 1, "num_dispatchers D = {} must be >= 1 (it is dp: every rank dispatches)",
                p.num_dispatchers);
@@ -92,11 +97,17 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
                  model.name, model.num_experts, par.ep, model.num_experts);
     E_local = model.num_experts / par.ep;
   } else {
-    MOEKIT_CHECK(E_local >= 1 && E_local <= model.num_experts,
-                 "local experts = {} must be in [1, {}] (the experts of {})", E_local, model.num_experts, model.name);
-    MOEKIT_CHECK(checked_mul(E_local, par.ep, "local_experts * ep") >= model.num_experts,
+    MOEKIT_CHECK(E_local >= 1, "local experts = {} must be >= 1", E_local);
+    const std::int64_t slots = checked_mul(E_local, par.ep, "local_experts * ep");
+    MOEKIT_CHECK(slots >= model.num_experts,
                  "local experts = {} on ep = {} ranks hold {} slots, fewer than the {} experts of {}", E_local, par.ep,
-                 E_local * par.ep, model.num_experts, model.name);
+                 slots, model.num_experts, model.name);
+    MOEKIT_CHECK(
+        slots <= kMaxSlotsPerExpert * model.num_experts,
+        "local experts = {} on ep = {} ranks hold {} slots, more than {} replicas of each of the {} experts of "
+        "{} (at most {} slots)",
+        E_local, par.ep, slots, kMaxSlotsPerExpert, model.num_experts, model.name,
+        kMaxSlotsPerExpert * model.num_experts);
   }
 
   MoeProblem p;

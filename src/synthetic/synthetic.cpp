@@ -38,8 +38,12 @@ ModelConfig tiny_model(bool grouped) {
   return m;
 }
 
-HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_expert, std::uint64_t seed,
-                                      cpu::ThreadPool& pool) {
+namespace {
+
+// problem.E_local experts, local expert e drawn as global expert global(e).
+template <class Global>
+HostExpertWeights draw_experts(const MoeProblem& p, std::int64_t first_expert, const Global& global, std::uint64_t seed,
+                               cpu::ThreadPool& pool) {
   HostExpertWeights w;
   w.problem = p;
   w.first_expert = first_expert;
@@ -52,7 +56,7 @@ HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_ex
   pool.parallel_for(p.E_local, [&](std::int64_t e0, std::int64_t e1) {
     std::vector<float> tmp;
     for (std::int64_t e = e0; e < e1; ++e) {
-      const auto g = static_cast<std::uint64_t>(first_expert + e);
+      const auto g = static_cast<std::uint64_t>(global(e));
       tmp.resize(static_cast<std::size_t>(N * K));
       fill_normal(tmp, stream(seed, Purpose::kW1, g), 1.0f / std::sqrt(static_cast<float>(K)));
       cpu::quantize_weight(p.quant, tmp.data(), N, K, w.w1.data() + e * N * K, w.w1_scale.data() + e * s1);
@@ -65,7 +69,7 @@ HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_ex
     w.w1_bias.resize(static_cast<std::size_t>(p.E_local * N));
     w.w2_bias.resize(static_cast<std::size_t>(p.E_local * K));
     for (std::int64_t e = 0; e < p.E_local; ++e) {
-      const auto g = static_cast<std::uint64_t>(first_expert + e);
+      const auto g = static_cast<std::uint64_t>(global(e));
       SplitMix r = stream(seed, Purpose::kExpertBias, g);
       for (std::int64_t i = 0; i < N; ++i) w.w1_bias[static_cast<std::size_t>(e * N + i)] = 0.1f * r.normal();
       for (std::int64_t i = 0; i < K; ++i) w.w2_bias[static_cast<std::size_t>(e * K + i)] = 0.1f * r.normal();
@@ -74,12 +78,32 @@ HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_ex
   return w;
 }
 
+}  // namespace
+
+HostExpertWeights make_expert_weights(const MoeProblem& p, std::int64_t first_expert, std::uint64_t seed,
+                                      cpu::ThreadPool& pool) {
+  return draw_experts(
+      p, first_expert, [first_expert](std::int64_t e) { return first_expert + e; }, seed, pool);
+}
+
+HostExpertWeights make_slot_weights(const MoeProblem& p, const ExpertPlacement& placement, std::int64_t first_slot,
+                                    std::uint64_t seed, cpu::ThreadPool& pool) {
+  MOEKIT_CHECK(first_slot >= 0 && first_slot + p.E_local <= placement.num_physical(),
+               "make_slot_weights: slots [{}, {}) are not all in the placement's {} slots", first_slot,
+               first_slot + p.E_local, placement.num_physical());
+  const auto global = [&](std::int64_t e) {
+    return static_cast<std::int64_t>(placement.physical_to_logical[static_cast<std::size_t>(first_slot + e)]);
+  };
+  return draw_experts(p, -1, global, seed, pool);
+}
+
 ExpertBank::ExpertBank(const MoeProblem& problem, std::uint64_t seed, cpu::ThreadPool& pool)
     : one_(problem), seed_(seed), pool_(pool) {
   one_.E_local = 1;
 }
 
 void ExpertBank::adopt(const HostExpertWeights& w) {
+  MOEKIT_CHECK(w.first_expert >= 0, "ExpertBank: slot weights (first_expert -1) are not a range of experts to adopt");
   MOEKIT_CHECK(w.problem.N == one_.N && w.problem.K == one_.K && w.problem.quant == one_.quant,
                "ExpertBank: adopted weights (N = {}, K = {}) are not of this bank's problem (N = {}, K = {})",
                w.problem.N, w.problem.K, one_.N, one_.K);

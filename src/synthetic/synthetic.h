@@ -13,6 +13,7 @@
 #include "moekit/layer.h"
 #include "moekit/memory.h"
 #include "moekit/model.h"
+#include "moekit/placement.h"
 #include "moekit/problem.h"
 #include "moekit/weights.h"
 #include "synthetic/random.h"
@@ -30,6 +31,10 @@ using moekit::HostExpertWeights;
 // 1/sqrt(I)) W2, quantized with problem.quant; with problem.expert_bias, 0.1 * normal biases.
 HostExpertWeights make_expert_weights(const MoeProblem& problem, std::int64_t first_expert, std::uint64_t seed,
                                       cpu::ThreadPool& pool);
+// Redundant experts: slots [first_slot, first_slot + problem.E_local) of `placement`, each with the
+// weights make_expert_weights draws for its logical expert (first_expert is -1: not a range).
+HostExpertWeights make_slot_weights(const MoeProblem& problem, const ExpertPlacement& placement,
+                                    std::int64_t first_slot, std::uint64_t seed, cpu::ThreadPool& pool);
 
 // Every global expert on demand (generated once, kept), or views of weights already made.
 class ExpertBank {

@@ -20,6 +20,7 @@
 #include "layer/layer_test_util.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
+#include "moekit/placement.h"
 #include "moekit/runtime.h"
 #include "numerics/fp8.h"
 #include "numerics/scales.h"
@@ -173,6 +174,38 @@ TEST_F(LoaderTest, DeepseekFp8BlocksLoadAsStoredAndOnlyTheRanksShards) {
     EXPECT_EQ(got.router_weight, src.router);
   }
   EXPECT_EQ(ck.opened_shards().size(), 2u) << "layer 2's shard is not opened before it is read";
+}
+
+// Redundant experts: a rank's slots of a placement (hot experts replicated) load each slot's
+// expert as stored, the same bytes as that expert's own load.
+TEST_F(LoaderTest, DeepseekSlotsOfAPlacementLoadTheirExperts) {
+  write_deepseek(dir_);
+  Checkpoint ck(dir_.string());
+  const ParallelConfig par{2, 2, 8, 12};  // 24 slots for 16 experts
+  const MoeProblem p = make_problem(ck.model(), par, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
+  ASSERT_EQ(p.E_local, 12);
+  std::vector<double> load(16, 1.0);
+  load[3] = 20;
+  load[9] = 12;
+  const ExpertPlacement placement = rebalance_experts(load, 24, 1, 1, 2);
+  cpu::ThreadPool pool(1);
+  for (std::int64_t r = 0; r < 2; ++r) {
+    const std::span<const std::int32_t> slots =
+        std::span(placement.physical_to_logical).subspan(static_cast<std::size_t>(12 * r), 12);
+    const CheckpointLayer got = ck.load_layer(1, p, slots);
+    const HostExpertWeights want = synthetic::make_slot_weights(p, placement, 12 * r, 41, pool);
+    EXPECT_EQ(got.experts.first_expert, -1);
+    EXPECT_EQ(got.experts.w1, want.w1) << "rank " << r;
+    EXPECT_EQ(got.experts.w1_scale, want.w1_scale) << "rank " << r;
+    EXPECT_EQ(got.experts.w2, want.w2) << "rank " << r;
+    EXPECT_EQ(got.experts.w2_scale, want.w2_scale) << "rank " << r;
+    EXPECT_NE(got.note.find("12 slots of experts"), std::string::npos) << got.note;
+  }
+  EXPECT_GT(placement.replica_count(3), 1);
+  const std::vector<std::int32_t> bad(12, 16);
+  EXPECT_NE(error_of([&] { ck.load_layer(1, p, bad); }).find("the model's expert 16, outside [0, 16)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ck.load_layer(1, p, std::span(bad).first(5)); }).find("5 slot experts"), std::string::npos);
 }
 
 // The layer from the checkpoint equals the layer from the same weights in memory, bit for bit, for

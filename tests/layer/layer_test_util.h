@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "check/reference.h"
 #include "moekit/layer.h"
+#include "moekit/placement.h"
 #include "moekit/registry.h"
+#include "moekit/runtime.h"
 #include "synthetic/synthetic.h"
 
 namespace moekit::testing {
@@ -40,12 +43,20 @@ struct LayoutResult {
   std::int64_t experts_workspace_bytes = 0;
 };
 
+// Redundant experts for run_layout: local_experts slots a rank (0: E / ep, none), in `placement`
+// (nullptr: the round-robin default); each rank's per-slot load after the steps into `load`.
+struct Redundancy {
+  std::int64_t local_experts = 0;
+  const ExpertPlacement* placement = nullptr;
+  std::vector<std::vector<std::int64_t>>* load = nullptr;
+};
+
 // Runs `steps` forwards of the layer on the CPU; rank r owns global tokens [offset_r, offset_r +
 // counts[r]) of `tokens`. Weights and tokens come from `seed`.
 inline LayoutResult run_layout(const ModelConfig& m, const synthetic::Tokens& tokens,
                                const std::vector<std::int64_t>& counts, std::int64_t ep,
                                std::int64_t max_tokens_per_rank, const LayerOptions& opt, std::uint64_t seed,
-                               int steps = 1, bool reference = false) {
+                               int steps = 1, bool reference = false, const Redundancy& redundancy = {}) {
   const int P = static_cast<int>(counts.size());
   std::int64_t total = 0;
   std::vector<std::int64_t> offset;
@@ -61,28 +72,39 @@ inline LayoutResult run_layout(const ModelConfig& m, const synthetic::Tokens& to
   std::mutex mutex;
   std::vector<synthetic::HostExpertWeights> all_weights;
   MoeProblem problem;
+  if (redundancy.load) redundancy.load->assign(static_cast<std::size_t>(P), {});
   run_in_process(P, [&](Communicator& comm) {
     const int r = comm.rank();
-    const ParallelConfig par{P, ep, max_tokens_per_rank, 0};
+    const ParallelConfig par{P, ep, max_tokens_per_rank, redundancy.local_experts};
     const auto& entry = find_experts(opt.experts, opt.device);
     const MoeProblem p = make_problem(m, par, entry.format, opt.quant, opt.activation.value_or(m.activation));
     cpu::ThreadPool pool(1);
-    synthetic::HostExpertWeights w = synthetic::make_expert_weights(p, first_local_expert(par, p, r), seed, pool);
+    std::optional<ExpertPlacement> placement;
+    if (redundancy.local_experts > 0)
+      placement = redundancy.placement ? *redundancy.placement : round_robin_placement(E, p.E_local * ep);
+    synthetic::HostExpertWeights w =
+        placement ? synthetic::make_slot_weights(p, *placement, first_local_expert(par, p, r), seed, pool)
+                  : synthetic::make_expert_weights(p, first_local_expert(par, p, r), seed, pool);
     const synthetic::HostSharedExperts shared =
         opt.shared_experts ? synthetic::make_shared_experts(m, p, seed, pool) : synthetic::HostSharedExperts{};
     LayerWeights lw{w.view(), bias.empty() ? nullptr : bias.data()};
     shared.set(lw);
-    MoeLayer layer(m, par, opt, lw, comm);
+    lw.placement = placement ? &*placement : nullptr;
+    MoeRuntime runtime(m, par, opt, comm);
+    const int layer = runtime.add_layer(lw);
     const std::int64_t o = offset[static_cast<std::size_t>(r)], n = counts[static_cast<std::size_t>(r)];
     for (int s = 0; s < steps; ++s)
-      layer.forward(tokens.hidden.data() + o * K, tokens.logits.data() + o * E, n, res.output.data() + o * K);
+      runtime.forward(layer, tokens.hidden.data() + o * K, tokens.logits.data() + o * E, n, res.output.data() + o * K);
+    std::vector<std::int64_t> load;
+    if (redundancy.load && runtime.placement(layer)) load = runtime.expert_load(layer);
     std::lock_guard<std::mutex> lock(mutex);
     if (r == 0) {
-      res.workspace_bytes = layer.plan().total_bytes;
-      res.experts_workspace_bytes = layer.plan().section_bytes("experts");
-      problem = layer.problem();
+      res.workspace_bytes = runtime.plan().total_bytes;
+      res.experts_workspace_bytes = runtime.plan().section_bytes("experts");
+      problem = runtime.problem();
     }
-    all_weights.push_back(std::move(w));
+    if (redundancy.load) (*redundancy.load)[static_cast<std::size_t>(r)] = std::move(load);
+    if (w.first_expert >= 0) all_weights.push_back(std::move(w));
   });
   if (reference) {
     cpu::ThreadPool pool(2);

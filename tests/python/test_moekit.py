@@ -382,3 +382,40 @@ def test_bf16_router_logits_are_read_as_float32(tmp_path):
     hidden = torch.from_numpy(w["hidden"].view(np.int16)).view(torch.bfloat16)
     logits = torch.from_numpy(w["router_logits"]).to(torch.bfloat16)
     assert torch.equal(layer(hidden, logits), layer(hidden, logits.float()))
+
+
+@pytest.mark.parametrize("quant", ["per-token", "block128"])
+def test_redundant_experts_change_where_not_what(tmp_path, quant):
+    """A runtime holding 24 slots for 16 experts (EPLB's placement of a skewed load): the weights are
+    the slots' experts, the output equals the unreplicated layer's bit for bit, each slot's pairs are
+    counted and rebalance_experts turns the counts into a placement that runs too."""
+    model = small_model(tmp_path)
+    T, E, slots = 20, 16, 24
+    w = moekit.synthetic_inputs(model, tokens=T, quant=quant, seed=5)
+    want = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant=quant).forward(w["hidden"],
+                                                                                        w["router_logits"])
+    load = [1.0] * E
+    load[4] = 30.0
+    placement = moekit.rebalance_experts(load, slots)
+    assert len(placement) == slots and placement.count(4) > 1 and sorted(set(placement)) == list(range(E))
+    rt = moekit.Runtime(model, max_tokens_per_rank=T, quant=quant, local_experts=slots)
+    per_slot = {k: np.ascontiguousarray(w[k][placement]) for k in ("w1", "w1_scale", "w2", "w2_scale")}
+    layer = rt.add_layer(per_slot, placement=placement)
+    assert rt.placement(layer) == placement
+    np.testing.assert_array_equal(rt.forward(layer, w["hidden"], w["router_logits"]), want)
+    counts = rt.expert_load(layer)
+    assert counts.shape == (slots,) and counts.sum() == T * 8  # qwen3: top-8
+    assert rt.expert_load(layer).sum() == 0  # reading clears
+    # Each expert's load is the sum of its slots'; the default placement is round robin.
+    logical = np.zeros(E)
+    np.add.at(logical, placement, counts)
+    again = moekit.rebalance_experts(list(logical), slots)
+    rt2 = moekit.Runtime(model, max_tokens_per_rank=T, quant=quant, local_experts=slots)
+    layer2 = rt2.add_layer({k: np.ascontiguousarray(w[k][again]) for k in ("w1", "w1_scale", "w2", "w2_scale")},
+                           placement=again)
+    np.testing.assert_array_equal(rt2.forward(layer2, w["hidden"], w["router_logits"]), want)
+    assert moekit.round_robin_placement(4, 6) == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(moekit.Error, match="make it with 24 slots"):
+        rt.add_layer(per_slot, placement=moekit.round_robin_placement(E, 20))
+    with pytest.raises(moekit.Error, match="expert 4 is in no slot"):
+        rt.add_layer(per_slot, placement=[e if e != 4 else 5 for e in placement])
