@@ -14,7 +14,8 @@ that reference is not itself the farther from float64; and moekit's whole-output
 is at most vLLM's reference's (the printed table has both, and the elements where the two differ
 beyond the tolerance).
 
-The CPU runs the grid's cases of at most 0.3 GFLOP (CI: about a third of the grid);
+The CPU runs the grid's cases of at most 0.3 GFLOP and 4e8 weight elements (drawing and quantizing
+E x 3N x K weights dominates a small case: 16 x 4608 x 7168 took 48 s) (CI: about a third of the grid);
 MOEKIT_VLLM_GRID=full runs every case, and MOEKIT_VLLM_DEVICE=cuda runs moekit and both references
 on the GPU, the whole grid (the GPU round).
 """
@@ -33,6 +34,7 @@ DEVICE = os.environ.get("MOEKIT_VLLM_DEVICE", "cpu")
 FULL = os.environ.get("MOEKIT_VLLM_GRID", "") == "full"
 FP8_MAX = 448.0
 CPU_FLOPS = 3e8
+CPU_WEIGHTS = 4e8
 
 # test_block_fp8.py: (M, N, K) with N the intermediate size (W1 is (E, 2N, K)), E, top-k.
 BLOCK_MNK = [(1, 128, 128), (1, 128, 7168), (1, 1024, 7168), (1, 4608, 128), (1, 4608, 7168), (83, 128, 128),
@@ -52,8 +54,8 @@ def flops(M, N, K, topk):
     return 6.0 * M * topk * N * K  # W1 (2N x K) and W2 (K x N), 2 FLOPs a multiply-add
 
 
-def runs_here(M, N, K, topk):
-    return FULL or DEVICE == "cuda" or flops(M, N, K, topk) <= CPU_FLOPS
+def runs_here(M, N, K, topk, E=1):
+    return FULL or DEVICE == "cuda" or (flops(M, N, K, topk) <= CPU_FLOPS and 3.0 * E * N * K <= CPU_WEIGHTS)
 
 
 def block_quant(w):
@@ -172,8 +174,9 @@ RESULTS = []
 def test_block_fp8_grid(M, N, K, E, topk, seed):
     if topk > E:
         pytest.skip(f"topk = {topk} > E = {E} (vLLM skips it too)")
-    if not runs_here(M, N, K, topk):
-        pytest.skip(f"{flops(M, N, K, topk) / 1e9:.0f} GFLOP: past the CPU's share (MOEKIT_VLLM_GRID=full runs it)")
+    if not runs_here(M, N, K, topk, E):
+        pytest.skip(f"{flops(M, N, K, topk) / 1e9:.1f} GFLOP, {3.0 * E * N * K:.1e} weights: past the CPU's share "
+                    "(MOEKIT_VLLM_GRID=full runs it)")
     aq, as_, w1q, w1s, w2q, w2s, weights, ids = draw(M, N, K, E, topk, seed)
     vllm_ref, exact = references(aq, as_, w1q, w1s, w2q, w2s, weights, ids)
     w1, w1_scale = moekit_w1(w1q, w1s)
