@@ -42,6 +42,9 @@ struct BenchRequest {
   std::string what;
   std::string model = "deepseek-v3";
   std::int64_t num_experts = 0;  // 0: the model's
+  // bench layer: expert slots on the GPU (0: E); more: redundant experts in the runtime's default
+  // placement (round robin), the replica step in every step (random weights: the time, not the values)
+  std::int64_t local_experts = 0;
   std::string device = "auto";
   std::vector<std::string> experts{"batched-fp8", "standard-fp8"};
   std::vector<std::int64_t> tokens{1, 8, 32, 128, 512, 2048, 8192};
@@ -147,7 +150,7 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
                              double copy_gbs) {
   std::vector<Row> rows;
   const std::int64_t max_T = *std::max_element(req.tokens.begin(), req.tokens.end());
-  const ParallelConfig par{1, 1, std::max<std::int64_t>(max_T, 1), 0};
+  const ParallelConfig par{1, 1, std::max<std::int64_t>(max_T, 1), req.local_experts};
   const auto memory = make_memory(device);
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu::ThreadPool pool(threads);
@@ -383,6 +386,7 @@ int bench_command(const BenchRequest& req) {
     j["date"] = date;
     j["model"] = model.name;
     j["E"] = model.num_experts;
+    j["local_experts"] = req.local_experts == 0 ? model.num_experts : req.local_experts;
     j["topk"] = model.topk;
     j["K"] = model.hidden_size;
     j["I"] = model.moe_intermediate_size;
@@ -411,12 +415,15 @@ int bench_command(const BenchRequest& req) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format(
-      "moekit bench layer: {} on {}, E = {} (all local), top-{}, K = {}, I = {}, {}{}; {} routing; {}\n", model.name,
-      device_text, model.num_experts, model.topk, model.hidden_size, model.moe_intermediate_size, quant.note,
-      req.fuse_w1 ? (*req.fuse_w1 ? " (--fuse-w1)" : " (--no-fuse-w1)") : "", layer_routing(req),
-      device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
-                              : fmt::format("wall time, {} iterations", req.iters));
+  std::cout << fmt::format("moekit bench layer: {} on {}, E = {} ({}), top-{}, K = {}, I = {}, {}{}; {} routing; {}\n",
+                           model.name, device_text, model.num_experts,
+                           req.local_experts > model.num_experts
+                               ? fmt::format("in {} slots, round robin: redundant experts", req.local_experts)
+                               : std::string("all local"),
+                           model.topk, model.hidden_size, model.moe_intermediate_size, quant.note,
+                           req.fuse_w1 ? (*req.fuse_w1 ? " (--fuse-w1)" : " (--no-fuse-w1)") : "", layer_routing(req),
+                           device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
+                                                   : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
     std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
                              copy_gbs, peak);
@@ -447,6 +454,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("what", req->what, "What to measure: layer (the whole layer) or dispatch (the NCCL transport)")
       ->required();
   cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
+  cmd->add_option("--local-experts", req->local_experts,
+                  "layer: expert slots (0: E); more: redundant experts (round-robin placement, its replica step)")
+      ->capture_default_str();
   cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep)")
       ->capture_default_str();
   cmd->add_option("--device", req->device, "auto (cuda when present), cpu or cuda")
