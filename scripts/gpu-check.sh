@@ -30,6 +30,7 @@
 #          Python ops on the GPU (test_gpu.py's op tests, fuse_w1 among them).
 #   routing: `moekit bench layer` (block128, 256 experts) under the model's routing and under uniform
 #          routing, fused and --no-fuse-w1, alternated twice.
+#   vllm:  tests/python/test_vllm_grids.py, the whole grid with moekit and both references on the GPU.
 #   parity: tests/parity on the GPU (transformers' wheels from gpu-bundle.sh), and `moekit bench
 #          layer --shared-experts on,off`.
 #   decode: a decode step's small kernels: ncu's time of every kernel of one step at T = 1 (block128
@@ -40,7 +41,7 @@
 #          cooperative-128x128,block-128x256) at M = 8192, m_e in $PROFILE_ME (default 256): their W1
 #          and W2 launches in table order, speed of light, warp states, source counters; the SASS of
 #          moekit's block GEMM kernels; how fast TMA alone streams the weights (bench_weight_stream).
-# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|runtime|ep|ep-layer|python|parity|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
+# `bash scripts/gpu-check.sh tests|bench|experts|fused|layer|runtime|vllm|ep|ep-layer|python|parity|graphs|routing|decode|profile|configs` runs one part (default: tests and bench). Logs and
 # results in $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends, below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -315,6 +316,13 @@ if [[ $part == python ]]; then
     PYTHONUNBUFFERED=1 run timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/python 2>&1 \
     | tee "$OUT/python_tests.log" | grep -vE '^\s*$' | tail -40
   echo "python tests rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
+fi
+
+if [[ $part == vllm ]]; then
+  echo "== vLLM's fused-MoE test grids, the whole grid on the GPU (moekit, vLLM's reference and float64)"
+  PYTHONPATH="$PWD/$BIN/python" MOEKIT_VLLM_DEVICE=cuda PYTHONUNBUFFERED=1 run timeout 540 python3 -m pytest -q -rs -s \
+    -p no:cacheprovider tests/python/test_vllm_grids.py 2>&1 | tee "$OUT/vllm_grid.log" | grep -vE '^\s*$' | tail -40
+  echo "vllm grid rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
 fi
 
 if [[ $part == parity ]]; then
