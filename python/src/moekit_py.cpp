@@ -505,9 +505,9 @@ class Runtime {
         lw.shared_expert_gate = static_cast<const std::uint16_t*>(shared_gate->data());
       }
     }
-    std::optional<ExpertPlacement> given;
-    if (placement) given = make_placement(p.E, *placement);
-    lw.placement = given ? &*given : nullptr;  // copied by the runtime
+    std::optional<ExpertPlacement> given;  // validated and derived by the runtime, which copies it
+    if (placement) given = ExpertPlacement{p.E, *placement, {}, {}};
+    lw.placement = given ? &*given : nullptr;
     std::lock_guard lock(mu_);
     try {
       const int index = runtime_->add_layer(lw);

@@ -119,24 +119,31 @@ CheckpointLayer synthetic_layer(const RunRequest& req, const ModelConfig& model,
   return l;
 }
 
+// Every rank's `bytes` bytes at `data` to rank 0, in rank order (`out`: size() * bytes there; the other
+// ranks receive nothing). Collective.
+void gather_to_root(Communicator& comm, const void* data, std::int64_t bytes, void* out) {
+  const auto P = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> send_bytes(P, 0), send_off(P, 0), recv_bytes(P, 0), recv_off(P, 0);
+  send_bytes[0] = bytes;
+  if (comm.rank() == 0)
+    for (std::size_t r = 0; r < P; ++r) {
+      recv_bytes[r] = bytes;
+      recv_off[r] = static_cast<std::int64_t>(r) * bytes;
+    }
+  comm.all_to_all_v(data, send_bytes, send_off, out, recv_bytes, recv_off);
+}
+
 // Redundant experts: every layer's per-slot counts of all steps, summed over the ranks on rank 0,
 // printed as the ranks' max/mean load and the max/mean that rebalance_experts' placement would give.
 // ep ranks hold the slots (one with ep == 1: every rank holds them all).
 void report_load(MoeRuntime& runtime, Communicator& comm, const ExpertPlacement& placement, int num_layers,
                  std::int64_t ep) {
   const auto P = static_cast<std::size_t>(comm.size());
-  const std::int64_t slots = placement.num_physical(), bytes = slots * 8;
+  const std::int64_t slots = placement.num_physical();
   for (int l = 0; l < num_layers; ++l) {
     const std::vector<std::int64_t> mine = runtime.expert_load(l);
-    std::vector<std::int64_t> send_bytes(P, 0), send_off(P, 0), recv_bytes(P, 0), recv_off(P, 0);
-    send_bytes[0] = bytes;
-    if (comm.rank() == 0)
-      for (std::size_t r = 0; r < P; ++r) {
-        recv_bytes[r] = bytes;
-        recv_off[r] = static_cast<std::int64_t>(r) * bytes;
-      }
     std::vector<std::int64_t> all(comm.rank() == 0 ? P * static_cast<std::size_t>(slots) : 0);
-    comm.all_to_all_v(mine.data(), send_bytes, send_off, all.data(), recv_bytes, recv_off);
+    gather_to_root(comm, mine.data(), slots * 8, all.data());
     if (comm.rank() != 0) continue;
     std::vector<std::int64_t> total(static_cast<std::size_t>(slots), 0);
     for (std::size_t i = 0; i < all.size(); ++i) total[i % static_cast<std::size_t>(slots)] += all[i];
@@ -339,18 +346,10 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   // Every rank's outputs to the check: in-process ranks share memory; MPI ranks send their outputs to
   // rank 0, whose bank builds the other ranks' synthetic experts again (a checkpoint's it loads).
   const auto P = static_cast<std::size_t>(comm.size());
-  const std::int64_t bytes = 2 * T * K;
-  std::vector<std::int64_t> send_bytes(P, 0), send_off(P, 0), recv_bytes(P, 0), recv_off(P, 0);
-  send_bytes[0] = bytes;
-  if (root)
-    for (std::size_t r = 0; r < P; ++r) {
-      recv_bytes[r] = bytes;
-      recv_off[r] = static_cast<std::int64_t>(r) * bytes;
-    }
   std::vector<std::vector<std::uint16_t>> all(nl);
   for (std::size_t l = 0; l < nl; ++l) {
     all[l].resize(root ? P * out[l].size() : 0);
-    comm.all_to_all_v(out[l].data(), send_bytes, send_off, all[l].data(), recv_bytes, recv_off);
+    gather_to_root(comm, out[l].data(), 2 * T * K, all[l].data());
   }
   std::lock_guard<std::mutex> lock(results.mutex);
   if (root) results.output = std::move(all);

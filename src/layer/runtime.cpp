@@ -217,15 +217,15 @@ struct MoeRuntime::Impl {
     return state;
   }
 
-  // The replica tables where the step reads them, and the load counts zeroed; after the work
-  // enqueued on `stream`.
+  // The replica tables where the step reads them (state.view, laid out by make_layer), and the load
+  // counts zeroed; after the work enqueued on `stream`.
   void upload_placement(const LayerState& state, Stream stream) {
     const ExpertPlacement& pl = *state.placement;
-    const std::int64_t slots = pl.num_physical(), offsets = pl.num_logical + 1;
-    std::byte* base = state.tables.as<std::byte>();
-    memory->fill(base, 0, slots * 8, stream);
-    memory->from_host(base + slots * 8, pl.replica_offsets.data(), offsets * 4, stream);
-    memory->from_host(base + slots * 8 + offsets * 4, pl.replica_slots.data(), slots * 4, stream);
+    const plan::PlacementTables& v = state.view;
+    memory->fill(v.load, 0, v.num_physical * 8, stream);
+    memory->from_host(const_cast<std::int32_t*>(v.replica_offsets), pl.replica_offsets.data(), (v.num_logical + 1) * 4,
+                      stream);
+    memory->from_host(const_cast<std::int32_t*>(v.replica_slots), pl.replica_slots.data(), v.num_physical * 4, stream);
   }
 
   // The router's logical ids -> slot ids in place, by the replica rule; token_base = the chunk's
