@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Installs everything moekit needs on a fresh Debian 12 machine, idempotently: Debian packages
-# (compilers' companions, test and CLI libraries, OpenMPI, OpenBLAS) and the CUTLASS 4.2 headers
-# from PyPI. Safe to run again: each step checks first and does nothing when already satisfied.
+# Installs what moekit needs on a fresh Debian 12 machine, idempotently: Debian packages (build
+# tools, the CLI's and tests' libraries, Open MPI, OpenBLAS) and, where CUDA can be compiled, the
+# CUTLASS 4.2 headers from PyPI. `--tests` adds what the test command needs: the CUTLASS headers in
+# any case (the tests compile the CUDA code), the Python package's build and test tools, torch and
+# transformers (tests/parity; several GB). Safe to run again: each step checks first.
 set -euo pipefail
+with_tests=0
+[[ ${1:-} == --tests ]] && with_tests=1
 
 debian_packages=(
   cmake ninja-build ccache clang-format
-  googletest libgtest-dev libbenchmark-dev
+  googletest libgtest-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev
@@ -25,12 +29,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# CUTLASS headers (only used when nvcc exists, but cheap: headers only, ~30 MB).
+# CUTLASS headers (~30 MB), where the CUDA backend can be compiled (nvcc on the PATH or in the
+# toolkit's default place) or the tests will compile it.
 python=${PYTHON:-python3}
-if ! "$python" -c 'import cutlass_library' 2>/dev/null; then
+if { ((with_tests)) || command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; } &&
+  ! "$python" -c 'import cutlass_library' 2>/dev/null; then
   echo "install-deps: installing nvidia-cutlass==4.2.0.0 (headers) from PyPI" >&2
   "$python" -m pip install -q --no-deps nvidia-cutlass==4.2.0.0
 fi
+((with_tests)) || { echo "install-deps: ok" >&2; exit 0; }
 # The Python package's build and tests: nanobind (the module), NumPy and pytest (tests/python),
 # scikit-build-core (pip install .).
 if ! "$python" -c 'import nanobind, numpy, pytest, scikit_build_core' 2>/dev/null; then

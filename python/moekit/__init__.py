@@ -47,6 +47,10 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from . import _build, _cpu
+
+_cpu.check(_build.CPU_ARCH)  # before the native module: a clear error, never SIGILL
+
 from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
 from . import ops  # noqa: F401  (moekit.ops.batched_experts; torch.ops.moekit.* when torch is present)

@@ -419,3 +419,25 @@ def test_redundant_experts_change_where_not_what(tmp_path, quant):
         rt.add_layer(per_slot, placement=moekit.round_robin_placement(E, 20))
     with pytest.raises(moekit.Error, match="expert 4 is in no slot"):
         rt.add_layer(per_slot, placement=[e if e != 4 else 5 for e in placement])
+
+
+def test_cpu_level_check_names_the_missing_flags(tmp_path):
+    """A package built for a CPU level this machine lacks raises ImportError naming the flags (and how
+    to rebuild), never dies on SIGILL; the build's own level is one this machine has."""
+    import platform
+
+    from moekit import _build, _cpu
+
+    assert _cpu.missing_flags(_build.CPU_ARCH) == []
+    if platform.machine() != "x86_64":
+        pytest.skip("the check covers x86-64 levels")
+    old = tmp_path / "cpuinfo"
+    old.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx\n")
+    assert _cpu.missing_flags("x86-64-v3", str(old)) == ["avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"]
+    assert _cpu.missing_flags("x86-64-v2", str(old)) == []
+    assert _cpu.missing_flags("native", str(old)) == []
+    with pytest.raises(ImportError, match="x86-64-v3.*avx2"):
+        import unittest.mock
+
+        with unittest.mock.patch.object(_cpu, "missing_flags", lambda level: ["avx2"]):
+            _cpu.check("x86-64-v3")
