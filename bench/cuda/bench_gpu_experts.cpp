@@ -6,7 +6,7 @@
 // rule selects, TFLOP/s on valid rows, the floor max(flops / FP8 peak, (weight + activation bytes) /
 // bandwidth), the ratio to it, the weights' bytes over the copy ceiling ("weights") and one read of
 // the local experts' weights measured in the same process (TMA streaming W1 and W2 the way the
-// GEMMs read them, cuda::measure_weight_stream_ms: "read", the small-m_e floor); for each
+// GEMMs read them, ceilings::weight_stream_ms: "read", the small-m_e floor); for each
 // quantization scheme asked for (per-token and block128 by default, a case's variants of both in
 // the same rounds, so the two are compared on the same machine state; block128 over per-token at
 // the end). Each step is timed eagerly (launch by launch, as a first call runs) and replayed from a
@@ -54,6 +54,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ceilings/ceilings.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device_info.h"
@@ -219,8 +220,8 @@ int main(int argc, char** argv) {
   const cuda::DeviceInfo dev = cuda::device_info(0);
   cudaStream_t stream;
   MOEKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  const double bw = cuda::measure_copy_gbs(stream);
-  const double peak = cuda::measure_fp8_tflops(stream);
+  const double bw = ceilings::copy_gbs(stream);
+  const double peak = ceilings::fp8_gemm_tflops(stream);
   std::printf("device %s, %d SMs, L2 %lld MiB, CUTLASS %s\n", dev.name.c_str(), dev.num_sms, dev.l2_bytes >> 20,
               cuda::cutlass_version().c_str());
   std::printf("ceilings: D2D copy %.0f GB/s (read + write), cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", bw, peak);
@@ -229,7 +230,7 @@ int main(int argc, char** argv) {
   // (E_local x K x I) as the GEMMs read them, no math; a ceiling, so the best of 3 medians.
   double read_ms = 0;  // 0: not measured ("x read" prints nan)
   if (const std::int64_t K = model.hidden_size, I = model.moe_intermediate_size, N = model.N();
-      !cuda::weight_stream_takes(N, K) || !cuda::weight_stream_takes(K, I)) {
+      !ceilings::weight_stream_takes(N, K) || !ceilings::weight_stream_takes(K, I)) {
     std::printf(
         "one read of the weights: not measured (its TMA stream takes 128-row, 128-byte boxes: N = %lld, K = "
         "%lld, I = %lld)\n",
@@ -237,13 +238,13 @@ int main(int argc, char** argv) {
   } else {
     const auto mem = make_memory(Device::kCuda);
     DeviceBuffer w1(*mem, E_local * N * K, "W1 (read ceiling)"), w2(*mem, E_local * K * I, "W2 (read ceiling)");
-    cuda::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
-    cuda::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
+    ceilings::fill_random_bytes(w1.get(), static_cast<std::size_t>(w1.bytes()), 11, true);
+    ceilings::fill_random_bytes(w2.get(), static_cast<std::size_t>(w2.bytes()), 12, true);
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep)
-      best = std::min(best, cuda::measure_weight_stream_ms(
+      best = std::min(best, ceilings::weight_stream_ms(
                                 {.weights = w1.get(), .experts = E_local, .rows_per_expert = N, .k = K}, stream) +
-                                cuda::measure_weight_stream_ms(
+                                ceilings::weight_stream_ms(
                                     {.weights = w2.get(), .experts = E_local, .rows_per_expert = K, .k = I}, stream));
     read_ms = best;
     std::printf("one read of the weights, measured (TMA stream of W1 + W2, E_local = %lld): %.4f ms, %.0f GB/s\n",
@@ -324,15 +325,15 @@ int main(int argc, char** argv) {
                          sa_count = numerics::activation_scale_count(quant, E_local * M, K);
       sc->w1s = DeviceBuffer(*memory, s1_count * 4, "W1 scales");
       sc->w2s = DeviceBuffer(*memory, s2_count * 4, "W2 scales");
-      cuda::fill_random_bytes(sc->w1.get(), static_cast<std::size_t>(sc->w1.bytes()), 11, true);
-      cuda::fill_random_bytes(sc->w2.get(), static_cast<std::size_t>(sc->w2.bytes()), 12, true);
+      ceilings::fill_random_bytes(sc->w1.get(), static_cast<std::size_t>(sc->w1.bytes()), 11, true);
+      ceilings::fill_random_bytes(sc->w2.get(), static_cast<std::size_t>(sc->w2.bytes()), 12, true);
       Workspace& ws = sc->ws.emplace(plan_layer(p, entry, 1), *memory);
       if (quant == QuantScheme::kBlock128)
         std::printf("block128 M = %lld: experts' workspace %.3f GiB, %.3f GiB with fuse_w1 (no w1_out)\n",
                     static_cast<long long>(M), double(ws.plan().section_bytes("experts")) / double(1 << 30),
                     double(plan_layer(sc->fused_p, entry, 1).section_bytes("experts")) / double(1 << 30));
-      cuda::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes), 13,
-                              true);
+      ceilings::fill_random_bytes(ws.get<std::uint8_t>("a1q"), static_cast<std::size_t>(ws.plan().region("a1q").bytes),
+                                  13, true);
       {
         std::vector<float> s1(s1_count, 1.0f / 448.0f), s2(s2_count, 1.0f / 448.0f), sa(sa_count, 1.0f / 16.0f);
         memory->from_host(sc->w1s.get(), s1.data(), sc->w1s.bytes(), nullptr);

@@ -7,7 +7,7 @@
 //   tiled: each 128 x 128 block stored contiguously (16 KB), a tile's k-blocks one after another;
 //     the same TMA box lands in shared memory with the same swizzle, so a kernel reads it unchanged
 //     but for its coordinates.
-// The stream is the library's (cuda::measure_weight_stream_ms, src/cuda/weight_stream.cu: one CTA
+// The stream is the library's (ceilings::weight_stream_ms, src/ceilings/weight_stream.cu: one CTA
 // per SM, one thread issuing TMA loads into a ring of stages, no math, tiles handed out as the
 // persistent GEMMs do); optionally each k-block also loads the expert's token tile (m_e rows x 128
 // bytes, from L2 after its first read), as the swapped GEMMs do at m_e <= 64. Prints GB/s (weights only)
@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ceilings/ceilings.h"
 #include "cuda/check.h"
 #include "cuda/launch.h"
 
@@ -40,7 +41,7 @@ __global__ void read_kernel(const uint4* __restrict__ p, std::size_t n, unsigned
 }  // namespace
 
 int main(int argc, char** argv) {
-  using moekit::cuda::kMaxWeightStreamStages;
+  using moekit::ceilings::kMaxWeightStreamStages;
   std::vector<int> depths;
   for (int a = 1; a < argc; ++a) depths.push_back(std::atoi(argv[a]));
   if (depths.empty()) depths = {4, 6};
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   MOEKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const double copy_gbs = moekit::cuda::measure_copy_gbs(nullptr);
+  const double copy_gbs = moekit::ceilings::copy_gbs(nullptr);
   std::printf("device %s, %d SMs; copy ceiling %.0f GB/s (read + write)\n", prop.name, prop.multiProcessorCount,
               copy_gbs);
   unsigned* sink = nullptr;
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
     const std::int64_t bytes = s.experts * s.n * s.k;
     void* w = nullptr;
     MOEKIT_CUDA_CHECK(cudaMalloc(&w, static_cast<std::size_t>(bytes)));
-    moekit::cuda::fill_random_bytes(w, static_cast<std::size_t>(bytes), 7, true);
+    moekit::ceilings::fill_random_bytes(w, static_cast<std::size_t>(bytes), 7, true);
     const double read_ms = moekit::cuda::median_ms(
         20,
         [&] {
@@ -83,20 +84,20 @@ int main(int argc, char** argv) {
     // Tokens: 64 rows an expert (the most a swapped 128x64 tile holds), boxes of 32 or 64 rows.
     void* tok = nullptr;
     MOEKIT_CUDA_CHECK(cudaMalloc(&tok, static_cast<std::size_t>(s.experts * 64 * s.k)));
-    moekit::cuda::fill_random_bytes(tok, static_cast<std::size_t>(s.experts * 64 * s.k), 8, true);
+    moekit::ceilings::fill_random_bytes(tok, static_cast<std::size_t>(s.experts * 64 * s.k), 8, true);
     for (int stages : depths) {
       for (const int token_rows : {0, 32, 64}) {
         for (const bool t : {false, true}) {
           if (t && token_rows > 0) continue;
-          const double ms = moekit::cuda::measure_weight_stream_ms({.weights = w,
-                                                                    .experts = s.experts,
-                                                                    .rows_per_expert = s.n,
-                                                                    .k = s.k,
-                                                                    .stages = stages,
-                                                                    .tiled = t,
-                                                                    .tokens = tok,
-                                                                    .token_rows = token_rows},
-                                                                   nullptr);
+          const double ms = moekit::ceilings::weight_stream_ms({.weights = w,
+                                                                .experts = s.experts,
+                                                                .rows_per_expert = s.n,
+                                                                .k = s.k,
+                                                                .stages = stages,
+                                                                .tiled = t,
+                                                                .tokens = tok,
+                                                                .token_rows = token_rows},
+                                                               nullptr);
           const double gbs = bytes / (ms * 1e6);
           std::printf(
               "  TMA %-9s %d stages, + %2d token rows a k-block: %.4f ms, %.0f GB/s (%.2f of copy, %.2f of "

@@ -15,6 +15,7 @@
 #include <memory>
 #include <thread>
 
+#include "ceilings/ceilings.h"
 #include "cli/commands.h"
 #include "cpu/routing.h"
 #include "cuda/backend.h"
@@ -122,8 +123,8 @@ BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, st
   w.device.emplace_back(memory, p.E_local * p.K * I, "W2");
   w.device.emplace_back(memory, 4 * p.E_local * s1, "W1 scales");
   w.device.emplace_back(memory, 4 * p.E_local * s2, "W2 scales");
-  cuda::fill_random_bytes(w.device[0].get(), static_cast<std::size_t>(w.device[0].bytes()), seed, true);
-  cuda::fill_random_bytes(w.device[1].get(), static_cast<std::size_t>(w.device[1].bytes()), seed + 1, true);
+  ceilings::fill_random_bytes(w.device[0].get(), static_cast<std::size_t>(w.device[0].bytes()), seed, true);
+  ceilings::fill_random_bytes(w.device[1].get(), static_cast<std::size_t>(w.device[1].bytes()), seed + 1, true);
   // Codes span +-448: scales of 1 / (448 sqrt(k)) give weights of rms ~ 1 / sqrt(k), as trained ones.
   const std::vector<float> sc1(static_cast<std::size_t>(p.E_local * s1),
                                1.0f / (448.0f * std::sqrt(static_cast<float>(p.K))));
@@ -371,8 +372,8 @@ int bench_command(const BenchRequest& req) {
     const cuda::DeviceInfo info = cuda::device_info(0);
     device_text = fmt::format("{} ({} SMs)", info.name, info.num_sms);
     void* s = cuda::create_stream();
-    copy_gbs = cuda::measure_copy_gbs(s);
-    peak = cuda::measure_fp8_tflops(s);
+    copy_gbs = ceilings::copy_gbs(s);
+    peak = ceilings::fp8_gemm_tflops(s);
     cuda::destroy_stream(s);
   }
   const std::vector<Row> rows = bench_layer(req, model, device, peak, copy_gbs);

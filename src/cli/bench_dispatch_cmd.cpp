@@ -16,6 +16,7 @@
 #include <mutex>
 #include <random>
 
+#include "ceilings/ceilings.h"
 #include "cli/commands.h"
 #include "cuda/backend.h"
 #include "cuda/device_info.h"
@@ -155,7 +156,7 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
         const PrepareArgs args{copies.put(tok.hidden, "hidden"), copies.put(ids, "ids"), copies.put(wts, "weights"), T};
         DeviceBuffer out(*dev_memory, 2 * T * p.K, "output");
         const ExpertsInput in = pf->prepare(p, args, ws, stream);
-        cuda::fill_random_bytes(in.output, static_cast<std::size_t>(p.E_local * p.M * p.K * 2), req.seed, true);
+        ceilings::fill_random_bytes(in.output, static_cast<std::size_t>(p.E_local * p.M * p.K * 2), req.seed, true);
         const FinalizeArgs fin{
             wts.empty() ? nullptr : args.topk_weights, T, {in.output, nullptr}, out.as<std::uint16_t>()};
         pf->finalize(p, fin, ws, stream);

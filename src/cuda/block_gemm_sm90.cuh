@@ -455,10 +455,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     float na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = __ldg(sb1);
-    // NOTES (H200, docs/PERF.md): the promotion costs this loop ~25% (a build whose MMAs accumulate
-    // unscaled, no wait or promotion, ran W1 at 1265 TFLOP/s against 983 here). 64-column quarters
-    // in two sets of 32 temporaries, each issued before the previous one is promoted, measured no
-    // faster (n64 wgmma) and the fused W1 8% slower; a wgmma left in flight across this loop's back
+    // NOTES: the promotion is this loop's main cost (docs/PERF.md: against a build whose MMAs
+    // accumulate unscaled). 64-column quarters in two sets of 32 temporaries, each issued before the
+    // previous one is promoted, measured no faster; a wgmma left in flight across this loop's back
     // edge makes ptxas serialize every wgmma of the kernel (C7514).
     for (int kb = 0; kb < p.k_blocks; ++kb) {
       const float a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;
@@ -470,9 +469,8 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       }
       TxBarrier::wait(&s.full[stage], phase);
       // NOTES: ptxas builds these descriptors in vector registers and moves them to uniform ones for
-      // every wgmma (32 R2UR a k-block). Shuffled from lane 0 they are built uniform, which took a
-      // full-tile-only loop -1..-4%, this loop with half pairs 2-4% slower before one kernel an
-      // activation and within +-2.5% (both signs) since (docs/PERF.md, thirteenth session).
+      // every wgmma (32 R2UR a k-block). Built uniform (shuffled from lane 0) measured no better
+      // with half pairs (docs/PERF.md).
       const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
       const std::uint32_t db0 = b_desc0 + stage * (BG::kBBytes >> 4);
 #pragma unroll

@@ -211,8 +211,7 @@ struct GroupedFp8BlockGemm {
 // The persistent scheduler's tile order: the token tiles of one weight tile adjacent, so that the
 // CTAs reading the same weights run together and share them through L2 (the weights of all experts
 // are ~8x L2). Unswapped, the tokens are the kernel's M: along M (CUTLASS's grouped default);
-// swapped, its N: along N. Measured (a swapped 256x64 fused W1, since dropped; m_e = 256, 4 token
-// tiles): along M the W1 GEMM read its weights ~4 times (0.53 ms against cooperative-128x128's 0.25).
+// swapped, its N: along N (along M, a swapped kernel read its weights once per token tile).
 template <class RasterOrder, bool kSwapAB>
 constexpr RasterOrder raster_order() {
   return kSwapAB ? RasterOrder::AlongN : RasterOrder::AlongM;
@@ -223,7 +222,7 @@ constexpr RasterOrder raster_order() {
 // it first; the kernel body is CUTLASS's, unchanged, and the next kernel launches as its CTAs exit
 // (no early trigger: pdl.cuh says why). A launch the step gives no expert (the rule's other row
 // ranges) then starts its CTAs as the kernel before it drains, instead of after it, and exits right
-// after its wait (docs/PERF.md, eighteenth and nineteenth sessions).
+// after its wait (docs/PERF.md).
 template <class Operator>
 __global__ void __launch_bounds__(Operator::MaxThreadsPerBlock, Operator::MinBlocksPerMultiprocessor)
     pdl_gemm_kernel(CUTLASS_GRID_CONSTANT typename Operator::Params const params) {

@@ -118,33 +118,6 @@ class Event {
 };
 // The median time of `fn` (what it enqueues on `stream`) over `reps` runs after 3 warm-up runs.
 double median_ms(int reps, const std::function<void()>& fn, void* stream);
-// Device-to-device copy bandwidth (bytes read + written per second, GB/s) and cuBLASLt's FP8 e4m3
-// GEMM rate at 8192^3 (TFLOP/s): the ceilings every benchmark reports its results against.
-double measure_copy_gbs(void* stream);
-double measure_fp8_tflops(void* stream);
-// One read of an FP8 weight tensor, measured (weight_stream.cu): the median time TMA alone takes to
-// stream experts x rows_per_expert x k bytes (row-major, as the grouped GEMMs read them; tiled: the
-// same bytes as contiguous 128x128 blocks) into a ring of `stages` 16 KB stages, one CTA per SM
-// taking 128-row tiles in turn, no math; token_rows > 0 also loads that many rows of the expert's
-// tokens (experts x token_rows x k) each k-block, as the swapped GEMMs do. The small-m_e floor the
-// experts benchmark reports against. sm_90a only (TMA).
-inline constexpr int kMaxWeightStreamStages = 6;
-struct WeightStream {
-  const void* weights = nullptr;
-  std::int64_t experts = 0, rows_per_expert = 0, k = 0;  // rows_per_expert and k: multiples of 128
-  int stages = kMaxWeightStreamStages;
-  bool tiled = false;
-  const void* tokens = nullptr;
-  int token_rows = 0;
-};
-// The weight shapes the stream takes: whole 128-row, 128-byte TMA boxes.
-inline constexpr std::int64_t kWeightStreamBox = 128;
-constexpr bool weight_stream_takes(std::int64_t rows_per_expert, std::int64_t k) {
-  return rows_per_expert > 0 && rows_per_expert % kWeightStreamBox == 0 && k > 0 && k % kWeightStreamBox == 0;
-}
-double measure_weight_stream_ms(const WeightStream& w, void* stream);
-// Random FP8 codes (no NaN) or bytes, for timing runs that need no particular values.
-void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool fp8);
 
 // --- routing and dispatch (router.cu, dispatch.cu) ---------------------------------------------------
 
@@ -158,10 +131,8 @@ void launch_route_shared(const std::uint16_t* hidden, std::int64_t num_tokens, s
                          const std::uint16_t* gate, std::int32_t* topk_ids, float* topk_weights, void* stream);
 inline constexpr int kMaxRouteExperts = 1024;  // the router kernels: a thread an expert at most
 // Up to this many tokens the router runs a block a token (latency), more a warp a token
-// (throughput). H200, DeepSeek-V3 (42869ff, ncu): block kernel 11.0 / 11.1 / 12.6 / 21.4 us at T = 1 /
-// 128 / 512 / 1024, warp kernel 17.0 / 16.7 / 30.9 us at T = 600 / 1025 / 4096 (18.7-19 at T = 1
-// and 512): the two cross near 700 tokens, where either costs ~0.1% of the layer's step. Tests
-// cover both.
+// (throughput); measured, the two cross near 700 tokens, where either is a negligible share of the
+// layer's step (docs/PERF.md). Tests cover both.
 inline constexpr std::int64_t kRouteBlockPerTokenMax = 512;
 
 // Where each (token, slot) pair's row goes, in the CPU's order: rows of one expert in (token, slot)

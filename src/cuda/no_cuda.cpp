@@ -101,18 +101,6 @@ float Event::ms_since(const Event&) const {
 double median_ms(int, const std::function<void()>&, void*) {
   no_cuda("a CUDA timer");
 }
-double measure_copy_gbs(void*) {
-  no_cuda("the GPU's copy bandwidth");
-}
-double measure_fp8_tflops(void*) {
-  no_cuda("the GPU's FP8 rate");
-}
-double measure_weight_stream_ms(const WeightStream&, void*) {
-  no_cuda("the GPU's weight stream");
-}
-void fill_random_bytes(void*, std::size_t, std::uint64_t, bool) {
-  no_cuda("fill_random_bytes");
-}
 void read_status_words(const std::int32_t*, std::int32_t*, void*) {
   no_cuda("the CUDA status words");
 }

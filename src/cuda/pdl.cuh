@@ -11,10 +11,9 @@
 // pdl_enter(). The GEMMs (CUTLASS's through grouped_gemm_impl.cuh's pdl_gemm_kernel, moekit's block
 // GEMMs) and the activation kernels call pdl_wait() only, so that their dependents launch as their
 // blocks exit: the GEMMs' CTAs then start while the kernel before them drains, and an empty launch
-// of the rule exits right after its wait (-1.5..-2% of the step at m_e = 64). An early trigger there
-// measured slower (docs/PERF.md, eighteenth session): from the activation, the W2 GEMM's CTAs
-// (one an SM, ~216 KB of shared memory) took the SMs its unplaced blocks needed and the activation
-// ran 2-3x longer; from the GEMMs, the per-token step at m_e = 1024 ran 13% longer (not understood).
+// of the rule exits right after its wait. An early trigger there measured slower (docs/PERF.md):
+// from the activation, the W2 GEMM's CTAs (one an SM, most of its shared memory) took the SMs the
+// activation's unplaced blocks needed; from the GEMMs, the per-token step ran longer.
 // Stream capture keeps the relation as a programmatic edge of the graph. The rule is checked in the
 // sources (ctest lint.pdl_rule, scripts/check_pdl.py): in a file that calls launch_pdl, every kernel's
 // first statement is pdl_enter() or pdl_wait().

@@ -6,9 +6,8 @@
 // each phase of the block kernel is a few dependent steps of parallel work (one score a thread;
 // each group's top two by shared-memory max reductions; the chosen groups and the top-k by ranks:
 // each candidate counts the candidates above it, independent comparisons instead of a chain of
-// argmax reductions; a thread a slot for the weights). The warp kernel alone ran ~3,950 dependent
-// warp instructions for a DeepSeek-V3 token: 18.7 us at T = 1; the block kernel's argmax rounds
-// ~13.8 K cycles (ncu, docs/PERF.md).
+// argmax reductions; a thread a slot for the weights). The warp kernel alone runs thousands of
+// dependent warp instructions for a DeepSeek-V3 token (docs/PERF.md).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -87,7 +86,7 @@ __device__ void write_token(const Params& p, const int* chosen, const float* sco
 }
 
 // Many tokens: a warp a token (the kernel before the block-a-token one; its throughput is higher
-// when the blocks of one token each would take several waves: T = 4096, 36 against 66 us).
+// when the blocks of one token each would take several waves).
 constexpr int kWarpsPerBlock = 4;
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     route_warp_kernel(Params p, const float* __restrict__ logits, int T, const float* __restrict__ bias,

@@ -1,6 +1,4 @@
-// Streams, events and graphs behind plain C++ (cuda/launch.h), and the machine's measured ceilings
-// that every benchmark reports against: device-to-device copy bandwidth and cuBLASLt's FP8 GEMM rate.
-#include <cublasLt.h>
+// Streams, events and graphs behind plain C++ (cuda/launch.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,36 +8,8 @@
 #include "cuda/check.h"
 #include "cuda/launch.h"
 
-#define MOEKIT_CUBLAS_CHECK(expr)                                                                       \
-  do {                                                                                                  \
-    const cublasStatus_t moekit_s_ = (expr);                                                            \
-    MOEKIT_CUDA_REQUIRE(                                                                                \
-        moekit_s_ == CUBLAS_STATUS_SUCCESS,                                                             \
-        std::string("cuBLASLt error ") + std::to_string(static_cast<int>(moekit_s_)) + " in " + #expr); \
-  } while (0)
-
 namespace moekit::cuda {
-namespace {
-
-// splitmix64 of (seed, word index): one 8-byte word per thread, FP8 NaN codes (0x7F, 0xFF) replaced.
-__global__ void fill_random_kernel(std::uint64_t* words, std::size_t n, std::uint64_t seed, bool fp8) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    if (fp8) {
-      for (int b = 0; b < 8; ++b) {
-        const std::uint64_t byte = (z >> (8 * b)) & 0xFF;
-        if ((byte & 0x7F) == 0x7F) z = (z & ~(0xFFull << (8 * b))) | (0x3Cull << (8 * b));
-      }
-    }
-    words[i] = z;
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 double median_ms(int reps, const std::function<void()>& fn, void* stream) {
   Event a, b;
@@ -119,79 +89,6 @@ float Event::ms_since(const Event& start) const {
   MOEKIT_CUDA_CHECK(
       cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_), static_cast<cudaEvent_t>(event_)));
   return ms;
-}
-
-void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool fp8) {
-  MOEKIT_CUDA_REQUIRE(reinterpret_cast<std::uintptr_t>(device) % 8 == 0 && bytes % 8 == 0,
-                      "fill_random_bytes: 8-byte aligned whole words");
-  fill_random_kernel<<<1024, 256>>>(static_cast<std::uint64_t*>(device), bytes / 8, seed, fp8);
-  MOEKIT_CUDA_CHECK_LAUNCH();
-  MOEKIT_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-double measure_copy_gbs(void* stream_ptr) {
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const std::size_t bytes = std::size_t{2} << 30;
-  void *a = nullptr, *b = nullptr;
-  MOEKIT_CUDA_CHECK(cudaMalloc(&a, bytes));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&b, bytes));
-  MOEKIT_CUDA_CHECK(cudaMemset(a, 1, bytes));
-  const double ms = median_ms(
-      10, [&] { MOEKIT_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); }, stream);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
-}
-
-double measure_fp8_tflops(void* stream_ptr) {
-  auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const int n = 8192;
-  void *A = nullptr, *B = nullptr, *D = nullptr, *work = nullptr;
-  const std::size_t work_bytes = 64u << 20;
-  MOEKIT_CUDA_CHECK(cudaMalloc(&A, std::size_t(n) * n));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&B, std::size_t(n) * n));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&D, std::size_t(n) * n * 2));
-  MOEKIT_CUDA_CHECK(cudaMalloc(&work, work_bytes));
-  fill_random_bytes(A, std::size_t(n) * n, 1, true);
-  fill_random_bytes(B, std::size_t(n) * n, 2, true);
-  cublasLtHandle_t lt;
-  MOEKIT_CUBLAS_CHECK(cublasLtCreate(&lt));
-  cublasLtMatmulDesc_t op;
-  MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-  MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-  MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-  cublasLtMatrixLayout_t la, lb, ld;
-  MOEKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n));
-  MOEKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n));
-  MOEKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n));
-  cublasLtMatmulPreference_t pref;
-  MOEKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  MOEKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &work_bytes,
-                                                           sizeof(work_bytes)));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  MOEKIT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
-  MOEKIT_CUDA_REQUIRE(found > 0, "cuBLASLt found no FP8 GEMM algorithm for the ceiling");
-  const float alpha = 1.0f, beta = 0.0f;
-  const double ms = median_ms(
-      20,
-      [&] {
-        MOEKIT_CUBLAS_CHECK(
-            cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo, work, work_bytes, stream));
-      },
-      stream);
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatmulDescDestroy(op);
-  cublasLtDestroy(lt);
-  cudaFree(A);
-  cudaFree(B);
-  cudaFree(D);
-  cudaFree(work);
-  return 2.0 * n * double(n) * n / (ms * 1e-3) / 1e12;
 }
 
 }  // namespace moekit::cuda

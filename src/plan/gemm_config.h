@@ -19,9 +19,7 @@ enum class GemmConfig : std::uint8_t {
   kPingpong64x256,
   kBlock128x256,
   kCooperative128x128,
-  kFusedW1Block128x256,
-  kBlockSwap128x32,
-  kBlockSwap128x64
+  kFusedW1Block128x256
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 // Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
@@ -60,9 +58,8 @@ struct GemmConfigInfo {
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows and max_k cover the
-// expected rows per expert and k is chosen. Measured on an H200 (docs/PERF.md, DeepSeek-V3 shapes, E_local = 16):
-// pingpong-64x256 beat cooperative-128x128 at m_e = 64, 256 and 1024 (0.430 vs 0.436 ms at 256,
-// 1.49 vs 1.63 ms at 1024).
+// expected rows per expert and k is chosen. The order is the measured one (docs/PERF.md: each row's
+// choice against its neighbours on DeepSeek-V3 shapes).
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true, true,
      false, "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side",
@@ -73,14 +70,11 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
     // must have same shape"); block128 takes block-128x256 (k <= 2048) or cooperative-128x128 for
-    // m_e > 64 (a block-scaled pingpong-64x128 measured 1.3-1.4x slower than the latter: docs/PERF.md).
+    // m_e > 64 (a block-scaled pingpong-64x128 measured slower than the latter).
     // n % 256 == 0 is the rule's choice, not the kernel's limit (it computes gpt-oss's n = 5760 and
-    // 2880 right, tested once): there the step measured 10% slower than cooperative-128x128's at m_e =
-    // 1024 (full token tiles) and 10-14% faster at m_e = 300 (a ragged last tile of 44 rows); H200,
-    // docs/PERF.md, seventeenth session. So gpt-oss stays on cooperative-128x128.
-    // Under precise accumulation it spills: 2.5-2.8x slower than cooperative-128x128 at m_e = 256 and
-    // 1024 (H200, DeepSeek-V3, E_local = 16: 0.98 / 3.76 ms against 0.39 / 1.38), so the rule takes
-    // cooperative-128x128 there (1.04-1.11x fast accumulation's pingpong).
+    // 2880 right): there it lost to cooperative-128x128 on full token tiles, so gpt-oss stays there.
+    // Under precise accumulation its 64x256 warpgroup tile needs a second accumulator and spills
+    // (2.5-2.8x slower), so it runs under fast accumulation only.
     {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
      false, "m_e > 64, n % 256 == 0, fast accumulation: pingpong overlaps one tile's epilogue with the other's MMA",
      GemmMainLoop::kCutlass, false, -1, false, true},
@@ -90,14 +84,12 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // the fused W1's gate block and up block are the tile's two halves, paired in registers. The
     // fused W1 runs here alone: CUTLASS's blockwise main loop holds whole 1x128 output groups only
     // swapped (256 weight rows on its M side, 64 or 96 tokens), and those kernels measured slower
-    // than fused-w1-128x256 at every m_e (1.04-1.08x at m_e <= 64, 1.6x at 256; docs/PERF.md).
+    // than fused-w1-128x256 at every m_e.
     // Chosen for block128's short-K GEMMs (DeepSeek-V3's W2, k = 2048: 16 k-blocks a tile), where
     // its two advantages over cooperative-128x128 count: a ragged expert's last token tile of <= 64
-    // rows runs as half a tile (half pairs), and D leaves by TMA while the next tile's main loop runs.
-    // H200, M = 8192, E_local = 16, same process (fourteenth session): W2 alone 0.98 / 0.99 / 0.87 /
-    // 1.03x cooperative's at m_e = 200 / 256 / 300 / 1024; the fused rule's step -5% at 300 and 320,
-    // +0.4-1.1% at 200 / 256 / 1024; the layer under uniform routing -5.4% at T = 4096 and -0.7% at
-    // 8192. W1 (k = 7168) stays on cooperative: its main loop is 5-10% faster on full tiles.
+    // rows runs as half a tile (half pairs), and D leaves by TMA while the next tile's main loop runs
+    // (ragged experts gain, full tiles break even). W1 (k = 7168) stays on cooperative: its main loop
+    // is faster on full tiles.
     {GemmConfig::kBlock128x256, "block-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1, false, true,
      false,
      "block128, m_e > 64, k <= 2048: 256-wide tiles, half tiles for a ragged expert's last rows, D by TMA "
@@ -112,12 +104,6 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
      GemmMainLoop::kMoekit},
-    // moekit's own swapped block-scaled main loop (block_gemm_swap_sm90.cuh): 128 weight rows (one
-    // weight block: one scale a k-block) x 32 or 64 tokens. Opt-in (after the rule's open-ended row).
-    {GemmConfig::kBlockSwap128x32, "block-swap-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 128, 32, false,
-     true, false, "block128, m_e <= 32: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
-    {GemmConfig::kBlockSwap128x64, "block-swap-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 128, 64, false,
-     true, false, "block128, m_e <= 64: weights on the 128-row side (moekit's main loop)", GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 
@@ -177,10 +163,8 @@ constexpr std::int64_t fused_w1_small_rows() {
 // or the activation kernel over w1_small's fp32 rows, the CPU's fp32 rows, the float64 reference):
 // the problem's fuse_w1 where fuse_w1_runs (block128 with an activation whose W1 rows pair whole
 // output groups in a 256-row tile, numerics::W1Rows kBlockPairs or kSingle; swigluoai's interleaved
-// rows cannot). make_problem's default there: on the H200 (DeepSeek-V3, M = 8192, the schemes'
-// variants in the same rounds, 0dff20e: c653f06's kernels) the fused rule measured 1.01 / 1.03 /
-// 1.01 / 0.91 / 1.05x the unfused rule's time at m_e = 8 / 64 / 256 / 300 / 1024 at 0.274 GiB of
-// workspace instead of 1.259 (docs/PERF.md).
+// rows cannot). make_problem's default there: about the unfused rule's speed (within 5% either
+// way) at a fifth of its workspace (docs/PERF.md).
 bool fuses_w1(const MoeProblem& problem);
 
 GemmConfig parse_gemm_config(std::string_view name);

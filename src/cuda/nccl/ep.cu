@@ -323,9 +323,7 @@ __global__ void recv_ids_kernel(EpStep s, bool device_initiated) {
 // in one block, three graph nodes fewer. Tiles of kRowMapTile slots in order; a slot's rank among its
 // expert's slots = the expert's slots in earlier tiles (a running count) + earlier warps of its tile
 // + earlier lanes (__match_any_sync): the row map's (record, slot) order, the same rows.
-// Measured on 2 H200s (DeepSeek-V3, top-8, graph replay): dispatch at 1 / 128 tokens per rank (16 /
-// 2048 slots) 24.0 -> 21.2 / 31.7 -> 29.3 us; at 512 tokens (8192 slots, 8 tiles in one block)
-// 52.9 -> 63.6 us: each tile costs the block ~1.4 us, more than the ~1 us a graph node costs. Hence
+// Each tile costs the block more than a graph node costs (measured on 2 H200s, docs/PERF.md): hence
 // two tiles at most.
 constexpr int kSmallMapPairs = kRowMapOneBlockTiles * kRowMapTile;
 

@@ -1,6 +1,6 @@
 """Summarizes ncu's per-SASS-instruction source page (--page source --print-source sass --csv): the
 instructions where warps were sampled most, with their share of all samples, and the samples by
-opcode. Used by scripts/gpu-check.sh profile."""
+opcode. Used by tools/gpu-experiments.sh profile."""
 import csv
 import sys
 from collections import Counter

@@ -11,11 +11,12 @@
 #include <cstdint>
 #include <string>
 
+#include "ceilings/ceilings.h"
 #include "cuda/block_gemm_sm90.cuh"
 #include "cuda/check.h"
 #include "cuda/launch.h"
 
-namespace moekit::cuda {
+namespace moekit::ceilings {
 
 namespace {
 
@@ -65,34 +66,34 @@ __global__ void __launch_bounds__(32, 1)
 
 }  // namespace
 
-double measure_weight_stream_ms(const WeightStream& w, void* stream) {
+double weight_stream_ms(const WeightStream& w, void* stream) {
   MOEKIT_CUDA_REQUIRE(w.weights != nullptr && w.experts > 0 && weight_stream_takes(w.rows_per_expert, w.k),
-                      "measure_weight_stream_ms: experts x rows_per_expert (a multiple of 128) x k (a multiple of "
+                      "weight_stream_ms: experts x rows_per_expert (a multiple of 128) x k (a multiple of "
                       "128) FP8 weights needed, got " +
                           std::to_string(w.experts) + " x " + std::to_string(w.rows_per_expert) + " x " +
                           std::to_string(w.k));
-  MOEKIT_CUDA_REQUIRE(w.stages >= 1 && w.stages <= kMaxWeightStreamStages,
-                      "measure_weight_stream_ms: " + std::to_string(w.stages) + " stages, give 1 to " +
-                          std::to_string(kMaxWeightStreamStages));
   MOEKIT_CUDA_REQUIRE(
-      w.token_rows >= 0 && w.token_rows <= 256 && (w.token_rows == 0 || w.tokens != nullptr),
-      "measure_weight_stream_ms: token_rows " + std::to_string(w.token_rows) + " (0 to 256, with tokens)");
-  detail::block_gemm_require_sm90("measure_weight_stream_ms (TMA)");
+      w.stages >= 1 && w.stages <= kMaxWeightStreamStages,
+      "weight_stream_ms: " + std::to_string(w.stages) + " stages, give 1 to " + std::to_string(kMaxWeightStreamStages));
+  MOEKIT_CUDA_REQUIRE(w.token_rows >= 0 && w.token_rows <= 256 && (w.token_rows == 0 || w.tokens != nullptr),
+                      "weight_stream_ms: token_rows " + std::to_string(w.token_rows) + " (0 to 256, with tokens)");
+  cuda::detail::block_gemm_require_sm90("weight_stream_ms (TMA)");
   int device = 0, sms = 0;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
   MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::int64_t rows = w.experts * w.rows_per_expert, bytes = rows * w.k;
-  const CUtensorMap map = w.tiled ? detail::block_gemm_tensor_map(w.weights, bytes / kBox, kBox, kBox, "tiled weights")
-                                  : detail::block_gemm_tensor_map(w.weights, rows, w.k, kBox, "row-major weights");
-  const CUtensorMap tokens =
-      w.token_rows > 0 ? detail::block_gemm_tensor_map(w.tokens, w.experts * w.token_rows, w.k, w.token_rows, "tokens")
-                       : map;
+  const CUtensorMap map =
+      w.tiled ? cuda::detail::block_gemm_tensor_map(w.weights, bytes / kBox, kBox, kBox, "tiled weights")
+              : cuda::detail::block_gemm_tensor_map(w.weights, rows, w.k, kBox, "row-major weights");
+  const CUtensorMap tokens = w.token_rows > 0 ? cuda::detail::block_gemm_tensor_map(w.tokens, w.experts * w.token_rows,
+                                                                                    w.k, w.token_rows, "tokens")
+                                              : map;
   unsigned* sink = nullptr;
   MOEKIT_CUDA_CHECK(cudaMalloc(&sink, 4));
   const int smem = w.stages * 2 * kBoxBytes + 1024;
   MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(weight_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const auto s = static_cast<cudaStream_t>(stream);
-  const double ms = median_ms(
+  const double ms = cuda::median_ms(
       20,
       [&] {
         weight_stream_kernel<<<sms, 32, smem, s>>>(map, tokens, static_cast<int>(rows / kBox),
@@ -105,4 +106,4 @@ double measure_weight_stream_ms(const WeightStream& w, void* stream) {
   return ms;
 }
 
-}  // namespace moekit::cuda
+}  // namespace moekit::ceilings
