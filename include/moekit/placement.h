@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -45,6 +46,10 @@ ExpertPlacement make_placement(std::int64_t num_logical, std::vector<std::int32_
 // The default placement of num_physical >= num_logical slots: slot p holds expert p mod num_logical
 // (the first num_logical slots are the unreplicated layout, the rest replicate experts 0, 1, ...).
 ExpertPlacement round_robin_placement(std::int64_t num_logical, std::int64_t num_physical);
+
+// The placement of a layer registered without one (MoeRuntime::add_layer, `moekit run`): the round
+// robin where the slots outnumber the experts, none (slot = expert) where they are equal.
+std::optional<ExpertPlacement> default_placement(std::int64_t num_logical, std::int64_t num_physical);
 
 // The logical experts' loads from per-slot counts (summed over the ranks): load[e] = the sum of
 // the counts of e's slots.

@@ -200,8 +200,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   // Redundant experts: the runtime's default placement (round robin) of the ranks' slots; this
   // rank's slots are [first, first + E_local).
   const std::int64_t slots = p.E_local * par.ep;
-  const std::optional<ExpertPlacement> placement =
-      slots > p.E ? std::optional(round_robin_placement(p.E, slots)) : std::nullopt;
+  const std::optional<ExpertPlacement> placement = default_placement(p.E, slots);
   cpu::ThreadPool pool(threads_per_rank);
   // This rank's layers: seeded synthetic weights (global expert indices, so any layout draws the same
   // values), or the checkpoint's (only this rank's experts read).

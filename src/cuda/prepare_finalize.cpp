@@ -111,7 +111,8 @@ class Scatter final : public PrepareFinalize {
   }
 
   void check_status(Workspace& ws, Stream stream) override {
-    check_status_words(ws.get<std::int32_t>("dispatch_status"), "scatter (cuda)", ws.problem().M, ws.problem().E,
+    // The scatter's ids are this rank's experts or, with redundant experts, its slots: E_local of them.
+    check_status_words(ws.get<std::int32_t>("dispatch_status"), "scatter (cuda)", ws.problem().M, ws.problem().E_local,
                        stream);
   }
 };
@@ -351,8 +352,9 @@ class NcclAllToAll final : public PrepareFinalize {
     read_status_words(status, w, stream);
     if (w[0] == kStatusPeerTimeout && group_ != nullptr)
       abort_nccl_group(*group_, "rank " + std::to_string(w[2]) + " did not signal");
-    check_status_words(status, device_ ? "nccl (cuda)" : "nccl-reference (cuda)", ws.problem().M, ws.problem().E,
-                       stream);
+    // The transports' ids are expert slots of every rank (E_local each; E without redundant experts).
+    check_status_words(status, device_ ? "nccl (cuda)" : "nccl-reference (cuda)", ws.problem().M,
+                       ws.problem().E_local * comm_->size(), stream);
   }
 
  private:

@@ -20,8 +20,8 @@ void check_status_words(std::int32_t* device_status, const char* who, std::int64
     case kStatusBadCount: MOEKIT_FAIL("{}", plan::bad_count_message(who, w[1], w[2], M));
     case kStatusBadExpertId:
       MOEKIT_FAIL(
-          "{}: topk_ids[{}][{}] = {} is outside [0, E = {}): that pair was dropped; the router or the caller "
-          "produced an invalid expert",
+          "{}: topk_ids[{}][{}] = {} is outside [0, {}) (the expert ids; with redundant experts, the expert slots): "
+          "that pair was dropped; the router or the caller produced an invalid expert",
           who, w[1], w[2], w[3], E);
     case kStatusNanLogit:
       MOEKIT_FAIL(

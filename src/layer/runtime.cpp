@@ -191,7 +191,7 @@ struct MoeRuntime::Impl {
       // Derived again: the caller's replica tables are not trusted to match its map.
       return std::make_unique<ExpertPlacement>(make_placement(problem.E, given.physical_to_logical));
     }
-    if (slots > problem.E) return std::make_unique<ExpertPlacement>(round_robin_placement(problem.E, slots));
+    if (auto d = default_placement(problem.E, slots)) return std::make_unique<ExpertPlacement>(std::move(*d));
     return nullptr;
   }
 

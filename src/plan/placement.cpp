@@ -53,6 +53,11 @@ ExpertPlacement round_robin_placement(std::int64_t num_logical, std::int64_t num
   return make_placement(num_logical, std::move(map));
 }
 
+std::optional<ExpertPlacement> default_placement(std::int64_t num_logical, std::int64_t num_physical) {
+  if (num_physical == num_logical) return std::nullopt;
+  return round_robin_placement(num_logical, num_physical);
+}
+
 std::vector<double> logical_load(const ExpertPlacement& placement, std::span<const std::int64_t> physical_counts) {
   MOEKIT_CHECK(static_cast<std::int64_t>(physical_counts.size()) == placement.num_physical(),
                "logical_load: {} counts for a placement of {} slots", physical_counts.size(), placement.num_physical());

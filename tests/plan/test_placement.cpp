@@ -140,5 +140,13 @@ TEST(Placement, EplbRefusesSizesThatDoNotDivide) {
   expect_error([&] { rebalance_experts(bad, 32, 4, 1, 4); }, "expert 3 has load -1");
 }
 
+TEST(DefaultPlacement, RoundRobinOnlyWhereSlotsOutnumberExperts) {
+  EXPECT_FALSE(default_placement(8, 8).has_value());
+  const auto d = default_placement(4, 6);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->physical_to_logical, round_robin_placement(4, 6).physical_to_logical);
+  expect_error([] { default_placement(4, 3); }, "1 <= logical experts (4) <= slots (3)");
+}
+
 }  // namespace
 }  // namespace moekit
