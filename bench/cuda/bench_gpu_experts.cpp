@@ -31,6 +31,8 @@
 //      [--baseline CONFIG] (a config of the table, run too: every variant's graph step and GEMMs
 //      replayed alone as ratios to its of the same scheme, measured in the same rounds. Compare builds or machines by
 //      these ratios: the SM clock of a power-capped GPU moves 5-10% between processes)
+//      [--host-time] (the rules' host time a call: each launcher's enqueue alone, with the host work
+//      bound once per workspace (cuda/launch_cache.h) and redone every call; median of 31)
 // (--case, repeatable: those cases only, any M and m_e <= M, and quick (5 iterations, the rules only) unless
 // --configs names configs of the table to run too: for profiling one config under ncu)
 #include <cuda_runtime.h>
@@ -59,6 +61,7 @@
 #include "cuda/check.h"
 #include "cuda/device_info.h"
 #include "cuda/launch.h"
+#include "cuda/launch_cache.h"
 #include "moekit/model.h"
 #include "moekit/registry.h"
 #include "moekit/workspace.h"
@@ -109,11 +112,28 @@ std::optional<std::int64_t> int_arg(const char* text, const char* flag) {
   return std::nullopt;
 }
 
+// Host time of one enqueue in us: the median of 31 (after 3 warm-ups), each timed after the stream
+// drained, so that no launch waits for room in the launch queue.
+double host_us(const std::function<void()>& enqueue, cudaStream_t stream) {
+  std::vector<double> us;
+  for (int i = 0; i < 3 + 31; ++i) {
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    enqueue();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= 3) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
   bool rule_first = false;
   bool graph_parts = false;
+  bool host_time = false;
   std::vector<std::pair<std::int64_t, std::int64_t>> only_cases;  // --case M m_e, each one given (none: all)
   std::int64_t max_rows = 0;  // the rules planned for up to this many rows an expert (0: m_e)
   std::int64_t E_local = 16;  // DeepSeek-V3's local experts at DP 16 (8 at DP 32)
@@ -141,7 +161,7 @@ int main(int argc, char** argv) {
                            ? 1
                            : 0;
     if (values == 0 && flag != "--quick" && flag != "--rule-first" && flag != "--graph-parts" &&
-        flag != "--fast-accumulation") {
+        flag != "--fast-accumulation" && flag != "--host-time") {
       std::fprintf(
           stderr, "bench_gpu_experts: unknown argument '%s' (the flags: the top of bench/cuda/bench_gpu_experts.cpp)\n",
           flag.c_str());
@@ -157,6 +177,7 @@ int main(int argc, char** argv) {
     if (flag == "--fast-accumulation") fast_accumulation = true;
     if (flag == "--rule-first") rule_first = true;
     if (flag == "--graph-parts") graph_parts = true;
+    if (flag == "--host-time") host_time = true;
     if (flag == "--max-rows") {
       const auto v = int_arg(value, "--max-rows");
       if (!v) return 2;
@@ -572,6 +593,32 @@ int main(int argc, char** argv) {
               g1_ms, 2.0 * double(E_local * m_e * N * K) / (g1_ms * 1e9), g2_ms,
               2.0 * double(E_local * m_e * K * I) / (g2_ms * 1e9), ms - g1_ms - g2_ms, r.timed[kGraphW1].median(),
               r.timed[kGraphW2].median());
+          if (host_time && v.rule != Rule::kNone) {
+            // The seam's run (the plan, the launch's arguments, then the launches) and each launcher
+            // alone, bound and fresh.
+            const auto experts = cuda::make_batched_experts({});
+            const cuda::BatchedExpertsLaunch* lp = &r.launch;
+            const std::vector<std::pair<const char*, std::function<void()>>> parts = {
+                {"step", [&] { cuda::launch_batched_experts(*lp, stream); }},
+                {"seam run", [&] { experts->run(v.problem, *v.scheme->input, *v.scheme->view, *r.ws, stream); }},
+                {"prepare", [&] { cuda::launch_experts_prepare(*lp, stream); }},
+                {"W1", [&] { cuda::launch_experts_gemm(*lp, 1, stream); }},
+                {"W2", [&] { cuda::launch_experts_gemm(*lp, 2, stream); }},
+            };
+            std::string line = "       host us a call (median of 31; bound / fresh):";
+            for (const auto& [part, enqueue] : parts) {
+              const double bound = host_us(enqueue, stream);
+              cuda::detail::set_launch_cache_enabled(false);
+              const double fresh = host_us(enqueue, stream);
+              cuda::detail::set_launch_cache_enabled(true);
+              char item[96];
+              std::snprintf(item, sizeof(item), " %s %.1f / %.1f,", part, bound, fresh);
+              line += item;
+            }
+            line.back() = '\n';
+            r.notes += line;
+            cuda::check_status_words(r.launch.status, "bench (host time)", M, p.E, stream);
+          }
           std::printf("%s", r.notes.c_str());
           if (v.rule != Rule::kNone) rules_ms[{M, m_e}][{quant, v.rule == Rule::kFused}] = graph_ms;
           json += std::string(first ? "" : ",\n") + "    {\"quant\": \"" + std::string(quant_name(quant)) +

@@ -32,6 +32,7 @@
 #include "cpu/thread_pool.h"
 #include "cuda/device_info.h"
 #include "cuda/launch.h"
+#include "cuda/launch_cache.h"
 #include "moekit/check.h"
 #include "moekit/checkpoint.h"
 #include "moekit/communicator.h"
@@ -1317,6 +1318,9 @@ NB_MODULE(_moekit, m) {
       nb::arg("stream"), nb::arg("workspace").none());
   m.def("ops_workspace_bytes", [] { return experts_op().workspace_bytes(); });
   m.def("ops_workspace_cap", [] { return experts_op().cap(); });
+  // Private, for the host-time test: launches redo their bound host work (cuda/launch_cache.h).
+  m.def(
+      "_set_launch_cache", [](bool on) { moekit::cuda::detail::set_launch_cache_enabled(on); }, nb::arg("on"));
   // A checkpoint's tensors as moekit reads them (a directory, or one .safetensors file): name ->
   // (dtype, shape, bytes). For tests against the safetensors package's writer.
   m.def(

@@ -38,13 +38,16 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "cuda/block_gemm_items.h"
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/launch_cache.h"
 #include "cuda/pdl.cuh"
 #include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -631,27 +634,36 @@ inline CUtensorMap block_gemm_output_map(void* base, std::int64_t rows, std::int
 
 // What every moekit block-GEMM launch needs of the launch: at most max_groups groups (the tile
 // table lives in shared memory) and the tensors the groups lie in (one TMA descriptor each).
-inline void block_gemm_require_tensors(const GroupedGemmLaunch& l, const std::string& name, int max_groups) {
-  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= max_groups, name + ": " + std::to_string(l.groups) +
+inline void block_gemm_require_tensors(const GroupedGemmLaunch& l, std::string_view name, int max_groups) {
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && l.groups <= max_groups, std::string(name) + ": " + std::to_string(l.groups) +
                                                                    " groups, at most " + std::to_string(max_groups) +
                                                                    " (its tile table is in shared memory)");
   MOEKIT_CUDA_REQUIRE(l.tensors.tokens != nullptr && l.tensors.weights != nullptr && l.tensors.token_rows > 0 &&
                           l.tensors.weight_rows > 0 && l.tensors.token_rows < (std::int64_t{1} << 31) &&
                           l.tensors.weight_rows < (std::int64_t{1} << 31),
-                      name +
+                      std::string(name) +
                           ": moekit's own main loop needs the tensors the groups lie in "
                           "(GroupedGemmLaunch::tensors, fewer than 2^31 rows each)");
 }
 
 // The kernels' bodies exist for sm_90a only (wgmma, TMA, setmaxnreg): elsewhere they would do nothing.
-inline void block_gemm_require_sm90(const std::string& name) {
-  int device = 0, major = 0, minor = 0;
+// Checked once per device (launch_cache.h): a device's architecture does not change.
+inline void block_gemm_require_sm90(std::string_view name, int device) {
+  static std::atomic<std::uint64_t> checked{0};
+  once_per_device(checked, device, [&] {
+    int major = 0, minor = 0;
+    MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, std::string(name) +
+                                                      ": moekit's block GEMM runs on Hopper (sm_90a); device " +
+                                                      std::to_string(device) + " is sm_" + std::to_string(major) +
+                                                      std::to_string(minor) + ": force a CUTLASS config");
+  });
+}
+inline void block_gemm_require_sm90(std::string_view name) {
+  int device = 0;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  MOEKIT_CUDA_REQUIRE(major == 9 && minor == 0, name + ": moekit's block GEMM runs on Hopper (sm_90a); device " +
-                                                    std::to_string(device) + " is sm_" + std::to_string(major) +
-                                                    std::to_string(minor) + ": force a CUTLASS config");
+  block_gemm_require_sm90(name, device);
 }
 
 // The kernels' parameters from the launch (no fused W1).
@@ -667,6 +679,49 @@ inline BlockGemm::Params block_gemm_params(const GroupedGemmLaunch& l) {
   return p;
 }
 
+// What a block-GEMM launch binds (launch_cache.h): the five TMA descriptors, from the tensors the
+// groups lie in and the GEMM's n and k (the step's rows and offsets are read on the device).
+struct BlockGemmMapsKey {
+  const void* tokens;
+  const void* weights;
+  const void* output;
+  std::int64_t token_rows, weight_rows, n, k;
+};
+struct BlockGemmMaps {
+  CUtensorMap a, a64, b, d, d64;
+  bool tma_store;  // BlockGemm::Params::tma_store
+};
+
+// The descriptors of a launch, encoded on its key's first launch (a few us of host work each).
+template <bool kFused>
+const BlockGemmMaps& block_gemm_maps(const GroupedGemmLaunch& l) {
+  using BG = BlockGemm;
+  thread_local BoundCache<BlockGemmMapsKey, BlockGemmMaps> cache;
+  const GroupedGemmLaunch::Tensors& t = l.tensors;
+  const BlockGemmMapsKey key{t.tokens, t.weights, t.output, t.token_rows, t.weight_rows, l.n, l.k};
+  if (const BlockGemmMaps* bound = cache.find(key)) return *bound;
+  BlockGemmMaps m;
+  m.a = block_gemm_tensor_map(t.tokens, t.token_rows, l.k, BG::kTileM, "the tokens");
+  m.a64 = block_gemm_tensor_map(t.tokens, t.token_rows, l.k, BG::kHalfTileRows, "the tokens");
+  m.b = block_gemm_tensor_map(t.weights, t.weight_rows, l.k, BG::kTileN, "the weights");
+  // D by TMA (block_gemm_tma_rows) when the launch names D's tensor.
+  const std::int64_t k_blocks = (l.k + BG::kTileK - 1) / BG::kTileK;
+  m.tma_store = !kFused && t.output != nullptr && k_blocks >= BG::kMinKBlocksForTmaStore;
+  m.d = m.tma_store ? block_gemm_output_map(t.output, t.token_rows, l.n, BG::kTileM) : m.b;
+  m.d64 = m.tma_store ? block_gemm_output_map(t.output, t.token_rows, l.n, BG::kHalfTileRows) : m.b;
+  return cache.bind(key, m);
+}
+
+// The dynamic shared memory of a kernel, set once per device (launch_cache.h).
+template <bool kFused, Activation kAct>
+void block_gemm_set_smem(int device) {
+  static std::atomic<std::uint64_t> done{0};
+  once_per_device(done, device, [] {
+    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block_gemm_kernel<kFused, kAct>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           BlockGemm::kSmemBytes));
+  });
+}
+
 // The launch of a config row whose main loop is moekit's (its tile is this kernel's: checked).
 template <plan::GemmConfig kConfig>
 void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
@@ -676,44 +731,38 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   static_assert(info.main_loop == plan::GemmMainLoop::kMoekit && !info.swap_ab && info.tile_m == BG::kTileM &&
                     info.tile_n == BG::kTileN && info.tile_k == BG::kTileK && info.n_multiple % BG::kHalfN == 0,
                 "the config row does not describe moekit's block GEMM (plan/gemm_config.h)");
-  const std::string name = "grouped_fp8_gemm: config " + std::string(info.name);
-  MOEKIT_CUDA_REQUIRE(
-      l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128, kFused),
-      name + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
-  block_gemm_require_tensors(l, name, BG::kMaxGroups);
+  const auto name = [] { return "grouped_fp8_gemm: config " + std::string(info.name); };
+  MOEKIT_CUDA_REQUIRE(l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128, kFused),
+                      name() + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
+                          " (see plan/gemm_config.h)");
+  block_gemm_require_tensors(l, info.name, BG::kMaxGroups);
   if constexpr (kFused)
     MOEKIT_CUDA_REQUIRE(l.fused.act_q != nullptr && l.fused.act_scale != nullptr && l.fused.I > 0 &&
                             l.fused.I % static_cast<int>(kQuantBlock) == 0 &&
                             l.fused.activation != Activation::kSwigluOai,
-                        name + " (fused W1): act_q, act_scale, I = " + std::to_string(l.fused.I) +
+                        name() + " (fused W1): act_q, act_scale, I = " + std::to_string(l.fused.I) +
                             " (a multiple of 128) and an activation whose W1 rows pair whole groups (not "
                             "swigluoai) are needed");
-  block_gemm_require_sm90(name);
+  int device = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  block_gemm_require_sm90(info.name, device);
   BG::Params p = block_gemm_params(l);
   if constexpr (kFused) p.fused = l.fused;
-  const CUtensorMap ta = block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kTileM, "the tokens");
-  const CUtensorMap ta64 =
-      block_gemm_tensor_map(l.tensors.tokens, l.tensors.token_rows, l.k, BG::kHalfTileRows, "the tokens");
-  const CUtensorMap tb =
-      block_gemm_tensor_map(l.tensors.weights, l.tensors.weight_rows, l.k, BG::kTileN, "the weights");
-  // D by TMA (block_gemm_tma_rows) when the launch names D's tensor.
-  p.tma_store = !kFused && l.tensors.output != nullptr && p.k_blocks >= BG::kMinKBlocksForTmaStore;
-  const CUtensorMap td =
-      p.tma_store ? block_gemm_output_map(l.tensors.output, l.tensors.token_rows, l.n, BG::kTileM) : tb;
-  const CUtensorMap td64 =
-      p.tma_store ? block_gemm_output_map(l.tensors.output, l.tensors.token_rows, l.n, BG::kHalfTileRows) : tb;
-  const auto launch = [&](auto kernel) {
-    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BG::kSmemBytes));
-    launch_pdl(kernel, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, ta, ta64, tb, td, td64, p);
+  const BlockGemmMaps& maps = block_gemm_maps<kFused>(l);
+  p.tma_store = maps.tma_store;
+  const auto launch = [&]<Activation kAct>() {
+    block_gemm_set_smem<kFused, kAct>(device);
+    launch_pdl(block_gemm_kernel<kFused, kAct>, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, maps.a, maps.a64,
+               maps.b, maps.d, maps.d64, p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   };
   if constexpr (kFused) {
     // One kernel an activation (see the top); swigluoai was refused above.
     numerics::with_activation(l.fused.activation, [&]<Activation kAct>() {
-      if constexpr (kAct != Activation::kSwigluOai) launch(block_gemm_kernel<true, kAct>);
+      if constexpr (kAct != Activation::kSwigluOai) launch.template operator()<kAct>();
     });
   } else {
-    launch(block_gemm_kernel<false, Activation::kSilu>);  // (the activation is unused)
+    launch.template operator()<Activation::kSilu>();  // (the activation is unused)
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <string>
 #include <type_traits>
@@ -20,6 +21,7 @@
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
+#include "cuda/launch_cache.h"
 #include "cuda/pdl.cuh"
 #include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
@@ -34,6 +36,23 @@ namespace {
 using numerics::DeviceMath;
 
 constexpr int kActThreads = kQuantThreads;  // the row-per-block kernel holds a row as QuantRowOf
+
+// Blocks of `kernel` (kActThreads each, no dynamic shared memory) that fit on one SM at once: the
+// occupancy query, bound once per kernel and device (launch_cache.h).
+int blocks_per_sm(const void* kernel) {
+  struct Key {
+    const void* kernel;
+    std::int64_t device;
+  };
+  thread_local detail::BoundCache<Key, int, 32> cache;
+  int device = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  const Key key{kernel, device};
+  if (const int* bound = cache.find(key)) return *bound;
+  int per_sm = 0;
+  MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kActThreads, 0));
+  return cache.bind(key, std::max(1, per_sm));
+}
 constexpr int kPrepareThreads = 1024;
 
 // --- prepare --------------------------------------------------------------------------------------
@@ -560,11 +579,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
   auto* amax = reinterpret_cast<unsigned int*>(l.act_scale);
   // Persistent grids of exactly one wave (ncu: a 1.33-wave grid left a partial wave idle): the
   // blocks that fit on every SM at once, each walking valid rows.
-  auto one_wave = [&](const void* k) {
-    int per_sm = 0;
-    MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kActThreads, 0));
-    return std::max(1, per_sm) * l.num_sms;
-  };
+  auto one_wave = [&](const void* k) { return blocks_per_sm(k) * l.num_sms; };
   auto* w1_out = reinterpret_cast<const __nv_bfloat16*>(l.w1_out);
   auto* act_q = reinterpret_cast<__nv_fp8_e4m3*>(l.act_q);
   const float* w1_bias = l.weights.w1_bias;
@@ -646,10 +661,9 @@ void launch_w2_bias(const BatchedExpertsLaunch& l, void* stream_ptr) {
                       "launch_w2_bias: no w2_bias, or K not a multiple of 8");
   ActivationRows rows{l.row_offsets, static_cast<int>(p.E_local), static_cast<int>(p.M), 0, l.contiguous};
   rows.locate = true;
-  int per_sm = 0;
-  MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w2_bias_kernel, kActThreads, 0));
-  launch_pdl(w2_bias_kernel, std::max(1, per_sm) * l.num_sms, kActThreads, 0, static_cast<cudaStream_t>(stream_ptr),
-             rows, l.weights.w2_bias, static_cast<int>(p.K), reinterpret_cast<__nv_bfloat16*>(l.output));
+  launch_pdl(w2_bias_kernel, blocks_per_sm(reinterpret_cast<const void*>(w2_bias_kernel)) * l.num_sms, kActThreads, 0,
+             static_cast<cudaStream_t>(stream_ptr), rows, l.weights.w2_bias, static_cast<int>(p.K),
+             reinterpret_cast<__nv_bfloat16*>(l.output));
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

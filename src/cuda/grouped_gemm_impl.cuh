@@ -11,11 +11,13 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
+#include "cuda/launch_cache.h"
 #include "cuda/pdl.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -232,31 +234,63 @@ __global__ void __launch_bounds__(Operator::MaxThreadsPerBlock, Operator::MinBlo
   op(params, smem);
 }
 
+// What a CUTLASS launch binds (launch_cache.h): everything CUTLASS's arguments are built from but
+// the step's data, which its kernels read on the device (the shapes and pointers the prepare kernel
+// writes into `args`). CUTLASS 4.2's grouped collectives and group scheduler keep no state in the
+// scratch between launches (their initialize_workspace does nothing), so parameters initialized
+// once serve every launch with the same key.
+struct CutlassLaunchKey {
+  const std::byte* args;
+  const std::byte* scratch;
+  std::int64_t n, k, scratch_bytes;
+  int groups, num_sms, device, scales_per_row;
+};
+
 // The launch both scalings share: CUTLASS's scratch against the plan's gemm_scratch, then
-// can_implement, initialize and run (CUTLASS's kernel through pdl_gemm_kernel), each failure a
-// moekit::Error naming `what`.
-template <class Gemm>
-void launch_gemm(const typename Gemm::Arguments& arguments, const GroupedGemmLaunch& l, cudaStream_t stream,
-                 const std::string& what) {
-  const std::size_t need = Gemm::get_workspace_size(arguments);
-  MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
-                      what + ": CUTLASS needs " + std::to_string(need) + " bytes of workspace, the plan's " +
-                          "gemm_scratch holds " + std::to_string(l.scratch_bytes) +
-                          ": raise cuda::kGemmScratchBytes (and its contract test)");
-  Gemm gemm;
-  const cutlass::Status can = gemm.can_implement(arguments);
-  MOEKIT_CUDA_REQUIRE(can == cutlass::Status::kSuccess,
-                      what + ": CUTLASS cannot run this problem: " + cutlassGetStatusString(can));
-  const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
-  MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess, what + ": initialize failed: " + cutlassGetStatusString(init));
+// can_implement and initialize (once per CutlassLaunchKey: `make_arguments(device)` builds the
+// arguments on the first launch only) and run (CUTLASS's kernel through pdl_gemm_kernel), each
+// failure a moekit::Error naming `what`.
+template <class Gemm, class MakeArguments>
+void launch_gemm(const GroupedGemmLaunch& l, cudaStream_t stream, const char* what,
+                 const MakeArguments& make_arguments) {
   using Kernel = typename Gemm::GemmKernel;
+  using Params = typename Kernel::Params;
   static_assert(cute::size(typename Kernel::DispatchPolicy::ClusterShape{}) == 1,
                 "pdl_gemm_kernel launches without a cluster, as CUTLASS launches 1x1x1 clusters");
+  struct Bound {
+    Params params;
+    dim3 grid;
+  };
+  thread_local BoundCache<CutlassLaunchKey, Bound> cache;
+  int device = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  const CutlassLaunchKey key{
+      l.args, l.scratch, l.n, l.k, l.scratch_bytes, l.groups, l.num_sms, device, l.scales_per_row ? 1 : 0};
+  const Bound* bound = cache.find(key);
+  if (bound == nullptr) {
+    const typename Gemm::Arguments arguments = make_arguments(device);
+    const std::size_t need = Gemm::get_workspace_size(arguments);
+    MOEKIT_CUDA_REQUIRE(static_cast<std::int64_t>(need) <= l.scratch_bytes,
+                        std::string(what) + ": CUTLASS needs " + std::to_string(need) +
+                            " bytes of workspace, the plan's gemm_scratch holds " + std::to_string(l.scratch_bytes) +
+                            ": raise cuda::kGemmScratchBytes (and its contract test)");
+    Gemm gemm;
+    const cutlass::Status can = gemm.can_implement(arguments);
+    MOEKIT_CUDA_REQUIRE(can == cutlass::Status::kSuccess,
+                        std::string(what) + ": CUTLASS cannot run this problem: " + cutlassGetStatusString(can));
+    const cutlass::Status init = gemm.initialize(arguments, l.scratch, stream);
+    MOEKIT_CUDA_REQUIRE(init == cutlass::Status::kSuccess,
+                        std::string(what) + ": initialize failed: " + cutlassGetStatusString(init));
+    bound = &cache.bind(key, Bound{gemm.params(), Gemm::get_grid_shape(gemm.params())});
+  }
   const auto kernel = pdl_gemm_kernel<Kernel>;
-  MOEKIT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int{Kernel::SharedStorageSize}));
-  launch_pdl(kernel, Gemm::get_grid_shape(gemm.params()), Kernel::get_block_shape(),
-             std::size_t{Kernel::SharedStorageSize}, stream, gemm.params());
+  static std::atomic<std::uint64_t> attribute_set{0};
+  once_per_device(attribute_set, device, [&] {
+    MOEKIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int{Kernel::SharedStorageSize}));
+  });
+  launch_pdl(kernel, bound->grid, Kernel::get_block_shape(), std::size_t{Kernel::SharedStorageSize}, stream,
+             bound->params);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -269,38 +303,38 @@ void run_grouped_fp8_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   MOEKIT_CUDA_REQUIRE(l.groups >= 1 && plan::supports(G::kInfo, l.n, l.k),
                       std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) + " does not run n = " +
                           std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
-  const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
-
   using Gemm = typename G::Gemm;
-  typename Gemm::Arguments arguments;
-  // Evt arguments: (RowScale, (ColScale, AccFetch, MulCol), MulRow), children first.
-  decltype(arguments.epilogue.thread) fusion{};
-  auto& row_args = fusion.op_0;
-  auto& col_args = fusion.op_1.op_0;
-  row_args.ptr_row = a.ptr_row;
-  row_args.dRow = {_0{}, l.scales_per_row, _0{}};
-  col_args.ptr_col = a.ptr_col;
-  col_args.dCol = {l.scales_per_row, _0{}, _0{}};
-
-  cutlass::KernelHardwareInfo hw;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&hw.device_id));
-  hw.sm_count = l.num_sms;
-  arguments = typename Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped,
-      {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr},  // shapes on the device only
-      {reinterpret_cast<const typename G::ElementA**>(a.ptr_A), reinterpret_cast<typename G::StrideA*>(a.stride_A),
-       reinterpret_cast<const typename G::ElementB**>(a.ptr_B), reinterpret_cast<typename G::StrideB*>(a.stride_B)},
-      {fusion, nullptr, nullptr, reinterpret_cast<typename G::ElementD**>(a.ptr_D),
-       reinterpret_cast<typename G::StrideD*>(a.stride_D)},
-      hw};
-  if constexpr (!G::kFast) {
-    static_assert(
-        requires { arguments.mainloop.mma_promotion_interval; },
-        "the precise schedule did not select CUTLASS's promoting FP8 main loop");
-    arguments.mainloop.mma_promotion_interval = G::kPromotionMmas;
-  }
-  arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
-  launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm");
+  launch_gemm<Gemm>(l, stream, "grouped_fp8_gemm", [&](int device) {
+    const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
+    typename Gemm::Arguments arguments;
+    // Evt arguments: (RowScale, (ColScale, AccFetch, MulCol), MulRow), children first.
+    decltype(arguments.epilogue.thread) fusion{};
+    auto& row_args = fusion.op_0;
+    auto& col_args = fusion.op_1.op_0;
+    row_args.ptr_row = a.ptr_row;
+    row_args.dRow = {_0{}, l.scales_per_row, _0{}};
+    col_args.ptr_col = a.ptr_col;
+    col_args.dCol = {l.scales_per_row, _0{}, _0{}};
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = l.num_sms;
+    arguments = typename Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr},  // shapes on the device only
+        {reinterpret_cast<const typename G::ElementA**>(a.ptr_A), reinterpret_cast<typename G::StrideA*>(a.stride_A),
+         reinterpret_cast<const typename G::ElementB**>(a.ptr_B), reinterpret_cast<typename G::StrideB*>(a.stride_B)},
+        {fusion, nullptr, nullptr, reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+         reinterpret_cast<typename G::StrideD*>(a.stride_D)},
+        hw};
+    if constexpr (!G::kFast) {
+      static_assert(
+          requires { arguments.mainloop.mma_promotion_interval; },
+          "the precise schedule did not select CUTLASS's promoting FP8 main loop");
+      arguments.mainloop.mma_promotion_interval = G::kPromotionMmas;
+    }
+    arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
+    return arguments;
+  });
 }
 
 template <class G>
@@ -313,32 +347,34 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
                       std::string("grouped_fp8_gemm: config ") + std::string(G::kInfo.name) +
                           " (block-scaled) does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
                           " (see plan/gemm_config.h)");
-  const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
   using Gemm = typename G::Gemm;
-  cutlass::KernelHardwareInfo hw;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&hw.device_id));
-  hw.sm_count = l.num_sms;
-  typename Gemm::Arguments arguments;
-  arguments.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-  arguments.problem_shape = {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr};
-  arguments.mainloop = {reinterpret_cast<const typename G::ElementA**>(a.ptr_A),
-                        reinterpret_cast<typename G::StrideA*>(a.stride_A),
-                        reinterpret_cast<const typename G::ElementB**>(a.ptr_B),
-                        reinterpret_cast<typename G::StrideB*>(a.stride_B),
-                        a.ptr_col,
-                        reinterpret_cast<typename G::LayoutSFA*>(a.layout_sfa),
-                        a.ptr_row,
-                        reinterpret_cast<typename G::LayoutSFB*>(a.layout_sfb)};
-  arguments.epilogue = {{},
-                        nullptr,
-                        nullptr,
-                        reinterpret_cast<typename G::ElementD**>(a.ptr_D),
-                        reinterpret_cast<typename G::StrideD*>(a.stride_D)};
-  arguments.epilogue.thread.alpha = 1.0f;
-  arguments.epilogue.thread.beta = 0.0f;
-  arguments.hw_info = hw;
-  arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
-  launch_gemm<Gemm>(arguments, l, stream, "grouped_fp8_gemm (block-scaled)");
+  launch_gemm<Gemm>(l, stream, "grouped_fp8_gemm (block-scaled)", [&](int device) {
+    const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = l.num_sms;
+    typename Gemm::Arguments arguments;
+    arguments.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    arguments.problem_shape = {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr};
+    arguments.mainloop = {reinterpret_cast<const typename G::ElementA**>(a.ptr_A),
+                          reinterpret_cast<typename G::StrideA*>(a.stride_A),
+                          reinterpret_cast<const typename G::ElementB**>(a.ptr_B),
+                          reinterpret_cast<typename G::StrideB*>(a.stride_B),
+                          a.ptr_col,
+                          reinterpret_cast<typename G::LayoutSFA*>(a.layout_sfa),
+                          a.ptr_row,
+                          reinterpret_cast<typename G::LayoutSFB*>(a.layout_sfb)};
+    arguments.epilogue = {{},
+                          nullptr,
+                          nullptr,
+                          reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+                          reinterpret_cast<typename G::StrideD*>(a.stride_D)};
+    arguments.epilogue.thread.alpha = 1.0f;
+    arguments.epilogue.thread.beta = 0.0f;
+    arguments.hw_info = hw;
+    arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
+    return arguments;
+  });
 }
 
 }  // namespace moekit::cuda::detail

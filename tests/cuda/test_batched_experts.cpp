@@ -25,6 +25,7 @@
 #include "cuda/check.h"
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch.h"
+#include "cuda/launch_cache.h"
 #include "gpu_test_util.h"
 #include "moekit/check.h"
 #include "moekit/registry.h"
@@ -814,6 +815,52 @@ TEST_P(GraphReplayFollowsTheCounts, EachReplayEqualsAnEagerRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplayFollowsTheCounts,
+                         ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false},
+                                           ReplayCase{QuantScheme::kBlock128, false},
+                                           ReplayCase{QuantScheme::kBlock128, true}),
+                         [](const ::testing::TestParamInfo<ReplayCase>& info) {
+                           return std::string(info.param.quant == QuantScheme::kBlock128 ? "block128" : "per_token") +
+                                  (info.param.fuse_w1 ? "_fused" : "");
+                         });
+
+// The launch cache (cuda/launch_cache.h): launches that reuse bound host work (CUTLASS's
+// parameters, the TMA descriptors) equal launches that redo it, bit for bit, over two workspaces
+// (and two copies of the weights) used in turn and counts that change between calls: a key that
+// missed an input would launch into the other workspace, or with the other weights.
+class LaunchCache : public ::testing::TestWithParam<ReplayCase> {};
+
+TEST_P(LaunchCache, BoundLaunchesEqualFreshOnes) {
+  MOEKIT_REQUIRE_GPU();
+  const auto [quant, fuse] = GetParam();
+  const MoeProblem p = problem_for("qwen3-30b-a3b", 4, 200, quant, std::nullopt, fuse);
+  cpu::ThreadPool pool(4);
+  const auto w = synthetic::make_expert_weights(p, 0, 43, pool);
+  GpuExperts a(p, w), b(p, w);
+  const std::vector<std::vector<std::int32_t>> patterns = {{5, 32, 0, 17}, {200, 65, 130, 0}, {3, 50, 200, 1}};
+  struct Restore {
+    ~Restore() { cuda::detail::set_launch_cache_enabled(true); }
+  } restore;
+  cuda::detail::set_launch_cache_enabled(false);
+  std::vector<GpuRun> fresh;
+  for (std::size_t i = 0; i < patterns.size(); ++i)
+    fresh.push_back(a.run(testing::make_batched_inputs(p, patterns[i], 50 + static_cast<int>(i)), std::nullopt));
+  cuda::detail::set_launch_cache_enabled(true);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t i = 0; i < patterns.size(); ++i) {
+      const auto in = testing::make_batched_inputs(p, patterns[i], 50 + static_cast<int>(i));
+      for (GpuExperts* gpu : {&a, &b}) {
+        const GpuRun bound = gpu->run(in, std::nullopt);
+        const std::string ctx = std::string(quant_name(quant)) + (fuse ? " fused" : "") + " pass " +
+                                std::to_string(pass) + " pattern " + std::to_string(i) +
+                                (gpu == &a ? " (workspace a)" : " (workspace b)");
+        EXPECT_EQ(bound.output, fresh[i].output) << ctx << ": a bound launch differs from a fresh one";
+        check_run(p, bound, fresh[i].output, patterns[i], ctx);  // guards intact, padding rows unwritten
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, LaunchCache,
                          ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false},
                                            ReplayCase{QuantScheme::kBlock128, false},
                                            ReplayCase{QuantScheme::kBlock128, true}),

@@ -259,11 +259,26 @@ def test_op_overhead_over_the_direct_call():
     views = {k: (v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v) for k, v in t.items()}
     names = ("a1q", "a1q_scale", "expert_num_tokens", "w1", "w1_scale", "w2", "w2_scale")
     stream = torch.cuda.current_stream().cuda_stream
+    b = to_cuda(experts_case("block128", E=8, M=16, counts=(16, 3, 0, 0, 1, 2, 5, 9)))
+    b_out = poisoned((E, M, K))
+
+    def uncached(call):  # every launch redoes its bound host work (cuda/launch_cache.h)
+        def run():
+            moekit._moekit._set_launch_cache(False)
+            try:
+                call()
+            finally:
+                moekit._moekit._set_launch_cache(True)
+        return run
+
     calls = {
         "C++ entry, tensors": lambda: moekit._moekit.batched_experts(*[views[k] for k in names], out, "silu", "", False,
                                                                       1, stream, 0, 7.0, "precise", "gate_up", None),
         "moekit.ops.batched_experts": lambda: moekit.ops.batched_experts(**t, out=out),
         "torch.ops.moekit.batched_experts": lambda: torch.ops.moekit.batched_experts(**t, out=out),
+        "  no launch cache": uncached(lambda: moekit.ops.batched_experts(**t, out=out)),
+        "  block128 (its rule: fused W1)": lambda: moekit.ops.batched_experts(**b, out=b_out),
+        "  block128, no launch cache": uncached(lambda: moekit.ops.batched_experts(**b, out=b_out)),
     }
     n, repeats, us = 60, 7, {}
     for name, call in calls.items():
@@ -277,6 +292,11 @@ def test_op_overhead_over_the_direct_call():
             loops.append((time.perf_counter() - start) / n * 1e6)
             torch.cuda.synchronize()
         us[name] = float(np.median(loops))
+    # The launch cache changes no bit of the result.
+    ref = b_out.clone()
+    uncached(lambda: moekit.ops.batched_experts(**b, out=b_out))()
+    torch.cuda.synchronize()
+    assert torch.equal(ref.view(torch.int16), b_out.view(torch.int16))
     x = t["w1_scale"]
     conversions = {}
     for name, f in {"tensor.__dlpack__()": lambda: x.__dlpack__(), "torch._C._to_dlpack": lambda: torch._C._to_dlpack(x),
