@@ -271,6 +271,13 @@ int main(int argc, char** argv) {
     std::printf("one read of the weights, measured (TMA stream of W1 + W2, E_local = %lld): %.4f ms, %.0f GB/s\n",
                 static_cast<long long>(E_local), read_ms, double(w1.bytes() + w2.bytes()) / (read_ms * 1e6));
   }
+  if (host_time) {
+    // The host's floor a launch, as the launchers enqueue (PDL), by the size of the kernel's
+    // parameters (CUTLASS's grouped GEMMs pass ~1 KB, moekit's block GEMM 5 TMA descriptors + ~200 B).
+    std::printf("launch floor (host us to enqueue an empty kernel, %d blocks, median of 31):", dev.num_sms);
+    for (const int bytes : {64, 512, 1024, 2048, 4096})
+      std::printf(" %d B %.2f%s", bytes, ceilings::launch_us(bytes, dev.num_sms, stream), bytes == 4096 ? "\n" : ",");
+  }
   std::string json = "{\n  \"device\": \"" + dev.name + "\",\n";
   const std::time_t now = std::time(nullptr);
   char date[32];
@@ -605,7 +612,9 @@ int main(int argc, char** argv) {
                 {"W1", [&] { cuda::launch_experts_gemm(*lp, 1, stream); }},
                 {"W2", [&] { cuda::launch_experts_gemm(*lp, 2, stream); }},
             };
-            std::string line = "       host us a call (median of 31; bound / fresh):";
+            const int launches = 1 + r.launch.gemms.w1.count + (r.act ? 1 : 0) + r.launch.gemms.w2.count;
+            std::string line = "       host us a call (median of 31; bound / fresh; the step " +
+                               std::to_string(launches) + " launches):";
             for (const auto& [part, enqueue] : parts) {
               const double bound = host_us(enqueue, stream);
               cuda::detail::set_launch_cache_enabled(false);

@@ -13,6 +13,11 @@ namespace moekit::ceilings {
 double copy_gbs(void* stream);
 double fp8_gemm_tflops(void* stream);
 
+// Host time to enqueue one empty kernel of `grid` blocks as moekit enqueues its kernels (with
+// programmatic dependent launch), its parameters `param_bytes` (64, 512, 1024, 2048 or 4096) long,
+// in us: the median of 31, each on a drained stream. A launcher's floor a launch.
+double launch_us(int param_bytes, int grid, void* stream);
+
 // One read of an FP8 weight tensor: the median time TMA alone takes to stream experts x
 // rows_per_expert x k bytes (row-major, as the grouped GEMMs read them; tiled: the same bytes as
 // contiguous 128x128 blocks) into a ring of `stages` 16 KB stages, one CTA per SM taking 128-row
