@@ -112,22 +112,6 @@ std::optional<std::int64_t> int_arg(const char* text, const char* flag) {
   return std::nullopt;
 }
 
-// Host time of one enqueue in us: the median of 31 (after 3 warm-ups), each timed after the stream
-// drained, so that no launch waits for room in the launch queue.
-double host_us(const std::function<void()>& enqueue, cudaStream_t stream) {
-  std::vector<double> us;
-  for (int i = 0; i < 3 + 31; ++i) {
-    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto t0 = std::chrono::steady_clock::now();
-    enqueue();
-    const auto t1 = std::chrono::steady_clock::now();
-    if (i >= 3) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-  }
-  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
-}
-
 int main(int argc, char** argv) {
   const std::string out_path = argc > 1 ? argv[1] : "bench_gpu_experts.json";
   bool quick = false;
@@ -616,9 +600,9 @@ int main(int argc, char** argv) {
             std::string line = "       host us a call (median of 31; bound / fresh; the step " +
                                std::to_string(launches) + " launches):";
             for (const auto& [part, enqueue] : parts) {
-              const double bound = host_us(enqueue, stream);
+              const double bound = ceilings::host_us(enqueue, stream);
               cuda::detail::set_launch_cache_enabled(false);
-              const double fresh = host_us(enqueue, stream);
+              const double fresh = ceilings::host_us(enqueue, stream);
               cuda::detail::set_launch_cache_enabled(true);
               char item[96];
               std::snprintf(item, sizeof(item), " %s %.1f / %.1f,", part, bound, fresh);

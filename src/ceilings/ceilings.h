@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace moekit::ceilings {
 
@@ -12,6 +13,10 @@ namespace moekit::ceilings {
 // GEMM rate at 8192^3 (TFLOP/s).
 double copy_gbs(void* stream);
 double fp8_gemm_tflops(void* stream);
+
+// Host time of `enqueue` (what it puts on `stream`) in us: the median of 31 after 3 warm-ups, each
+// timed on a drained stream, so that no launch waits for room in the launch queue.
+double host_us(const std::function<void()>& enqueue, void* stream);
 
 // Host time to enqueue one empty kernel of `grid` blocks as moekit enqueues its kernels (with
 // programmatic dependent launch), its parameters `param_bytes` (64, 512, 1024, 2048 or 4096) long,

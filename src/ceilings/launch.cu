@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,15 +29,23 @@ __global__ void empty_kernel(const __grid_constant__ Blob<kBytes> blob) {
 template <int kBytes>
 double median_launch_us(cudaStream_t stream, int grid) {
   const Blob<kBytes> blob{};
-  const auto launch = [&] {
-    cuda::launch_pdl(empty_kernel<kBytes>, grid, 128, 0, stream, blob);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-  };
+  return host_us(
+      [&] {
+        cuda::launch_pdl(empty_kernel<kBytes>, grid, 128, 0, stream, blob);
+        MOEKIT_CUDA_CHECK_LAUNCH();
+      },
+      stream);
+}
+
+}  // namespace
+
+double host_us(const std::function<void()>& enqueue, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
   std::vector<double> us;
   for (int i = 0; i < 3 + 31; ++i) {
     MOEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto t0 = std::chrono::steady_clock::now();
-    launch();
+    enqueue();
     const auto t1 = std::chrono::steady_clock::now();
     if (i >= 3) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
@@ -44,8 +53,6 @@ double median_launch_us(cudaStream_t stream, int grid) {
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
-
-}  // namespace
 
 double launch_us(int param_bytes, int grid, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);

@@ -19,6 +19,9 @@ double copy_gbs(void*) {
 double fp8_gemm_tflops(void*) {
   no_cuda("the GPU's FP8 rate");
 }
+double host_us(const std::function<void()>&, void*) {
+  no_cuda("the host time of a launcher");
+}
 double launch_us(int, int, void*) {
   no_cuda("the host's launch floor");
 }

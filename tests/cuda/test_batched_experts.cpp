@@ -777,6 +777,15 @@ struct ReplayCase {
   bool fuse_w1;
 };
 
+// The three recipes (per-token; block128 unfused and fused) and their test names.
+const auto kRecipes =
+    ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false}, ReplayCase{QuantScheme::kBlock128, false},
+                      ReplayCase{QuantScheme::kBlock128, true});
+std::string recipe_name(const ::testing::TestParamInfo<ReplayCase>& info) {
+  return std::string(info.param.quant == QuantScheme::kBlock128 ? "block128" : "per_token") +
+         (info.param.fuse_w1 ? "_fused" : "");
+}
+
 class GraphReplayFollowsTheCounts : public ::testing::TestWithParam<ReplayCase> {};
 
 TEST_P(GraphReplayFollowsTheCounts, EachReplayEqualsAnEagerRun) {
@@ -814,14 +823,7 @@ TEST_P(GraphReplayFollowsTheCounts, EachReplayEqualsAnEagerRun) {
   cuda::destroy_stream(stream);
 }
 
-INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplayFollowsTheCounts,
-                         ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false},
-                                           ReplayCase{QuantScheme::kBlock128, false},
-                                           ReplayCase{QuantScheme::kBlock128, true}),
-                         [](const ::testing::TestParamInfo<ReplayCase>& info) {
-                           return std::string(info.param.quant == QuantScheme::kBlock128 ? "block128" : "per_token") +
-                                  (info.param.fuse_w1 ? "_fused" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplayFollowsTheCounts, kRecipes, recipe_name);
 
 // The launch cache (cuda/launch_cache.h): launches that reuse bound host work (CUTLASS's
 // parameters, the TMA descriptors) equal launches that redo it, bit for bit, over two workspaces
@@ -860,14 +862,7 @@ TEST_P(LaunchCache, BoundLaunchesEqualFreshOnes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, LaunchCache,
-                         ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false},
-                                           ReplayCase{QuantScheme::kBlock128, false},
-                                           ReplayCase{QuantScheme::kBlock128, true}),
-                         [](const ::testing::TestParamInfo<ReplayCase>& info) {
-                           return std::string(info.param.quant == QuantScheme::kBlock128 ? "block128" : "per_token") +
-                                  (info.param.fuse_w1 ? "_fused" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, LaunchCache, kRecipes, recipe_name);
 
 }  // namespace
 }  // namespace moekit
