@@ -2,11 +2,11 @@
 #include "checkpoint/checkpoint_dir.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
 
 #include "moekit/check.h"
+#include "plan/untrusted_input.h"
 
 namespace moekit::checkpoint {
 namespace {
@@ -33,26 +33,15 @@ CheckpointDir::CheckpointDir(const std::string& dir) : dir_(dir) {
                "model.safetensors or model.safetensors.index.json)",
                dir);
   const fs::path index = fs::path(dir) / kIndexFile;
-  if (fs::exists(index)) {
+  if (plan::path_exists(index.string())) {
     const std::string where = index.string();
-    std::error_code ec;
-    const auto size = fs::file_size(index, ec);
-    MOEKIT_CHECK(!ec && size <= static_cast<std::uintmax_t>(kMaxIndexBytes), "{}: {} bytes, past the {}-byte limit",
-                 where, ec ? 0 : size, kMaxIndexBytes);
-    std::ifstream f(index, std::ios::binary);
-    std::stringstream text;
-    text << f.rdbuf();
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception& e) {
-      MOEKIT_FAIL("{}: not valid JSON: {}", where, e.what());
-    }
+    const nlohmann::json j =
+        plan::parse_json(plan::read_regular_file(where, kMaxIndexBytes, "checkpoint index"), where);
     MOEKIT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                  "{}: needs a 'weight_map' object (tensor name -> shard file)", where);
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       MOEKIT_CHECK(it.value().is_string(), "{}: weight_map['{}'] must be a shard file name, got {}", where, it.key(),
-                   it.value().dump());
+                   plan::brief(it.value()));
       const std::string file = it.value().get<std::string>();
       check_shard_name(where, it.key(), file);
       weight_map_.emplace(it.key(), file);
@@ -60,7 +49,7 @@ CheckpointDir::CheckpointDir(const std::string& dir) : dir_(dir) {
     return;
   }
   const fs::path single = fs::path(dir) / kSingleFile;
-  MOEKIT_CHECK(fs::exists(single), "{}: neither {} nor {} is there", dir, kSingleFile, kIndexFile);
+  MOEKIT_CHECK(plan::path_exists(single.string()), "{}: neither {} nor {} is there", dir, kSingleFile, kIndexFile);
   SafetensorsFile& st = shard(kSingleFile);
   for (const TensorInfo& t : st.tensors()) weight_map_.emplace(t.name, kSingleFile);
 }
@@ -101,6 +90,20 @@ const TensorInfo& CheckpointDir::info(std::string_view name) {
 std::span<const std::byte> CheckpointDir::data(std::string_view name) {
   const TensorInfo& t = info(name);
   return shard(shard_of(name)).data(t);
+}
+
+std::string CheckpointDir::shard_path(std::string_view name) const {
+  return dir_ + "/" + shard_of(name);
+}
+
+std::vector<std::string> CheckpointDir::shard_files() const {
+  std::set<std::string> files;
+  for (const auto& [name, file] : weight_map_) files.insert(file);
+  return {files.begin(), files.end()};
+}
+
+void CheckpointDir::open_shard(const std::string& file) {
+  shard(file);
 }
 
 std::vector<std::string> CheckpointDir::opened_shards() const {

@@ -2,20 +2,21 @@
 // handed out.
 #include "checkpoint/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <unordered_set>
 #include <utility>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
+#include "plan/untrusted_input.h"
 
 namespace moekit::checkpoint {
 namespace {
@@ -53,39 +54,187 @@ const DTypeRow& row_of(TensorDType dtype) {
   MOEKIT_FAIL("safetensors: dtype enum {} has no row", static_cast<int>(dtype));
 }
 
-// The deepest nesting of arrays and objects in `text` (strings skipped): a valid header nests 3 deep
-// ({name: {"shape": [...]}}), and a parser recursing into an untrusted depth could exhaust the stack.
-int nesting_depth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-std::int64_t non_negative(const json& v, const std::string& what) {
-  MOEKIT_CHECK(v.is_number_integer() && (v.is_number_unsigned() || v.get<std::int64_t>() >= 0),
-               "{} must be a non-negative integer, got {}", what, v.dump());
-  const auto u = v.get<std::uint64_t>();
+std::int64_t non_negative(std::uint64_t u, const std::string& what) {
   MOEKIT_CHECK(u <= static_cast<std::uint64_t>(INT64_MAX), "{} = {} is past 2^63", what, u);
   return static_cast<std::int64_t>(u);
 }
+
+// One JSON scalar of the header, as the SAX parser hands it over.
+struct Scalar {
+  enum class Kind : std::uint8_t { kNull, kBool, kNegative, kUnsigned, kFloat, kString } kind;
+  std::uint64_t u = 0;
+  std::string text;  // the value as the header wrote it (a string's contents; a number's digits)
+  std::string shown() const {
+    const std::string_view v = std::string_view(text).substr(0, 64);
+    return kind == Kind::kString ? fmt::format("\"{}\"", v) : std::string(v);
+  }
+};
+
+// The header's rules checked as nlohmann's SAX parser reads it, in one pass: memory and time linear in
+// the header (no document is built, and a key is looked up once). Depth 1 is the header object, depth 2
+// a tensor's entry (or __metadata__), depth 3 a shape or data_offsets array; nothing nests deeper.
+class HeaderReader {
+ public:
+  HeaderReader(const std::string& path, std::int64_t data_bytes, std::vector<TensorInfo>& tensors,
+               std::map<std::string, std::string>& metadata)
+      : path_(path), data_bytes_(data_bytes), tensors_(tensors), metadata_(metadata) {}
+
+  bool null() { return scalar({Scalar::Kind::kNull, 0, "null"}); }
+  bool boolean(bool v) { return scalar({Scalar::Kind::kBool, 0, v ? "true" : "false"}); }
+  bool number_integer(json::number_integer_t v) {
+    return scalar(
+        {v < 0 ? Scalar::Kind::kNegative : Scalar::Kind::kUnsigned, static_cast<std::uint64_t>(v), std::to_string(v)});
+  }
+  bool number_unsigned(json::number_unsigned_t v) { return scalar({Scalar::Kind::kUnsigned, v, std::to_string(v)}); }
+  bool number_float(json::number_float_t, const json::string_t& text) {
+    return scalar({Scalar::Kind::kFloat, 0, text});
+  }
+  bool string(json::string_t& v) { return scalar({Scalar::Kind::kString, 0, std::move(v)}); }
+  bool binary(json::binary_t&) { MOEKIT_FAIL("{}: the header holds binary data", path_); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& e) {
+    MOEKIT_FAIL("{}: the header is not valid JSON at byte {}{} (read '{}'): {}", path_, position,
+                name_.empty() ? std::string() : fmt::format(" (in tensor '{}')", name_.substr(0, 200)),
+                token.substr(0, 64), e.what());
+  }
+
+  bool key(json::string_t& k) {
+    if (depth_ == 1) {
+      MOEKIT_CHECK(names_.insert(k).second, "{}: the header names tensor '{}' twice", path_, k);
+      name_ = std::move(k);
+      metadata_entry_ = name_ == "__metadata__";
+      return true;
+    }
+    if (metadata_entry_) {
+      MOEKIT_CHECK(!metadata_.contains(k), "{}: __metadata__ names key '{}' twice", path_, k);
+      field_ = std::move(k);
+      return true;
+    }
+    const std::string what = entry();
+    const int f = k == "dtype" ? 0 : k == "shape" ? 1 : k == "data_offsets" ? 2 : -1;
+    MOEKIT_CHECK(f >= 0, "{}: unknown field '{}' (dtype, shape and data_offsets only)", what, k);
+    MOEKIT_CHECK(!seen_[f], "{}: field '{}' is given twice (a JSON reader keeps one of them silently)", what, k);
+    seen_[f] = true;
+    field_ = std::move(k);
+    return true;
+  }
+
+ private:
+  std::string entry() const { return fmt::format("{}: tensor '{}'", path_, name_); }
+
+  bool open(bool object) {
+    ++depth_;
+    if (depth_ == 1) {
+      MOEKIT_CHECK(object, "{}: the header is not a JSON object", path_);
+    } else if (depth_ == 2) {
+      MOEKIT_CHECK(object || !metadata_entry_, "{}: __metadata__ must be an object of strings", path_);
+      MOEKIT_CHECK(object, "{}: its entry must be an object with dtype, shape and data_offsets", entry());
+      t_ = TensorInfo{};
+      t_.name = name_;
+      seen_[0] = seen_[1] = seen_[2] = false;
+      numel_ = 1;
+      offsets_.clear();
+    } else if (depth_ == 3) {
+      MOEKIT_CHECK(!metadata_entry_, "{}: __metadata__['{}'] must be a string, got {}", path_, field_,
+                   object ? "an object" : "an array");
+      MOEKIT_CHECK(field_ != "dtype", "{}: dtype must be a string, got {}", entry(), object ? "an object" : "an array");
+      MOEKIT_CHECK(!object, "{}: {} must be an array of integers, got an object", entry(), field_);
+    } else {
+      MOEKIT_FAIL("{}: the header nests deeper than 3 levels (in tensor '{}'); a safetensors header nests 3", path_,
+                  name_.substr(0, 200));
+    }
+    return true;
+  }
+
+  bool close() {
+    if (depth_ == 2 && !metadata_entry_) finish_entry();
+    if (depth_ == 3 && field_ == "data_offsets") {
+      MOEKIT_CHECK(offsets_.size() == 2, "{}: data_offsets must be [begin, end], got {} values", entry(),
+                   offsets_.size());
+    }
+    --depth_;
+    return true;
+  }
+
+  bool scalar(Scalar v) {
+    if (depth_ == 0) MOEKIT_FAIL("{}: the header is not a JSON object", path_);
+    if (depth_ == 1) {
+      MOEKIT_CHECK(!metadata_entry_, "{}: __metadata__ must be an object of strings", path_);
+      MOEKIT_FAIL("{}: its entry must be an object with dtype, shape and data_offsets, got {}", entry(), v.shown());
+    }
+    if (depth_ == 2 && metadata_entry_) {
+      MOEKIT_CHECK(v.kind == Scalar::Kind::kString, "{}: __metadata__['{}'] must be a string, got {}", path_, field_,
+                   v.shown());
+      metadata_.emplace(field_, std::move(v.text));
+      return true;
+    }
+    const std::string what = entry();
+    if (depth_ == 2) {
+      if (field_ == "dtype") {
+        MOEKIT_CHECK(v.kind == Scalar::Kind::kString, "{}: dtype must be a string, got {}", what, v.shown());
+        const auto row =
+            std::find_if(kDTypes.begin(), kDTypes.end(), [&](const DTypeRow& r) { return r.name == v.text; });
+        MOEKIT_CHECK(row != kDTypes.end(), "{}: unknown dtype '{}'", what, v.text.substr(0, 64));
+        t_.dtype = row->dtype;
+        return true;
+      }
+      MOEKIT_CHECK(field_ != "shape", "{}: shape must be an array of integers, got {}", what, v.shown());
+      MOEKIT_FAIL("{}: data_offsets must be [begin, end], got {}", what, v.shown());
+    }
+    // depth 3: an element of shape or data_offsets.
+    const bool is_shape = field_ == "shape";
+    const std::string element = is_shape ? fmt::format("{}: shape[{}]", what, t_.shape.size())
+                                         : fmt::format("{}: data_offsets[{}]", what, offsets_.size());
+    MOEKIT_CHECK(v.kind == Scalar::Kind::kUnsigned, "{} must be a non-negative integer, got {}", element, v.shown());
+    const std::int64_t x = non_negative(v.u, element);
+    if (is_shape) {
+      MOEKIT_CHECK(static_cast<int>(t_.shape.size()) < limits::kMaxTensorRank,
+                   "{}: its shape has more than {} dimensions (moekit/limits.h)", what, limits::kMaxTensorRank);
+      MOEKIT_CHECK(!__builtin_mul_overflow(numel_, x, &numel_), "{}: its shape ({}, {}...) overflows 64 bits", what,
+                   fmt::join(t_.shape, ", "), x);
+      t_.shape.push_back(x);
+    } else {
+      MOEKIT_CHECK(offsets_.size() < 2, "{}: data_offsets must be [begin, end], got more than 2 values", what);
+      offsets_.push_back(x);
+    }
+    return true;
+  }
+
+  void finish_entry() {
+    const std::string what = entry();
+    MOEKIT_CHECK(seen_[0] && seen_[1] && seen_[2], "{}: needs dtype, shape and data_offsets", what);
+    TensorInfo& t = t_;
+    t.begin = offsets_[0];
+    t.end = offsets_[1];
+    MOEKIT_CHECK(t.begin <= t.end, "{}: data_offsets [{}, {}] end before they begin", what, t.begin, t.end);
+    const std::int64_t size = dtype_bytes(t.dtype);
+    std::int64_t bytes = 0;
+    MOEKIT_CHECK(!__builtin_mul_overflow(numel_, size, &bytes), "{}: {} elements of {} overflow 64 bits", what, numel_,
+                 dtype_name(t.dtype));
+    MOEKIT_CHECK(bytes == t.end - t.begin,
+                 "{}: shape [{}] of {} is {} bytes, but data_offsets [{}, {}] span {}: the header lies about its size",
+                 what, fmt::join(t.shape, ","), dtype_name(t.dtype), bytes, t.begin, t.end, t.end - t.begin);
+    MOEKIT_CHECK(t.end <= data_bytes_, "{}: data_offsets [{}, {}] run past the data section's {} bytes: truncated?",
+                 what, t.begin, t.end, data_bytes_);
+    tensors_.push_back(std::move(t));
+  }
+
+  const std::string& path_;
+  const std::int64_t data_bytes_;
+  std::vector<TensorInfo>& tensors_;
+  std::map<std::string, std::string>& metadata_;
+  std::unordered_set<std::string> names_;
+  int depth_ = 0;
+  std::string name_, field_;
+  bool metadata_entry_ = false;
+  bool seen_[3] = {false, false, false};  // dtype, shape, data_offsets
+  TensorInfo t_;
+  std::int64_t numel_ = 1;
+  std::vector<std::int64_t> offsets_;
+};
 
 }  // namespace
 
@@ -104,15 +253,9 @@ std::int64_t TensorInfo::numel() const {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MOEKIT_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int err = errno;
-    ::close(fd);
-    MOEKIT_FAIL("{}: not a regular file{}", path, err ? std::string(": ") + std::strerror(err) : "");
-  }
-  size_ = static_cast<std::int64_t>(st.st_size);
+  const plan::OpenFile file = plan::open_regular_file(path, "safetensors file");
+  const int fd = file.fd;
+  size_ = file.size;
   if (size_ > 0) {
     void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
@@ -172,78 +315,10 @@ void SafetensorsFile::parse() {
   const std::string_view header(reinterpret_cast<const char*>(base_ + 8), static_cast<std::size_t>(n));
   MOEKIT_CHECK(!header.empty() && header.front() == '{', "{}: the header does not start with '{{' (a JSON object)",
                path_);
-  const int depth = nesting_depth(header);
-  MOEKIT_CHECK(depth <= 3, "{}: the header nests {} levels deep; a safetensors header nests 3", path_, depth);
-  // Names seen at the top level: nlohmann keeps the last of duplicate keys, so they are caught here.
-  std::set<std::string> seen;
-  std::string duplicate;
-  json h;
-  try {
-    h = json::parse(header, [&](int d, json::parse_event_t event, json& parsed) {
-      if (d == 1 && event == json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second &&
-          duplicate.empty())
-        duplicate = parsed.get<std::string>();
-      return true;
-    });
-  } catch (const json::exception& e) {
-    MOEKIT_FAIL("{}: the header is not valid JSON: {}", path_, e.what());
-  }
-  MOEKIT_CHECK(duplicate.empty(), "{}: the header names tensor '{}' twice", path_, duplicate);
-  MOEKIT_CHECK(h.is_object(), "{}: the header is not a JSON object", path_);
   data_offset_ = 8 + static_cast<std::int64_t>(n);
+  HeaderReader reader(path_, size_ - data_offset_, tensors_, metadata_);
+  json::sax_parse(header, &reader);
   const std::int64_t data_bytes = size_ - data_offset_;
-
-  for (auto it = h.begin(); it != h.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      MOEKIT_CHECK(v.is_object(), "{}: __metadata__ must be an object of strings", path_);
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        MOEKIT_CHECK(m.value().is_string(), "{}: __metadata__['{}'] must be a string, got {}", path_, m.key(),
-                     m.value().dump());
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    const std::string what = fmt::format("{}: tensor '{}'", path_, name);
-    MOEKIT_CHECK(v.is_object(), "{}: its entry must be an object with dtype, shape and data_offsets", what);
-    for (auto k = v.begin(); k != v.end(); ++k)
-      MOEKIT_CHECK(k.key() == "dtype" || k.key() == "shape" || k.key() == "data_offsets",
-                   "{}: unknown field '{}' (dtype, shape and data_offsets only)", what, k.key());
-    MOEKIT_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-                 "{}: needs dtype, shape and data_offsets", what);
-    TensorInfo t;
-    t.name = name;
-    const json& dt = v["dtype"];
-    MOEKIT_CHECK(dt.is_string(), "{}: dtype must be a string, got {}", what, dt.dump());
-    const auto row = std::find_if(kDTypes.begin(), kDTypes.end(),
-                                  [&](const DTypeRow& r) { return r.name == dt.get<std::string>(); });
-    MOEKIT_CHECK(row != kDTypes.end(), "{}: unknown dtype '{}'", what, dt.get<std::string>());
-    t.dtype = row->dtype;
-    const json& shape = v["shape"];
-    MOEKIT_CHECK(shape.is_array(), "{}: shape must be an array of integers, got {}", what, shape.dump());
-    std::int64_t numel = 1;
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-      const std::int64_t d = non_negative(shape[i], fmt::format("{}: shape[{}]", what, i));
-      MOEKIT_CHECK(!__builtin_mul_overflow(numel, d, &numel), "{}: its shape {} overflows 64 bits", what, shape.dump());
-      t.shape.push_back(d);
-    }
-    const json& off = v["data_offsets"];
-    MOEKIT_CHECK(off.is_array() && off.size() == 2, "{}: data_offsets must be [begin, end], got {}", what, off.dump());
-    t.begin = non_negative(off[0], what + ": data_offsets[0]");
-    t.end = non_negative(off[1], what + ": data_offsets[1]");
-    MOEKIT_CHECK(t.begin <= t.end, "{}: data_offsets [{}, {}] end before they begin", what, t.begin, t.end);
-    std::int64_t bytes = 0;
-    MOEKIT_CHECK(!__builtin_mul_overflow(numel, row->bytes, &bytes), "{}: {} elements of {} overflow 64 bits", what,
-                 numel, row->name);
-    MOEKIT_CHECK(bytes == t.end - t.begin,
-                 "{}: shape {} of {} is {} bytes, but data_offsets [{}, {}] span {}: the header lies about its size",
-                 what, shape.dump(), row->name, bytes, t.begin, t.end, t.end - t.begin);
-    MOEKIT_CHECK(t.end <= data_bytes,
-                 "{}: data_offsets [{}, {}] run past the data section's {} bytes (the file is {} bytes): truncated?",
-                 what, t.begin, t.end, data_bytes, size_);
-    tensors_.push_back(std::move(t));
-  }
   std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });

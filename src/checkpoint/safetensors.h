@@ -3,12 +3,15 @@
 // data section that follows, then the data. The file is memory-mapped read-only; a tensor's bytes are
 // a view into the mapping, read only when the caller touches them (only this rank's tensors).
 //
-// Every header rule is checked before any tensor is handed out, each violation a moekit::Error that
-// names the file and the tensor: the header length within kMaxHeaderBytes and the file; JSON that
-// parses, nests no deeper than the format does and names no tensor twice; a known dtype; a shape of
-// non-negative integers whose element count times the dtype's size is the tensor's byte range
-// (without overflow); ranges inside the data section that neither overlap nor leave holes, covering
-// it exactly (the format's own rule); `__metadata__` a map of strings.
+// The file is opened only when it is a regular file (plan/untrusted_input.h: a FIFO, a device or a
+// directory is refused before any open). Every header rule is checked in one pass over the header,
+// in time and memory linear in its size, before any tensor is handed out, each violation a
+// moekit::Error that names the file and the tensor: the header length within kMaxHeaderBytes and the
+// file; JSON that parses, nests no deeper than the format does and names no tensor twice and no field
+// of an entry twice; a known dtype; a shape of at most limits::kMaxTensorRank non-negative integers
+// whose element count times the dtype's size is the tensor's byte range (without overflow); ranges
+// inside the data section that neither overlap nor leave holes, covering it exactly (the format's own
+// rule); `__metadata__` a map of strings.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +21,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "moekit/limits.h"
 
 namespace moekit::checkpoint {
 
@@ -54,7 +59,7 @@ struct TensorInfo {
 class SafetensorsFile {
  public:
   // The largest header read (bytes): the format's reference reader's limit.
-  static constexpr std::int64_t kMaxHeaderBytes = 100'000'000;
+  static constexpr std::int64_t kMaxHeaderBytes = limits::kMaxHeaderBytes;
 
   // Opens and maps `path`, then checks its header (above).
   explicit SafetensorsFile(const std::string& path);

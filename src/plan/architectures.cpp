@@ -11,9 +11,12 @@
 #include <cmath>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "moekit/model.h"
+#include "plan/untrusted_input.h"
 
 namespace moekit {
 namespace {
@@ -36,38 +39,71 @@ struct Reader {
     return s;
   }
 
-  std::int64_t integer(std::initializer_list<const char*> names, std::int64_t min_value) const {
+  // An integer in [min_value, max_value]: max_value is a limit of moekit/limits.h, so that no size a
+  // config.json gives can overflow a product or exhaust memory before the memory check sees it.
+  std::int64_t integer(std::initializer_list<const char*> names, std::int64_t min_value, std::int64_t max_value) const {
     const json* v = find(names);
     MOEKIT_CHECK(v != nullptr, "{}: missing field {} (an integer >= {})", source, joined(names), min_value);
-    MOEKIT_CHECK(v->is_number_integer(), "{}: field {} must be an integer, got {}", source, joined(names), v->dump());
+    MOEKIT_CHECK(v->is_number_integer(), "{}: field {} must be an integer, got {}", source, joined(names),
+                 plan::brief(*v));
+    MOEKIT_CHECK(!(v->is_number_unsigned() && v->get<std::uint64_t>() > INT64_MAX),
+                 "{}: field {} = {} is past moekit's limit of {} (moekit/limits.h)", source, joined(names),
+                 plan::brief(*v), max_value);
     const auto value = v->get<std::int64_t>();
     MOEKIT_CHECK(value >= min_value, "{}: field {} = {} must be >= {}", source, joined(names), value, min_value);
+    MOEKIT_CHECK(value <= max_value,
+                 "{}: field {} = {} is past moekit's limit of {} (moekit/limits.h; no published model comes near it): "
+                 "a corrupt or wrong config.json?",
+                 source, joined(names), value, max_value);
     return value;
   }
 
-  std::int64_t integer_or(std::initializer_list<const char*> names, std::int64_t fallback,
-                          std::int64_t min_value) const {
-    return find(names) ? integer(names, min_value) : fallback;
+  std::int64_t integer_or(std::initializer_list<const char*> names, std::int64_t fallback, std::int64_t min_value,
+                          std::int64_t max_value) const {
+    return find(names) ? integer(names, min_value, max_value) : fallback;
+  }
+
+  // n_shared_experts x moe_intermediate_size: one MLP of that width, within kMaxSharedIntermediateSize.
+  std::int64_t shared_width(std::int64_t num_shared, std::int64_t intermediate) const {
+    const std::int64_t width =
+        limits::checked_mul(num_shared, intermediate, "n_shared_experts * moe_intermediate_size");
+    MOEKIT_CHECK(
+        width <= limits::kMaxSharedIntermediateSize,
+        "{}: n_shared_experts = {} x moe_intermediate_size = {} = {}, past moekit's limit of {} for the shared "
+        "experts' width (moekit/limits.h)",
+        source, num_shared, intermediate, width, limits::kMaxSharedIntermediateSize);
+    return width;
+  }
+
+  // A list of at most kMaxLayers entries (layer indices or layer types).
+  const json* layer_list(const char* name) const {
+    const json* v = find({name});
+    if (v == nullptr) return nullptr;
+    MOEKIT_CHECK(v->is_array(), "{}: field '{}' must be a list, got {}", source, name, plan::brief(*v));
+    MOEKIT_CHECK(static_cast<std::int64_t>(v->size()) <= limits::kMaxLayers,
+                 "{}: field '{}' lists {} entries, past moekit's limit of {} layers (moekit/limits.h)", source, name,
+                 v->size(), limits::kMaxLayers);
+    return v;
   }
 
   double number_or(const char* name, double fallback) const {
     const json* v = find({name});
     if (!v) return fallback;
-    MOEKIT_CHECK(v->is_number(), "{}: field '{}' must be a number, got {}", source, name, v->dump());
+    MOEKIT_CHECK(v->is_number(), "{}: field '{}' must be a number, got {}", source, name, plan::brief(*v));
     return v->get<double>();
   }
 
   bool boolean_or(const char* name, bool fallback) const {
     const json* v = find({name});
     if (!v) return fallback;
-    MOEKIT_CHECK(v->is_boolean(), "{}: field '{}' must be true or false, got {}", source, name, v->dump());
+    MOEKIT_CHECK(v->is_boolean(), "{}: field '{}' must be true or false, got {}", source, name, plan::brief(*v));
     return v->get<bool>();
   }
 
   std::string string(const char* name) const {
     const json* v = find({name});
     MOEKIT_CHECK(v != nullptr, "{}: missing field '{}' (a string)", source, name);
-    MOEKIT_CHECK(v->is_string(), "{}: field '{}' must be a string, got {}", source, name, v->dump());
+    MOEKIT_CHECK(v->is_string(), "{}: field '{}' must be a string, got {}", source, name, plan::brief(*v));
     return v->get<std::string>();
   }
 
@@ -96,14 +132,14 @@ struct Reader {
 void read_quantization(const Reader& r, ModelConfig& m) {
   const json* q = r.find({"quantization_config"});
   if (q == nullptr) return;
-  MOEKIT_CHECK(q->is_object(), "{}: field 'quantization_config' must be an object, got {}", r.source, q->dump());
+  MOEKIT_CHECK(q->is_object(), "{}: field 'quantization_config' must be an object, got {}", r.source, plan::brief(*q));
   const Reader qr{*q, r.source};
   const std::string method = qr.string("quant_method");
   m.checkpoint_format = method;
   if (method == "fp8") {
     if (const json* b = qr.find({"weight_block_size"})) {
       MOEKIT_CHECK(b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() && (*b)[1].is_number_integer(),
-                   "{}: quantization_config.weight_block_size must be two integers, got {}", r.source, b->dump());
+                   "{}: quantization_config.weight_block_size must be two integers, got {}", r.source, plan::brief(*b));
       const auto rows = (*b)[0].get<std::int64_t>(), cols = (*b)[1].get<std::int64_t>();
       m.checkpoint_format = fmt::format("fp8, weight_block_size [{}, {}]", rows, cols);
       if (rows == kQuantBlock && cols == kQuantBlock) m.checkpoint_quant = QuantScheme::kBlock128;
@@ -161,37 +197,38 @@ struct NoauxTcDefaults {
 };
 
 void read_noaux_tc(const Reader& r, ModelConfig& m, const NoauxTcDefaults& d) {
-  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
-  m.num_experts = r.integer({"n_routed_experts"}, 1);
-  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1, limits::kMaxIntermediateSize);
+  m.num_experts = r.integer({"n_routed_experts"}, 1, limits::kMaxExperts);
+  m.topk = r.integer({"num_experts_per_tok"}, 1, limits::kMaxTopk);
   r.require_string("scoring_func", {"sigmoid"}, fmt::format("{}'s router always scores with a sigmoid", d.family));
   r.require_string("topk_method", {"noaux_tc"}, fmt::format("{}'s router always selects with noaux_tc", d.family));
   m.scoring = Scoring::kSigmoid;
   m.has_score_correction_bias = true;
-  m.n_group = r.integer_or({"n_group"}, d.n_group, 1);
-  m.topk_group = r.integer_or({"topk_group"}, d.topk_group, 1);
+  m.n_group = r.integer_or({"n_group"}, d.n_group, 1, limits::kMaxExperts);
+  m.topk_group = r.integer_or({"topk_group"}, d.topk_group, 1, limits::kMaxExperts);
   m.group_score = GroupScore::kTop2Sum;
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", d.norm_topk_prob);
   m.renormalize_epsilon = 1e-20;
   m.routed_scaling_factor = r.number_or("routed_scaling_factor", d.routed_scaling_factor);
-  m.num_shared_experts = d.n_shared_experts < 0 ? r.integer({"n_shared_experts"}, 0)
-                                                : r.integer_or({"n_shared_experts"}, d.n_shared_experts, 0);
-  m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
+  m.num_shared_experts = d.n_shared_experts < 0
+                             ? r.integer({"n_shared_experts"}, 0, limits::kMaxExperts)
+                             : r.integer_or({"n_shared_experts"}, d.n_shared_experts, 0, limits::kMaxExperts);
+  m.shared_intermediate_size = r.shared_width(m.num_shared_experts, m.moe_intermediate_size);
   m.activation = activation_from_config(r);
   r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
   // GLM-5 lists its layers in mlp_layer_types; the others keep the first first_k_dense_replace dense.
-  if (const json* types = r.find({"mlp_layer_types"})) {
-    MOEKIT_CHECK(types->is_array(), "{}: field 'mlp_layer_types' must be a list, got {}", r.source, types->dump());
+  if (const json* types = r.layer_list("mlp_layer_types")) {
     m.num_moe_layers = std::count(types->begin(), types->end(), json("sparse"));
   } else if (d.fixed_dense_layers > 0) {
-    const std::int64_t k = r.integer_or({"first_k_dense_replace"}, d.fixed_dense_layers, 0);
+    const std::int64_t k = r.integer_or({"first_k_dense_replace"}, d.fixed_dense_layers, 0, limits::kMaxLayers);
     MOEKIT_CHECK(k == d.fixed_dense_layers,
                  "{}: field 'first_k_dense_replace' = {}: {}'s transformers code keeps exactly {} dense layer(s) "
                  "first whatever it says; moekit counts the layers as that code builds them",
                  r.source, k, d.family, d.fixed_dense_layers);
     m.num_moe_layers = m.num_layers - d.fixed_dense_layers;
   } else {
-    m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, d.first_k_dense_replace, 0);
+    m.num_moe_layers =
+        m.num_layers - r.integer_or({"first_k_dense_replace"}, d.first_k_dense_replace, 0, limits::kMaxLayers);
   }
 }
 void read_deepseek_v3(const Reader& r, ModelConfig& m) {
@@ -222,9 +259,9 @@ void read_dots1(const Reader& r, ModelConfig& m) {
 // scored by their largest score); never renormalized; times routed_scaling_factor; n_shared_experts
 // x moe_intermediate_size shared MLP.
 void read_deepseek_v2(const Reader& r, ModelConfig& m) {
-  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1);
-  m.num_experts = r.integer({"n_routed_experts"}, 1);
-  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.moe_intermediate_size = r.integer({"moe_intermediate_size"}, 1, limits::kMaxIntermediateSize);
+  m.num_experts = r.integer({"n_routed_experts"}, 1, limits::kMaxExperts);
+  m.topk = r.integer({"num_experts_per_tok"}, 1, limits::kMaxTopk);
   r.require_string("scoring_func", {"softmax"}, "DeepSeek-V2's router scores with a softmax");
   m.scoring = Scoring::kSoftmax;
   const std::string method = r.string_or("topk_method", "greedy");
@@ -233,8 +270,8 @@ void read_deepseek_v2(const Reader& r, ModelConfig& m) {
                "'group_limited_greedy' (noaux_tc is DeepSeek-V3's: use model_type deepseek_v3)",
                r.source, method);
   if (method == "group_limited_greedy") {
-    m.n_group = r.integer({"n_group"}, 1);
-    m.topk_group = r.integer({"topk_group"}, 1);
+    m.n_group = r.integer({"n_group"}, 1, limits::kMaxExperts);
+    m.topk_group = r.integer({"topk_group"}, 1, limits::kMaxExperts);
     m.group_score = GroupScore::kMax;
   }
   // NOTES: transformers' DeepseekV2Moe never renormalizes; DeepSeek's own code does when
@@ -245,21 +282,21 @@ void read_deepseek_v2(const Reader& r, ModelConfig& m) {
                r.source);
   m.norm_topk_prob = false;
   m.routed_scaling_factor = r.number_or("routed_scaling_factor", 1.0);
-  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 2, 0);
-  m.shared_intermediate_size = m.num_shared_experts * m.moe_intermediate_size;
+  m.num_shared_experts = r.integer_or({"n_shared_experts"}, 2, 0, limits::kMaxExperts);
+  m.shared_intermediate_size = r.shared_width(m.num_shared_experts, m.moe_intermediate_size);
   m.activation = activation_from_config(r);
   r.require_number("moe_layer_freq", 1, "every layer past first_k_dense_replace is an MoE layer");
-  m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, 0, 0);
+  m.num_moe_layers = m.num_layers - r.integer_or({"first_k_dense_replace"}, 0, 0, limits::kMaxLayers);
 }
 
 // The softmax top-k routers of Qwen2-MoE, Qwen3-MoE and OLMoE: softmax over all experts, the top-k,
 // renormalized when norm_topk_prob (default false); no scaling factor.
 void read_softmax_topk(const Reader& r, ModelConfig& m, const char* intermediate_key) {
-  m.moe_intermediate_size = r.integer({intermediate_key}, 1);
+  m.moe_intermediate_size = r.integer({intermediate_key}, 1, limits::kMaxIntermediateSize);
   // transformers 5 writes Qwen3-MoE's count as num_local_experts (its attribute_map); the published
   // configs say num_experts.
-  m.num_experts = r.integer({"num_experts", "num_local_experts"}, 1);
-  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.num_experts = r.integer({"num_experts", "num_local_experts"}, 1, limits::kMaxExperts);
+  m.topk = r.integer({"num_experts_per_tok"}, 1, limits::kMaxTopk);
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
   m.activation = activation_from_config(r);
@@ -268,19 +305,17 @@ void read_softmax_topk(const Reader& r, ModelConfig& m, const char* intermediate
 // Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock: layers in mlp_only_layers are dense, and a layer
 // is sparse when (index + 1) % decoder_sparse_step == 0.
 std::int64_t qwen_moe_layers(const Reader& r, std::int64_t num_layers) {
-  const std::int64_t step = r.integer_or({"decoder_sparse_step"}, 1, 1);
-  std::vector<std::int64_t> dense;
-  if (const json* v = r.find({"mlp_only_layers"})) {
-    MOEKIT_CHECK(v->is_array(), "{}: field 'mlp_only_layers' must be a list, got {}", r.source, v->dump());
+  const std::int64_t step = r.integer_or({"decoder_sparse_step"}, 1, 1, limits::kMaxLayers);
+  std::set<std::int64_t> dense;
+  if (const json* v = r.layer_list("mlp_only_layers")) {
     for (const json& i : *v) {
       MOEKIT_CHECK(i.is_number_integer(), "{}: field 'mlp_only_layers' must list layer indices, got {}", r.source,
-                   i.dump());
-      dense.push_back(i.get<std::int64_t>());
+                   plan::brief(i));
+      dense.insert(i.get<std::int64_t>());
     }
   }
   std::int64_t n = 0;
-  for (std::int64_t i = 0; i < num_layers; ++i)
-    n += std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+  for (std::int64_t i = 0; i < num_layers; ++i) n += !dense.contains(i) && (i + 1) % step == 0;
   return n;
 }
 
@@ -294,7 +329,8 @@ void read_qwen3_moe(const Reader& r, ModelConfig& m) {
 void read_qwen2_moe(const Reader& r, ModelConfig& m) {
   read_softmax_topk(r, m, "moe_intermediate_size");
   m.num_moe_layers = qwen_moe_layers(r, m.num_layers);
-  m.shared_intermediate_size = r.integer_or({"shared_expert_intermediate_size"}, 5632, 0);
+  m.shared_intermediate_size =
+      r.integer_or({"shared_expert_intermediate_size"}, 5632, 0, limits::kMaxSharedIntermediateSize);
   m.num_shared_experts = m.shared_intermediate_size > 0 ? 1 : 0;
   m.shared_expert_gate = m.num_shared_experts > 0;
 }
@@ -304,7 +340,8 @@ void read_qwen2_moe(const Reader& r, ModelConfig& m) {
 void read_qwen3_next(const Reader& r, ModelConfig& m) {
   read_qwen2_moe(r, m);
   m.norm_topk_prob = r.boolean_or("norm_topk_prob", true);
-  m.shared_intermediate_size = r.integer_or({"shared_expert_intermediate_size"}, 512, 0);
+  m.shared_intermediate_size =
+      r.integer_or({"shared_expert_intermediate_size"}, 512, 0, limits::kMaxSharedIntermediateSize);
   m.num_shared_experts = m.shared_intermediate_size > 0 ? 1 : 0;
   m.shared_expert_gate = m.num_shared_experts > 0;
 }
@@ -324,9 +361,9 @@ void read_flex_olmo(const Reader& r, ModelConfig& m) {
 // (MiniMaxSparseMoeBlock) and Granite (GraniteMoeMoE: softmax over the top-k logits, the same
 // renormalized weights) run the same block under Mixtral's keys.
 void read_mixtral_block(const Reader& r, ModelConfig& m, std::initializer_list<const char*> experts_keys) {
-  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
-  m.num_experts = r.integer(experts_keys, 1);
-  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1, limits::kMaxIntermediateSize);
+  m.num_experts = r.integer(experts_keys, 1, limits::kMaxExperts);
+  m.topk = r.integer({"num_experts_per_tok"}, 1, limits::kMaxTopk);
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = true;
   m.activation = activation_from_config(r);
@@ -348,14 +385,14 @@ void read_minimax(const Reader& r, ModelConfig& m) {
 // JambaSparseMoeBlock: softmax top-k, never renormalized; layer i is MoE when i %
 // expert_layer_period == expert_layer_offset (2 and 1 by default).
 void read_jamba(const Reader& r, ModelConfig& m) {
-  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
-  m.num_experts = r.integer({"num_experts"}, 1);
-  m.topk = r.integer({"num_experts_per_tok"}, 1);
+  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1, limits::kMaxIntermediateSize);
+  m.num_experts = r.integer({"num_experts"}, 1, limits::kMaxExperts);
+  m.topk = r.integer({"num_experts_per_tok"}, 1, limits::kMaxTopk);
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = false;
   m.activation = activation_from_config(r);
-  const std::int64_t period = r.integer_or({"expert_layer_period"}, 2, 1);
-  const std::int64_t offset = r.integer_or({"expert_layer_offset"}, 1, 0);
+  const std::int64_t period = r.integer_or({"expert_layer_period"}, 2, 1, limits::kMaxLayers);
+  const std::int64_t offset = r.integer_or({"expert_layer_offset"}, 1, 0, limits::kMaxLayers);
   m.num_moe_layers = 0;
   for (std::int64_t i = 0; i < m.num_layers; ++i) m.num_moe_layers += i % period == offset;
 }
@@ -364,9 +401,9 @@ void read_jamba(const Reader& r, ModelConfig& m) {
 // biases on gate_up_proj and down_proj and the clamped SwiGLU (alpha 1.702, limit swiglu_limit)
 // over interleaved gate/up columns; hidden_act is not read. Every layer is MoE.
 void read_gpt_oss(const Reader& r, ModelConfig& m) {
-  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1);
-  m.num_experts = r.integer({"num_local_experts"}, 1);
-  m.topk = r.integer({"num_experts_per_tok", "experts_per_token"}, 1);
+  m.moe_intermediate_size = r.integer({"intermediate_size"}, 1, limits::kMaxIntermediateSize);
+  m.num_experts = r.integer({"num_local_experts"}, 1, limits::kMaxExperts);
+  m.topk = r.integer({"num_experts_per_tok", "experts_per_token"}, 1, limits::kMaxTopk);
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = true;
   m.activation = Activation::kSwigluOai;
@@ -470,12 +507,7 @@ std::vector<std::string> supported_model_types() {
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name) {
-  json doc;
-  try {
-    doc = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    MOEKIT_FAIL("{}: not valid JSON ({}); pass a Hugging Face config.json", source_name, e.what());
-  }
+  const json doc = plan::parse_json(json_text, source_name);
   MOEKIT_CHECK(doc.is_object(), "{}: a config.json must hold a JSON object, got {}", source_name, doc.type_name());
   const Reader r{doc, source_name};
 
@@ -489,8 +521,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                "computes is unknown; supported: {}",
                source_name, m.model_type, fmt::join(supported_model_types(), ", "));
   m.moe_block = row->info.moe_block;
-  m.hidden_size = r.integer({"hidden_size"}, 1);
-  m.num_layers = r.integer({"num_hidden_layers"}, 1);
+  m.hidden_size = r.integer({"hidden_size"}, 1, limits::kMaxHiddenSize);
+  m.num_layers = r.integer({"num_hidden_layers"}, 1, limits::kMaxLayers);
   row->read(r, m);
   m.weight_names = row->names;
   read_quantization(r, m);

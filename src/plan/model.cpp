@@ -3,21 +3,18 @@
 #include <fmt/ranges.h>
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "moekit/model.h"
 #include "plan/model_presets.h"
+#include "plan/untrusted_input.h"
 
 namespace moekit {
 ModelConfig load_model_config_file(const std::string& path) {
-  std::ifstream in(path);
-  MOEKIT_CHECK(in.good(), "cannot read model config '{}': no such file or not readable (presets: {})", path,
+  MOEKIT_CHECK(plan::path_exists(path), "cannot read model config '{}': no such file (presets: {})", path,
                fmt::join(model_preset_names(), ", "));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_model_config(ss.str(), path);
+  return parse_model_config(plan::read_regular_file(path, limits::kMaxConfigBytes, "config.json"), path);
 }
 
 QuantChoice choose_quant(const ModelConfig& m, std::string_view name) {

@@ -8,21 +8,12 @@
 #include <cmath>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "numerics/activation.h"
 
 namespace moekit {
-namespace {
-
-// Slots (E_local * ep) per routed expert at most: DeepSeek's deployments use 1.125-2.
-constexpr std::int64_t kMaxSlotsPerExpert = 4;
-
-std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
-  std::int64_t r = 0;
-  MOEKIT_CHECK(!__builtin_mul_overflow(a, b, &r), "{} = {} * {} overflows 64 bits; use smaller values", what, a, b);
-  return r;
-}
-
-}  // namespace
+using limits::checked_mul;
+using limits::kMaxSlotsPerExpert;
 
 std::string MoeProblem::describe() const {
   return fmt::format(

@@ -93,6 +93,8 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingTheFileAndTheTensor) {
     std::vector<std::string> expect;
   };
   const std::string ok = R"("dtype":"F32","shape":[1],"data_offsets":[0,4])";
+  std::string forty_ones = "1";
+  for (int i = 1; i < 40; ++i) forty_ones += ",1";
   const std::vector<Case> cases = {
       {"truncated length", std::vector<std::byte>(5), {"shorter than the 8-byte"}},
       {"enormous header length", file_bytes(one(ok), four, 1ull << 62), {"past the 100000000-byte limit"}},
@@ -101,7 +103,19 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingTheFileAndTheTensor) {
       {"not an object", file_bytes("[1, 2]", {}), {"does not start with '{'"}},
       {"deep nesting",
        file_bytes("{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", {}),
-       {"nests 100001 levels"}},
+       {"tensor 'a'", "must be an object"}},
+      {"deep nesting in an entry",
+       file_bytes("{\"a\":{\"shape\":" + std::string(100000, '[') + std::string(100000, ']') + "}}", {}),
+       {"nests deeper than 3 levels"}},
+      {"a field twice (the last would win)",
+       file_bytes(one(R"("dtype":"BF16","dtype":"F16","shape":[2],"data_offsets":[0,4])"), four),
+       {"tensor 't'", "field 'dtype' is given twice"}},
+      {"a number past double",
+       file_bytes(one(R"("dtype":"U8","shape":[1e999],"data_offsets":[0,4])"), four),
+       {"not valid JSON", "number overflow"}},
+      {"too many dimensions",
+       file_bytes(one(R"("dtype":"U8","shape":[)" + forty_ones + R"(],"data_offsets":[0,1])"), {1}),
+       {"tensor 't'", "more than 32 dimensions"}},
       {"a name twice",
        file_bytes(R"({"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
                   R"("t":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
