@@ -8,6 +8,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -258,9 +259,13 @@ void run_in_process(int num_ranks, const std::function<void(Communicator&)>& fn)
   threads.reserve(static_cast<std::size_t>(num_ranks - 1));
   try {
     for (int rank = 1; rank < num_ranks; ++rank) threads.emplace_back(run_rank, rank);
-  } catch (...) {
+  } catch (const std::system_error& e) {
     // Could not start a thread: release the ones started (they abort at their first collective).
-    group.fail(static_cast<int>(threads.size()) + 1, std::current_exception());
+    const auto started = static_cast<int>(threads.size()) + 1;
+    group.fail(started, std::make_exception_ptr(Error(fmt::format(
+                            "moekit: could start only {} of the {} in-process ranks' threads ({}): ask for {} or fewer "
+                            "ranks (--dp), or run them as MPI processes",
+                            started, num_ranks, e.what(), started))));
   }
   if (static_cast<int>(threads.size()) == num_ranks - 1) run_rank(0);
   for (std::thread& t : threads) t.join();

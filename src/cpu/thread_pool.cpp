@@ -3,23 +3,41 @@
 #include "cpu/thread_pool.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 
 namespace moekit::cpu {
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads) {
-  MOEKIT_CHECK(num_threads >= 1, "ThreadPool needs >= 1 thread, got {}", num_threads);
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  MOEKIT_CHECK(num_threads >= 1 && num_threads <= limits::kMaxThreads,
+               "a thread pool takes 1 to {} threads (moekit/limits.h), got {}", limits::kMaxThreads, num_threads);
+  workers_.reserve(static_cast<std::size_t>(num_threads - 1));
+  try {
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (const std::system_error& e) {
+    // The OS refused a thread (EAGAIN: a process or user thread limit, or no memory for its stack):
+    // stop and join the ones started, then say how many it granted.
+    const auto started = workers_.size() + 1;
+    stop_workers();
+    MOEKIT_FAIL("could start only {} of the {} threads asked for ({}): ask for {} or fewer (--threads)", started,
+                num_threads, e.what(), started);
+  }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_workers();
+}
+
+void ThreadPool::stop_workers() noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn,

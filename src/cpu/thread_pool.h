@@ -15,7 +15,9 @@ namespace moekit::cpu {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int num_threads);  // total threads including the caller; >= 1
+  // num_threads: total threads including the caller, 1 to limits::kMaxThreads. Raises moekit::Error
+  // (naming how many threads the OS granted) when it cannot start them all.
+  explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -27,6 +29,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void stop_workers() noexcept;
   int num_threads_;
   std::vector<std::thread> workers_;
   std::mutex mutex_;

@@ -32,9 +32,23 @@ bool fuse_w1_runs(QuantScheme quant, Activation activation) {
 }
 
 void validate_problem(const MoeProblem& p) {
-  MOEKIT_CHECK(p.K >= 1, "hidden size K = {} must be >= 1", p.K);
-  MOEKIT_CHECK(p.N >= 1, "W1 output width N = {} must be >= 1", p.N);
-  MOEKIT_CHECK(p.E >= 1, "number of experts E = {} must be >= 1", p.E);
+  // Each size within its limit (moekit/limits.h) first: every product below then fits 64 bits or is
+  // refused by checked_mul, and the memory checks see real figures.
+  MOEKIT_CHECK(p.K >= 1 && p.K <= limits::kMaxHiddenSize, "hidden size K = {} must be in [1, {}] (moekit/limits.h)",
+               p.K, limits::kMaxHiddenSize);
+  MOEKIT_CHECK(p.N >= 1 && p.N <= 2 * limits::kMaxSharedIntermediateSize,
+               "W1 output width N = {} must be in [1, {}] (moekit/limits.h)", p.N,
+               2 * limits::kMaxSharedIntermediateSize);
+  MOEKIT_CHECK(p.E >= 1 && p.E <= limits::kMaxExperts, "number of experts E = {} must be in [1, {}] (moekit/limits.h)",
+               p.E, limits::kMaxExperts);
+  MOEKIT_CHECK(p.topk <= limits::kMaxTopk, "topk = {} is past moekit's limit of {} experts per token (moekit/limits.h)",
+               p.topk, limits::kMaxTopk);
+  MOEKIT_CHECK(p.max_tokens_per_rank <= limits::kMaxTokensPerRank,
+               "max_tokens_per_rank = {} is past moekit's limit of {} (moekit/limits.h): chunk larger steps",
+               p.max_tokens_per_rank, limits::kMaxTokensPerRank);
+  MOEKIT_CHECK(p.num_dispatchers <= limits::kMaxRanks,
+               "num_dispatchers D = {} is past moekit's limit of {} ranks (moekit/limits.h)", p.num_dispatchers,
+               limits::kMaxRanks);
   // E_local above E: redundant experts (moekit/placement.h) on few ranks, each slot a replica.
   MOEKIT_CHECK(p.E_local >= 1 && p.E_local <= kMaxSlotsPerExpert * p.E,
                "local experts E_local = {} must be in [1, {} x E = {}]: more slots than {} replicas of every expert "

@@ -1,9 +1,12 @@
 // ThreadPool::parallel_for: every index of [0, n) is visited exactly once for any n, grain and
-// thread count; the first exception reaches the caller after all chunks ran; the pool stays usable.
+// thread count; the first exception reaches the caller after all chunks ran; the pool stays usable;
+// a pool the OS cannot give its threads raises moekit::Error (no abort, no hang).
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -84,6 +87,33 @@ TEST(ThreadPool, ManySmallJobs) {
 
 TEST(ThreadPool, RejectsZeroThreads) {
   EXPECT_THROW(ThreadPool(0), moekit::Error);
+}
+
+// The OS refuses threads: every new thread's default stack made larger than any machine's memory
+// (glibc's pthread_setattr_default_np), so pthread_create fails with EAGAIN as it does past a thread
+// limit. The pool raises, naming how many it started, and leaves no thread behind.
+TEST(ThreadPool, RaisesWhenTheOsGrantsFewerThreads) {
+  pthread_attr_t saved, huge;
+  ASSERT_EQ(pthread_getattr_default_np(&saved), 0);
+  ASSERT_EQ(pthread_attr_init(&huge), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&huge, std::size_t{1} << 46), 0);  // 64 TiB
+  ASSERT_EQ(pthread_setattr_default_np(&huge), 0);
+  std::string what;
+  try {
+    ThreadPool pool(8);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ASSERT_EQ(pthread_setattr_default_np(&saved), 0);
+  pthread_attr_destroy(&huge);
+  pthread_attr_destroy(&saved);
+  EXPECT_NE(what.find("could start only 1 of the 8 threads"), std::string::npos) << what;
+  EXPECT_NE(what.find("--threads"), std::string::npos) << what;
+  ThreadPool after(3);  // the default restored, a pool starts again
+  EXPECT_EQ(after.num_threads(), 3);
+  // Past the limit of moekit/limits.h, or below 1: refused before any thread starts.
+  EXPECT_THROW(ThreadPool(0), Error);
+  EXPECT_THROW(ThreadPool(1025), Error);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "moekit/problem.h"
 #include "moekit/registry.h"
 #include "moekit/workspace.h"
@@ -412,8 +413,22 @@ TEST(BadInput, ParallelLayout) {
         make_problem(m, {std::int64_t{1} << 40, 32, std::int64_t{1} << 40, 0}, fmt_b, q);
       },
       {"overflows"});
-  // M fits but the bytes of (E_local, M, max(N, K)) do not.
-  expect_error([&] { make_problem(m, {std::int64_t{1} << 20, 1, std::int64_t{1} << 24, 0}, fmt_b, q); }, {"overflows"});
+  // Past the limits of moekit/limits.h: refused by name before any product is formed.
+  expect_error(
+      [&] {
+        make_problem(m, {std::int64_t{1} << 20, 1, std::int64_t{1} << 24, 0}, fmt_b, q);
+      },
+      {"max_tokens_per_rank = 16777216", "limit of 1048576"});
+  // Every size at its limit: M fits, but the bytes of (E_local, M, max(N, K)) do not.
+  ModelConfig widest = m;
+  widest.hidden_size = limits::kMaxHiddenSize;
+  widest.moe_intermediate_size = limits::kMaxIntermediateSize;
+  widest.num_experts = limits::kMaxExperts;
+  expect_error(
+      [&] {
+        make_problem(widest, {limits::kMaxRanks, 1, limits::kMaxTokensPerRank, 0}, fmt_b, q);
+      },
+      {"overflows"});
   expect_error([&] { parse_activation("swiglu_typo"); }, {"swiglu_typo", "silu"});
   expect_error([&] { parse_quant("int4"); }, {"int4", "block128"});
   // gpt-oss's K = 2880 is not a multiple of 128: block-wise scales do not apply.
