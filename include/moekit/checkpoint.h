@@ -12,7 +12,13 @@
 //   - bf16, fp16 and fp32 weights, and FP8 weights of another granularity (dequantized first), are
 //     quantized at load by cpu::quantize_weight, the one quantizer the tests and the synthetic
 //     weights use (what was done is in CheckpointLayer::note);
-//   - MXFP4 (gpt-oss's *_blocks / *_scales) and packed int4 are refused by name.
+//   - MXFP4 (gpt-oss's *_blocks / *_scales) and packed int4 are refused by name; FP8 weights under a
+//     config.json without quantization_config are refused (the two disagree).
+// A load checks every tensor's header against the config before it sizes a buffer, the bytes it will
+// allocate against the host's memory (moekit/limits.h), and every value it reads: weights finite (no
+// NaN or Inf, no FP8 NaN code), scales finite and > 0, the first bad element an Error naming the
+// shard, the tensor and the element. The scan is integer tests at memory speed, a small share of a
+// load's time (measured in docs/FEATURES.md), so it has no switch.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +81,10 @@ class Checkpoint {
   // weights' first_expert is -1.
   CheckpointLayer load_layer(std::int64_t layer, const MoeProblem& problem, std::span<const std::int32_t> slot_experts,
                              bool shared_experts = true);
+  // Every MoE layer's tensors for all experts checked from the shards' headers as a load would check
+  // them (names, dtypes, shapes, scale layouts, the config's quantization_config), no tensor data read
+  // and nothing allocated: what `moekit plan --checkpoint` runs, so that it refuses what `run` would.
+  void check_headers(bool shared_experts = true);
   // The shard files read so far.
   std::vector<std::string> opened_shards() const;
 

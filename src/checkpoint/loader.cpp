@@ -13,8 +13,10 @@
 #include <string_view>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/weight_values.h"
 #include "cpu/quant.h"
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
 #include "numerics/scales.h"
@@ -71,11 +73,18 @@ struct Matrix {
   TensorDType dtype = TensorDType::kBF16;
   const std::byte* data = nullptr;
   std::int64_t n = 0, k = 0, offset = 0, stride_r = 0, stride_c = 1;
+  // What the value check scans: elements [region_begin, region_end) of the tensor (its shape), in
+  // the shard `file`: a per-expert tensor whole, a fused tensor's expert slab.
+  std::string file;
+  std::vector<std::int64_t> shape;
+  std::int64_t region_begin = 0, region_end = 0;
   // FP8 only.
   const std::byte* scale = nullptr;
   TensorDType scale_dtype = TensorDType::kF32;
   Granularity granularity = Granularity::kTensor;
   std::int64_t scale_cols = 1;  // block scales per row of blocks
+  std::string scale_name, scale_file;
+  std::vector<std::int64_t> scale_shape;
 
   float scale_of(std::int64_t r, std::int64_t c) const {
     const std::int64_t i = granularity == Granularity::kTensor    ? 0
@@ -181,12 +190,31 @@ struct Checkpoint::Impl {
 
   const std::byte* bytes(const std::string& name) { return dir.data(name).data(); }
 
+  Matrix matrix(const std::string& name, const TensorInfo& t, std::int64_t n, std::int64_t k) {
+    Matrix m;
+    m.name = name;
+    m.dtype = t.dtype;
+    m.data = bytes(name);
+    m.n = n;
+    m.k = k;
+    return m;
+  }
+
   // A per-expert (n, k) weight: float, or FP8 with its scale tensor (weight_scale_inv or weight_scale).
   Matrix stored(const std::string& name, std::int64_t n, std::int64_t k, std::string_view what) {
     const TensorInfo& t =
         tensor(name, {n, k}, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32, TensorDType::kF8E4M3}, what);
-    Matrix m{name, t.dtype, bytes(name), n, k, 0, k, 1};
+    Matrix m = matrix(name, t, n, k);
+    m.stride_r = k;
+    m.file = dir.shard_path(name);
+    m.shape = t.shape;
+    m.region_end = t.numel();
     if (t.dtype != TensorDType::kF8E4M3) return m;
+    MOEKIT_CHECK(!model.checkpoint_format.empty(),
+                 "{}: tensor '{}' is F8_E4M3, but config.json has no quantization_config (it describes an unquantized "
+                 "checkpoint): the config and the weights disagree; restore the quantization_config the checkpoint "
+                 "was saved with (DeepSeek-V3: quant_method fp8, weight_block_size [128, 128])",
+                 dir.dir(), name);
     const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
     std::string sname = base + ".weight_scale_inv";
     if (!dir.contains(sname)) sname = base + ".weight_scale";
@@ -211,6 +239,9 @@ struct Checkpoint::Impl {
     }
     m.scale = bytes(sname);
     m.scale_dtype = s.dtype;
+    m.scale_name = sname;
+    m.scale_file = dir.shard_path(sname);
+    m.scale_shape = s.shape;
     return m;
   }
 
@@ -220,7 +251,12 @@ struct Checkpoint::Impl {
                std::int64_t row_step, bool transposed, std::int64_t dim1, std::int64_t dim2) {
     const TensorInfo& t = tensor(name, {model.num_experts, dim1, dim2},
                                  {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, "fused experts");
-    Matrix m{name, t.dtype, bytes(name), n, k, e * dim1 * dim2, 0, 0};
+    Matrix m = matrix(name, t, n, k);
+    m.offset = e * dim1 * dim2;
+    m.file = dir.shard_path(name);
+    m.shape = t.shape;
+    m.region_begin = e * dim1 * dim2;
+    m.region_end = (e + 1) * dim1 * dim2;
     if (transposed) {  // element (r, c) of W at [c][row0 + r * row_step] of the (dim1 = k, dim2) expert
       m.offset += row0;
       m.stride_r = row_step;
@@ -328,11 +364,23 @@ struct Checkpoint::Impl {
                  activation_name(p.activation), activation_name(model.activation));
   }
 
-  // The routed experts of layer L into `out`, local expert e from the model's expert experts[e];
-  // returns the load note.
-  std::string load_routed(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {
-    const MoeProblem& p = out.problem;
-    const std::int64_t K = p.K, I = p.I();
+  // ---- One layer's reads: every tensor a load touches, checked against the config from the headers
+  // alone (names, dtypes, shapes, scale layouts), before any buffer is sized or any value read.
+  struct ExpertMatrices {
+    Matrix gate, up, down;
+  };
+  struct LayerReads {
+    std::vector<ExpertMatrices> routed;  // one per local slot
+    bool per_expert = true;              // one tensor per expert (else fused tensors)
+    std::string stored_as;
+    std::optional<ExpertMatrices> shared;
+    std::optional<MoeProblem> shared_problem;
+  };
+
+  // The model's sizes the reads are checked against (a problem of this model: check_problem).
+  LayerReads plan_reads(const Names& nm, const MoeProblem& p, const std::vector<std::int64_t>& experts,
+                        bool want_shared) {
+    const std::int64_t K = p.K, I = p.I(), E = p.E;
     const bool gated = numerics::w1_rows(p.activation, p.quant) != numerics::W1Rows::kSingle;
     MOEKIT_CHECK(gated, "{}: loading non-gated experts ({}) is not supported: the families moekit loads are gated",
                  dir.dir(), activation_name(p.activation));
@@ -346,56 +394,110 @@ struct Checkpoint::Impl {
     MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
                  "{}: '{}' is packed int4 (compressed-tensors), which moekit does not read", dir.dir(),
                  first.substr(0, first.size() - 7) + ".weight_packed");
-    const bool per_expert = nm.naming != WeightNames::kGptOss && !dir.contains(fused_w1);
-    std::string stored_as;
-    bool all_stored = true;
-    for (std::int64_t e = 0; e < p.E_local; ++e) {
-      const std::int64_t g = experts[static_cast<std::size_t>(e)];
-      bool moved = false;
-      if (per_expert) {
-        const Matrix gate = stored(nm.expert(g, "gate"), I, K, "an expert's gate rows");
-        const Matrix up = stored(nm.expert(g, "up"), I, K, "an expert's up rows");
-        const Matrix down = stored(nm.expert(g, "down"), K, I, "an expert's W2");
-        moved = put_expert(out, e, gate, &up, down);
-        if (e == 0)
-          stored_as = gate.dtype == TensorDType::kF8E4M3
-                          ? fmt::format("F8_E4M3 with {}", granularity_name(gate.granularity))
-                          : std::string(checkpoint::dtype_name(gate.dtype));
+    LayerReads r;
+    r.per_expert = nm.naming != WeightNames::kGptOss && !dir.contains(fused_w1);
+    r.routed.reserve(experts.size());
+    for (const std::int64_t g : experts) {
+      if (r.per_expert) {
+        r.routed.push_back({stored(nm.expert(g, "gate"), I, K, "an expert's gate rows"),
+                            stored(nm.expert(g, "up"), I, K, "an expert's up rows"),
+                            stored(nm.expert(g, "down"), K, I, "an expert's W2")});
       } else if (nm.naming == WeightNames::kGptOss) {
         // (E, K, 2I) with gate/up interleaved along the last axis; down (E, I, K).
-        const Matrix gate = fused(fused_w1, g, I, K, 0, 2, true, K, 2 * I);
-        const Matrix up = fused(fused_w1, g, I, K, 1, 2, true, K, 2 * I);
-        const Matrix down = fused(fused_w2, g, K, I, 0, 1, true, I, K);
-        moved = put_expert(out, e, gate, &up, down);
-        stored_as = std::string(checkpoint::dtype_name(gate.dtype));
+        r.routed.push_back({fused(fused_w1, g, I, K, 0, 2, true, K, 2 * I),
+                            fused(fused_w1, g, I, K, 1, 2, true, K, 2 * I),
+                            fused(fused_w2, g, K, I, 0, 1, true, I, K)});
       } else {
         // transformers' in-memory form: (E, 2I, K) gate rows then up rows; down (E, K, I).
-        const Matrix gate = fused(fused_w1, g, I, K, 0, 1, false, 2 * I, K);
-        const Matrix up = fused(fused_w1, g, I, K, I, 1, false, 2 * I, K);
-        const Matrix down = fused(fused_w2, g, K, I, 0, 1, false, K, I);
-        moved = put_expert(out, e, gate, &up, down);
-        stored_as = std::string(checkpoint::dtype_name(gate.dtype));
+        r.routed.push_back({fused(fused_w1, g, I, K, 0, 1, false, 2 * I, K),
+                            fused(fused_w1, g, I, K, I, 1, false, 2 * I, K),
+                            fused(fused_w2, g, K, I, 0, 1, false, K, I)});
       }
-      all_stored = all_stored && moved;
+    }
+    const Matrix& g0 = r.routed.front().gate;
+    r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
+                                                   : std::string(checkpoint::dtype_name(g0.dtype));
+    const auto float_types = {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32};
+    if (p.expert_bias) {
+      MOEKIT_CHECK(nm.naming == WeightNames::kGptOss, "{}: expert biases are read for gpt_oss only", dir.dir());
+      tensor(nm.prefix + "experts.gate_up_proj_bias", {E, 2 * I}, float_types, "W1 biases");
+      tensor(nm.prefix + "experts.down_proj_bias", {E, K}, float_types, "W2 biases");
+    }
+    tensor(nm.router(), {E, K}, float_types, "the router's weight");
+    if (nm.naming == WeightNames::kGptOss) tensor(nm.prefix + "router.bias", {E}, float_types, "the router's bias");
+    if (model.has_score_correction_bias)
+      tensor(nm.prefix + "gate.e_score_correction_bias", {E}, float_types, "the router's e_score_correction_bias");
+    if (want_shared) r.shared_problem = shared_experts_problem(model, p);
+    if (r.shared_problem) {
+      const std::int64_t Is = r.shared_problem->I();
+      r.shared = ExpertMatrices{stored(nm.shared("gate"), Is, K, "the shared experts' gate rows"),
+                                stored(nm.shared("up"), Is, K, "the shared experts' up rows"),
+                                stored(nm.shared("down"), K, Is, "the shared experts' W2")};
+      if (model.shared_expert_gate)
+        tensor(nm.prefix + "shared_expert_gate.weight", {1, K}, float_types, "shared_expert_gate");
+    }
+    return r;
+  }
+
+  // ---- Values: the first element that is not finite, or a scale that is not finite
+  // and > 0, is an Error naming the shard, the tensor and the element.
+  void check_region(const std::string& file, const std::string& name, const std::byte* data, TensorDType dtype,
+                    const std::vector<std::int64_t>& shape, std::int64_t begin, std::int64_t end,
+                    checkpoint::ValueRule rule) {
+    if (!checked.insert({data, begin}).second) return;
+    const std::int64_t bad = checkpoint::first_bad_value(data, dtype, begin, end, rule);
+    if (bad < 0) return;
+    const bool scale = rule == checkpoint::ValueRule::kFinitePositive;
+    MOEKIT_FAIL(
+        "{}: tensor '{}' element {} (flat index {}) is {}: {} must be finite{}; the checkpoint is corrupt: "
+        "download or convert it again",
+        file, name, checkpoint::coordinates(shape, bad), bad, checkpoint::value_text(data, dtype, bad),
+        scale ? "a scale" : "a weight", scale ? " and > 0" : "");
+  }
+  void check_matrix(const Matrix& m) {
+    check_region(m.file, m.name, m.data, m.dtype, m.shape, m.region_begin, m.region_end,
+                 checkpoint::ValueRule::kFinite);
+    if (m.scale != nullptr) {
+      std::int64_t numel = 1;
+      for (const std::int64_t d : m.scale_shape) numel *= d;
+      check_region(m.scale_file, m.scale_name, m.scale, m.scale_dtype, m.scale_shape, 0, numel,
+                   checkpoint::ValueRule::kFinitePositive);
+    }
+  }
+  void check_tensor(const std::string& name) {
+    const TensorInfo& t = dir.info(name);
+    check_region(dir.shard_path(name), name, bytes(name), t.dtype, t.shape, 0, t.numel(),
+                 checkpoint::ValueRule::kFinite);
+  }
+
+  // The routed experts of the reads into `out`; returns the load note.
+  std::string load_routed(const Names& nm, const LayerReads& r, const std::vector<std::int64_t>& experts,
+                          HostExpertWeights& out) {
+    const MoeProblem& p = out.problem;
+    bool all_stored = true;
+    for (std::size_t e = 0; e < r.routed.size(); ++e) {
+      const ExpertMatrices& x = r.routed[e];
+      for (const Matrix* m : {&x.gate, &x.up, &x.down}) check_matrix(*m);
+      all_stored = put_expert(out, static_cast<std::int64_t>(e), x.gate, &x.up, x.down) && all_stored;
     }
     if (p.expert_bias) load_expert_biases(nm, experts, out);
     const std::string which = out.first_expert >= 0
                                   ? fmt::format("experts {}-{}", out.first_expert, out.first_expert + p.E_local - 1)
                                   : fmt::format("{} slots of experts {}", p.E_local, fmt::join(experts, ","));
-    return fmt::format("{}{}: {} ({}), {}", nm.prefix, which, stored_as,
-                       per_expert ? "one tensor per expert" : "fused tensors",
+    return fmt::format("{}{}: {} ({}), {}", nm.prefix, which, r.stored_as,
+                       r.per_expert ? "one tensor per expert" : "fused tensors",
                        all_stored ? fmt::format("loaded as stored ({})", quant_name(p.quant))
                                   : fmt::format("quantized to {} at load", quant_name(p.quant)));
   }
 
   void load_expert_biases(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {
     const MoeProblem& p = out.problem;
-    const std::int64_t N = p.N, K = p.K, I = p.I(), E = p.E;
-    MOEKIT_CHECK(nm.naming == WeightNames::kGptOss, "{}: expert biases are read for gpt_oss only", dir.dir());
+    const std::int64_t N = p.N, K = p.K, I = p.I();
     const std::string b1 = nm.prefix + "experts.gate_up_proj_bias", b2 = nm.prefix + "experts.down_proj_bias";
-    const TensorInfo& t1 =
-        tensor(b1, {E, 2 * I}, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, "W1 biases");
-    const TensorInfo& t2 = tensor(b2, {E, K}, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, "W2 biases");
+    const TensorInfo& t1 = dir.info(b1);
+    const TensorInfo& t2 = dir.info(b2);
+    check_tensor(b1);
+    check_tensor(b2);
     const std::byte* d1 = bytes(b1);
     const std::byte* d2 = bytes(b2);
     const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
@@ -412,12 +514,26 @@ struct Checkpoint::Impl {
     }
   }
 
-  std::vector<float> floats(const std::string& name, const std::vector<std::int64_t>& shape, std::string_view what) {
-    const TensorInfo& t = tensor(name, shape, {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32}, what);
+  // A float tensor whose header plan_reads checked, decoded whole.
+  std::vector<float> floats(const std::string& name) {
+    const TensorInfo& t = dir.info(name);
+    check_tensor(name);
     const std::byte* d = bytes(name);
     std::vector<float> v(static_cast<std::size_t>(t.numel()));
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = float_at(d, t.dtype, static_cast<std::int64_t>(i));
     return v;
+  }
+
+  // The host bytes a load allocates: the local experts' codes and scales (and the shared experts'),
+  // the router's tensors as fp32, and one expert's fp32 matrix while it is quantized.
+  static std::int64_t load_bytes(const MoeProblem& p, const std::optional<MoeProblem>& shared) {
+    using limits::checked_add;
+    using limits::checked_mul;
+    std::int64_t bytes = expert_weight_bytes(p);
+    if (shared) bytes = checked_add(bytes, expert_weight_bytes(*shared), "load bytes");
+    bytes = checked_add(bytes, checked_mul(4 * (p.E + 2), p.K, "router bytes"), "load bytes");
+    const std::int64_t widest = std::max(p.N, shared ? shared->N : 0);
+    return checked_add(bytes, checked_mul(4 * widest, p.K, "one expert's fp32 W1"), "load bytes");
   }
 
   // experts: the model's expert of each local slot; first_expert: experts[0] when they are a
@@ -435,34 +551,48 @@ struct Checkpoint::Impl {
                    "load_layer: local expert {} is the model's expert {}, outside [0, {}){}", e, experts[e], p.E,
                    first_expert >= 0 ? ": first_expert is rank * E_local" : "");
     const Names nm = names(L);
+    // Every header first; then the bytes, against the host's memory; then the buffers.
+    const LayerReads reads = plan_reads(nm, p, experts, want_shared);
+    limits::require_memory(load_bytes(p, reads.shared_problem), limits::host_memory_bytes(),
+                           fmt::format("loading layer {} ({} local experts of {})", L, p.E_local, p.describe()),
+                           "host memory", "load fewer experts per rank (a larger ep) or run on a larger machine");
     CheckpointLayer out;
     out.layer = L;
     out.experts = empty_experts(p, first_expert);
-    out.note = load_routed(nm, experts, out.experts);
-    const std::int64_t E = p.E, K = p.K;
-    out.router_weight = floats(nm.router(), {E, K}, "the router's weight");
-    if (nm.naming == WeightNames::kGptOss)
-      out.router_bias = floats(nm.prefix + "router.bias", {E}, "the router's bias");
+    out.note = load_routed(nm, reads, experts, out.experts);
+    out.router_weight = floats(nm.router());
+    if (nm.naming == WeightNames::kGptOss) out.router_bias = floats(nm.prefix + "router.bias");
     if (model.has_score_correction_bias)
-      out.e_score_correction_bias =
-          floats(nm.prefix + "gate.e_score_correction_bias", {E}, "the router's e_score_correction_bias");
-    if (want_shared) {
-      if (const auto sp = shared_experts_problem(model, p)) {
-        out.shared_experts = empty_experts(*sp, 0);
-        const std::int64_t Is = sp->I();
-        const Matrix gate = stored(nm.shared("gate"), Is, K, "the shared experts' gate rows");
-        const Matrix up = stored(nm.shared("up"), Is, K, "the shared experts' up rows");
-        const Matrix down = stored(nm.shared("down"), K, Is, "the shared experts' W2");
-        put_expert(*out.shared_experts, 0, gate, &up, down);
-        if (model.shared_expert_gate) {
-          const std::vector<float> g = floats(nm.prefix + "shared_expert_gate.weight", {1, K}, "shared_expert_gate");
-          out.shared_expert_gate.resize(g.size());
-          std::transform(g.begin(), g.end(), out.shared_expert_gate.begin(), numerics::bf16_encode);
-        }
+      out.e_score_correction_bias = floats(nm.prefix + "gate.e_score_correction_bias");
+    if (reads.shared) {
+      out.shared_experts = empty_experts(*reads.shared_problem, 0);
+      for (const Matrix* m : {&reads.shared->gate, &reads.shared->up, &reads.shared->down}) check_matrix(*m);
+      put_expert(*out.shared_experts, 0, reads.shared->gate, &reads.shared->up, reads.shared->down);
+      if (model.shared_expert_gate) {
+        const std::vector<float> g = floats(nm.prefix + "shared_expert_gate.weight");
+        out.shared_expert_gate.resize(g.size());
+        std::transform(g.begin(), g.end(), out.shared_expert_gate.begin(), numerics::bf16_encode);
       }
     }
     return out;
   }
+
+  // Every MoE layer's reads for all E experts (plan --checkpoint): the headers checked as a load of
+  // any rank would check them, no tensor data read, nothing allocated.
+  void check_headers(bool want_shared) {
+    const MoeProblem p = header_problem();
+    std::vector<std::int64_t> all(static_cast<std::size_t>(p.E));
+    for (std::size_t e = 0; e < all.size(); ++e) all[e] = static_cast<std::int64_t>(e);
+    for (const std::int64_t L : layers) plan_reads(names(L), p, all, want_shared);
+  }
+
+  // A problem of the model for the header checks: its sizes, its activation, every expert on one rank.
+  MoeProblem header_problem() const {
+    const QuantScheme q = model.checkpoint_quant.value_or(QuantScheme::kPerTokenPerChannel);
+    return make_problem(model, ParallelConfig{1, 1, 1, 0}, ActivationFormat::kBatchedExperts, q, model.activation);
+  }
+
+  std::set<std::pair<const std::byte*, std::int64_t>> checked;  // regions whose values were checked
 };
 
 LayerWeights CheckpointLayer::view(DeviceCopies& copies) const {
@@ -492,6 +622,9 @@ std::vector<float> CheckpointLayer::router_logits(const std::uint16_t* hidden, s
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : impl_(std::make_unique<Impl>(dir)) {}
+void Checkpoint::check_headers(bool shared_experts) {
+  impl_->check_headers(shared_experts);
+}
 Checkpoint::~Checkpoint() = default;
 
 const std::string& Checkpoint::dir() const {
