@@ -23,6 +23,7 @@
 #include "cuda/launch.h"
 #include "moekit/check.h"
 #include "moekit/layer.h"
+#include "moekit/limits.h"
 #include "moekit/registry.h"
 #include "numerics/fp8.h"
 #include "numerics/scales.h"
@@ -457,8 +458,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--model", req->model, "Preset name or path to a Hugging Face config.json")->capture_default_str();
   cmd->add_option("--local-experts", req->local_experts,
                   "layer: expert slots (0: E); more: redundant experts (round-robin placement, its replica step)")
+      ->check(int_range(0, limits::kMaxSlotsPerExpert * limits::kMaxExperts))
       ->capture_default_str();
   cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep)")
+      ->check(int_range(0, limits::kMaxExperts))
       ->capture_default_str();
   cmd->add_option("--device", req->device, "auto (cuda when present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
@@ -466,6 +469,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--experts", req->experts, "Experts implementations (repeatable)")->capture_default_str();
   cmd->add_option("--tokens", req->tokens, "Tokens per step (per rank for dispatch; default 1,8,32,128,512,4096 there)")
       ->delimiter(',')
+      ->check(int_range(0, limits::kMaxTokensPerRank))
       ->capture_default_str()
       ->each([req](const std::string&) { req->tokens_given = true; });
   cmd->add_option("--routing", req->routing,
@@ -477,8 +481,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->each([req](const std::string&) { req->routing_given = true; });
   cmd->add_option("--dispatch", req->dispatch, "dispatch: nccl (device-initiated) or nccl-reference")
       ->capture_default_str();
-  cmd->add_option("--ranks", req->ranks, "dispatch: ranks, one per GPU (0: every GPU)")->capture_default_str();
+  cmd->add_option("--ranks", req->ranks, "dispatch: ranks, one per GPU (0: every GPU)")
+      ->check(int_range(0, limits::kMaxRanks))
+      ->capture_default_str();
   cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank, "dispatch: capacity (0: each case's tokens)")
+      ->check(int_range(0, limits::kMaxTokensPerRank))
       ->capture_default_str();
   cmd->add_option("--quant", req->quant,
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
@@ -494,8 +501,12 @@ std::function<int()> add_bench_command(CLI::App& app) {
                   "one process)")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--iters", req->iters, "Timed steps per case")->capture_default_str();
-  cmd->add_option("--seed", req->seed, "Seed of tokens and weights")->capture_default_str();
+  cmd->add_option("--iters", req->iters, "Timed steps per case")
+      ->check(int_range(1, limits::kMaxSteps))
+      ->capture_default_str();
+  cmd->add_option("--seed", req->seed, "Seed of tokens and weights")
+      ->check(uint_range(0, UINT64_MAX))
+      ->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

@@ -84,6 +84,14 @@ struct DispatchBenchRequest {
 };
 int bench_dispatch_command(const DispatchBenchRequest& request);
 
+// A numeric flag's range [lo, hi] (the limits of moekit/limits.h): the text is parsed exactly as the
+// flag's kind (decimal digits for integers: no -1 wrapped into an unsigned, no saturation, no 1e3;
+// a finite number for reals: no nan, no inf) and refused outside the range. CLI11 reports a refusal
+// as a usage error (exit code 2) naming the flag, the value and the range.
+CLI::Validator int_range(std::int64_t lo, std::int64_t hi);
+CLI::Validator uint_range(std::uint64_t lo, std::uint64_t hi);
+CLI::Validator real_range(double lo, double hi);
+
 // Registration: each returns a callback run when its subcommand was chosen.
 // --fuse-w1 / --no-fuse-w1 of plan, run and bench: the fused W1 asked for (an Error where it
 // cannot run) or refused; neither: fused wherever it runs (make_problem's default).

@@ -1,7 +1,8 @@
 // The moekit command line: plan (the workspace per GPU), run (the layer over N ranks), bench (the
 // layer's step time against the machine's ceilings).
 // Exit codes: 0 success, 1 a moekit::Error (bad input: the message says what, the limit and the
-// fix; --verbose adds where it was raised), 2 a usage error, 3 a --check that failed its tolerance.
+// fix; --verbose adds where it was raised), 2 a usage error (a flag's value outside its range
+// included), 3 a --check that failed its tolerance, 4 an internal error (a bug: never bad input).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -33,6 +34,11 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << "\n";
     if (verbose && !e.where().empty()) std::cerr << "  (raised at " << e.where() << ")\n";
     return 1;
+  } catch (const std::exception& e) {
+    // Not an input moekit refused by name: a check it lacks (memory it did not account for, a library
+    // error it did not translate). Said as such, never an abort.
+    std::cerr << "moekit: internal error (a bug: please report it with the command line): " << e.what() << "\n";
+    return 4;
   }
   return 2;
 }

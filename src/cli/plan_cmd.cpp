@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "cli/commands.h"
 #include "moekit/check.h"
 #include "moekit/checkpoint.h"
+#include "moekit/limits.h"
 #include "moekit/registry.h"
 #include "moekit/weights.h"
 #include "plan/gemm_config.h"
@@ -51,6 +53,41 @@ std::int64_t parse_bytes(const std::string& text) {
   const double bytes = value * mult;
   MOEKIT_CHECK(bytes >= 0 && bytes < 9.2e18, "byte count '{}' must be in [0, 2^63)", text);
   return static_cast<std::int64_t>(std::llround(bytes));
+}
+
+namespace {
+
+template <class T>
+CLI::Validator range_of(T lo, T hi, const char* kind) {
+  const std::string range = fmt::format("[{}, {}]", lo, hi);
+  return CLI::Validator(
+      [lo, hi, kind, range](std::string& text) -> std::string {
+        // The whole text as a T (std::from_chars: decimal, no sign for unsigned, no whitespace).
+        T v{};
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc::result_out_of_range) return fmt::format("{} is outside {}", text, range);
+        if (ec != std::errc() || ptr != end || text.empty())
+          return fmt::format("'{}' is not {} (expected {} in {})", text, kind, kind, range);
+        if constexpr (std::is_floating_point_v<T>) {
+          if (!std::isfinite(v)) return fmt::format("{} is not a finite number (expected one in {})", text, range);
+        }
+        if (v < lo || v > hi) return fmt::format("{} is outside {} (moekit/limits.h)", text, range);
+        return {};
+      },
+      fmt::format("in {}", range));
+}
+
+}  // namespace
+
+CLI::Validator int_range(std::int64_t lo, std::int64_t hi) {
+  return range_of<std::int64_t>(lo, hi, "an integer");
+}
+CLI::Validator uint_range(std::uint64_t lo, std::uint64_t hi) {
+  return range_of<std::uint64_t>(lo, hi, "a non-negative integer");
+}
+CLI::Validator real_range(double lo, double hi) {
+  return range_of<double>(lo, hi, "a number");
 }
 
 void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1) {
@@ -98,7 +135,13 @@ std::string human_bytes(std::int64_t bytes) {
 PlanReport make_plan_report(const PlanRequest& req) {
   PlanReport report;
   if (!req.checkpoint.empty()) {
-    const Checkpoint ck(req.checkpoint);
+    // The checkpoint's headers, every MoE layer's tensors for every expert, checked as `run` checks
+    // them before it loads (no tensor data read): a plan of a checkpoint run would refuse is refused.
+    Checkpoint ck(req.checkpoint);
+    MOEKIT_CHECK(!ck.moe_layers().empty(),
+                 "--checkpoint {}: no MoE layer found (no tensor names a router of model_type '{}')", req.checkpoint,
+                 ck.model().model_type);
+    ck.check_headers(req.shared_experts);
     report.model = ck.model();
     report.moe_layers = static_cast<std::int64_t>(ck.moe_layers().size());
   } else {
@@ -131,7 +174,11 @@ PlanReport make_plan_report(const PlanRequest& req) {
     const std::int64_t weights = plan.reference ? expert_weight_bytes(plan.problem) : weight_bytes(plan.problem);
     const std::int64_t experts = plan.section_bytes("experts");
     const std::int64_t total = plan.total_bytes;
-    const std::int64_t model = plan.reference ? -1 : report.moe_layers * weights + total;
+    const std::int64_t model =
+        plan.reference
+            ? -1
+            : limits::checked_add(limits::checked_mul(report.moe_layers, weights, "every MoE layer's weights"), total,
+                                  "the whole model's bytes per GPU");
     report.entries.push_back({std::move(plan), std::move(config), experts, total - experts, weights, model});
   };
   for (const auto& entry : experts_registry()) {
@@ -239,6 +286,7 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanReport& report) {
     if (report.gpu_memory >= 0 && runs(e)) {
       b["gpu_memory_bytes"] = report.gpu_memory;
       b["gpu_memory_left_bytes"] = report.gpu_memory - e.weight_bytes - plan.total_bytes;
+      b["model_fits_gpu_memory"] = e.model_bytes <= report.gpu_memory;
     }
     out["plans"].push_back(b);
   }
@@ -313,7 +361,11 @@ std::string plan_table(const PlanRequest& req, const PlanReport& report) {
     s += fmt::format(
         "{:<42} {} x {} + {} = {}{}\n", e.plan.name, report.moe_layers, human_bytes(e.weight_bytes),
         human_bytes(e.plan.total_bytes), human_bytes(e.model_bytes),
-        report.gpu_memory >= 0 ? fmt::format(", GPU left {}", human_bytes(report.gpu_memory - e.model_bytes)) : "");
+        report.gpu_memory < 0 ? std::string()
+        : e.model_bytes <= report.gpu_memory
+            ? fmt::format(", GPU left {}", human_bytes(report.gpu_memory - e.model_bytes))
+            : fmt::format(": DOES NOT FIT in --gpu-memory {} ({} over; more ep ranks hold fewer experts each)",
+                          human_bytes(report.gpu_memory), human_bytes(e.model_bytes - report.gpu_memory)));
   }
   return s;
 }
@@ -327,12 +379,18 @@ std::function<int()> add_plan_command(CLI::App& app) {
   cmd->add_option("--checkpoint", req->checkpoint,
                   "A Hugging Face checkpoint directory: its config.json, and its MoE layers counted from its tensors")
       ->excludes(model_opt);
-  cmd->add_option("--dp", req->parallel.dp, "Data-parallel ranks (= num_dispatchers)")->capture_default_str();
-  cmd->add_option("--ep", req->parallel.ep, "Expert-parallel ranks")->capture_default_str();
+  cmd->add_option("--dp", req->parallel.dp, "Data-parallel ranks (= num_dispatchers)")
+      ->check(int_range(1, limits::kMaxRanks))
+      ->capture_default_str();
+  cmd->add_option("--ep", req->parallel.ep, "Expert-parallel ranks")
+      ->check(int_range(1, limits::kMaxRanks))
+      ->capture_default_str();
   cmd->add_option("--max-tokens-per-rank", req->parallel.max_tokens_per_rank, "Tokens one rank sends per chunk")
+      ->check(int_range(1, limits::kMaxTokensPerRank))
       ->capture_default_str();
   cmd->add_option("--local-experts", req->parallel.local_experts,
                   "Experts held per rank (0: experts / ep; more with EPLB redundant experts)")
+      ->check(int_range(0, limits::kMaxSlotsPerExpert * limits::kMaxExperts))
       ->capture_default_str();
   cmd->add_option("--device", req->device, "cuda (what one GPU allocates) or cpu")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -356,6 +414,7 @@ std::function<int()> add_plan_command(CLI::App& app) {
                   "Show the GEMM configs of a step declared at this many tokens per rank (enqueue's "
                   "max_tokens_any_rank: a decode step launches only what its experts can reach; 0: "
                   "max_tokens_per_rank)")
+      ->check(int_range(0, limits::kMaxTokensPerRank))
       ->capture_default_str();
   cmd->add_option("--format", req->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))

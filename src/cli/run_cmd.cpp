@@ -26,6 +26,7 @@
 #include "moekit/check.h"
 #include "moekit/checkpoint.h"
 #include "moekit/layer.h"
+#include "moekit/limits.h"
 #include "moekit/placement.h"
 #include "moekit/registry.h"
 #include "moekit/runtime.h"
@@ -164,6 +165,61 @@ void report_load(MoeRuntime& runtime, Communicator& comm, const ExpertPlacement&
   }
 }
 
+// What a run allocates, computed before anything is: per rank, every layer's local expert weights
+// (with the shared experts') and router, the one workspace of the runtime (its guard bands under
+// --check), the tokens, logits and outputs, the threads' fp32 matrices while weights are built or
+// quantized; a --check adds the whole model's experts of one layer and every rank's outputs. Host
+// bytes for all ranks of this process; device bytes for one GPU.
+struct RunBytes {
+  std::int64_t host = 0, device = 0;
+};
+
+RunBytes run_bytes(const RunRequest& req, const ModelConfig& model, const MoeProblem& p, const LayerOptions& opt,
+                   const ParallelConfig& par, std::int64_t num_layers, std::int64_t ranks_here, int threads) {
+  using limits::checked_add;
+  using limits::checked_mul;
+  const auto shared = opt.shared_experts ? shared_experts_problem(model, p) : std::nullopt;
+  const std::int64_t weights =
+      checked_add(expert_weight_bytes(p), shared ? expert_weight_bytes(*shared) : 0, "one layer's weights");
+  const ExpertsEntry& entry = find_experts(req.experts, opt.device);
+  const WorkspacePlan plan =
+      plan_layer(p, entry, par.ep, opt.checked ? opt.guard_bytes : 0, opt.prepare_finalize, shared);
+  const std::int64_t T = req.tokens_per_rank, K = p.K, E = p.E;
+  std::int64_t per_layer = checked_add(weights, checked_mul(4 * E, K + 1, "the router's fp32 weights"), "layer bytes");
+  per_layer = checked_add(per_layer, checked_mul(T, 4 * E + 4 * K, "a layer's logits and outputs"), "layer bytes");
+  std::int64_t rank = checked_mul(per_layer, num_layers, "every layer's bytes");
+  rank = checked_add(rank, checked_mul(T, 2 * K, "hidden"), "rank bytes");
+  const std::int64_t widest = std::max(p.N, shared ? shared->N : 0);
+  rank = checked_add(rank, checked_mul(checked_mul(4 * widest, K, "one fp32 matrix"), threads, "threads' matrices"),
+                     "rank bytes");
+  RunBytes b;
+  b.device = checked_add(checked_mul(weights, num_layers, "device weights"), plan.total_bytes, "device bytes");
+  b.host = checked_mul(checked_add(rank, opt.device == Device::kCpu ? plan.total_bytes : 0, "rank bytes"), ranks_here,
+                       "host bytes of this process's ranks");
+  if (req.check) {
+    const MoeProblem whole = make_problem(model, ParallelConfig{1, 1, par.max_tokens_per_rank, 0}, p.format, p.quant,
+                                          p.activation, p.fuse_w1, p.accumulation);
+    b.host = checked_add(b.host, expert_weight_bytes(whole), "the check's experts");
+    b.host = checked_add(b.host, checked_mul(checked_mul(req.dp * T, 2 * K, "outputs"), 2 * num_layers, "outputs"),
+                         "the check's outputs");
+  }
+  return b;
+}
+
+// Refuses a run whose bytes exceed the host's memory (all of this process's ranks) or one GPU's.
+void require_run_memory(const RunBytes& b, const MoeProblem& p, Device device) {
+  const std::string what = fmt::format("this run ({})", p.describe());
+  const std::string fix =
+      "lower --num-experts, --tokens-per-rank or --max-tokens-per-rank, spread the experts over more ranks (--dp), "
+      "or run on a larger machine";
+  limits::require_memory(b.host, limits::host_memory_bytes(), what + " on the host", "host memory", fix);
+  if (device == Device::kCuda) {
+    const cuda::DeviceInfo gpu = cuda::device_info(cuda::current_device());
+    limits::require_memory(b.device, gpu.global_memory_bytes, what + " on each GPU",
+                           fmt::format("GPU {} ({})", gpu.device, gpu.name), fix);
+  }
+}
+
 Device choose_device(const std::string& requested, ActivationFormat format, std::int64_t ep, std::int64_t ranks) {
   if (requested != "auto") return parse_device(requested);
   // One GPU per rank: the NCCL transports do not share a GPU between ranks.
@@ -201,17 +257,25 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   // rank's slots are [first, first + E_local).
   const std::int64_t slots = p.E_local * par.ep;
   const std::optional<ExpertPlacement> placement = default_placement(p.E, slots);
+  std::unique_ptr<Checkpoint> ck;
+  std::vector<std::int64_t> wanted;
+  if (!req.checkpoint.empty()) {
+    ck = std::make_unique<Checkpoint>(req.checkpoint);
+    wanted = selected_layers(req, *ck);
+  }
+  // Every byte the run will allocate, against the machine's memory, before any is (every rank
+  // computes the same figure, so every rank refuses together).
+  const RunBytes need = run_bytes(req, model, p, opt, par, ck ? static_cast<std::int64_t>(wanted.size()) : 1,
+                                  comm.name() == "in-process" ? comm.size() : 1, threads_per_rank);
+  require_run_memory(need, p, opt.device);
   cpu::ThreadPool pool(threads_per_rank);
   // This rank's layers: seeded synthetic weights (global expert indices, so any layout draws the same
   // values), or the checkpoint's (only this rank's experts read).
   std::vector<CheckpointLayer> layers;
-  std::unique_ptr<Checkpoint> ck;
-  if (req.checkpoint.empty()) {
+  if (!ck) {
     if (root) std::cerr << "moekit run: building " << req.dp << " rank(s) of seeded synthetic experts...\n";
     layers.push_back(synthetic_layer(req, model, p, first, pool, placement ? &*placement : nullptr));
   } else {
-    ck = std::make_unique<Checkpoint>(req.checkpoint);
-    const std::vector<std::int64_t> wanted = selected_layers(req, *ck);
     if (root)
       std::cerr << fmt::format("moekit run: loading {} MoE layer(s) from {}...\n", wanted.size(), req.checkpoint);
     for (const std::int64_t L : wanted)
@@ -285,6 +349,10 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
         runtime.plan().section_bytes("experts"), human_bytes(runtime.plan().section_bytes("experts")),
         runtime.plan().total_bytes, human_bytes(runtime.plan().total_bytes), device_name(opt.device), req.experts, nl,
         req.check ? fmt::format("; allocated {} bytes with guard bands", runtime.allocated_workspace_bytes()) : "");
+    std::cout << fmt::format(
+        "memory: {} on the host for {} rank(s) of this process (of {}){}\n", human_bytes(need.host),
+        comm.name() == "in-process" ? comm.size() : 1, human_bytes(limits::host_memory_bytes()),
+        opt.device == Device::kCuda ? fmt::format(", {} on each GPU", human_bytes(need.device)) : "");
   }
   for (std::int64_t step = 0; step < req.steps; ++step) {
     comm.barrier();
@@ -445,7 +513,9 @@ int run_command(const RunRequest& req) {
     root = comm->rank() == 0;
   } else {
     MOEKIT_CHECK(comm_kind == "in-process", "--comm = '{}' must be auto, in-process or mpi", comm_kind);
-    MOEKIT_CHECK(req.dp >= 1 && req.dp <= 256, "--dp = {} must be in [1, 256] for in-process ranks", req.dp);
+    MOEKIT_CHECK(req.dp >= 1 && req.dp <= limits::kMaxInProcessRanks,
+                 "--dp = {} must be in [1, {}] for in-process ranks (moekit/limits.h): run more as MPI processes",
+                 req.dp, limits::kMaxInProcessRanks);
     run_in_process(static_cast<int>(req.dp), [&](Communicator& comm) {
       const int r = run_rank(req, model, comm, std::max(1, threads / static_cast<int>(req.dp)), results);
       if (comm.rank() == 0) rc = r;
@@ -478,18 +548,25 @@ std::function<int()> add_run_command(CLI::App& app) {
                   "Prepare/finalize (dispatch and combine) by registry name, e.g. nccl or nccl-reference on GPUs "
                   "(default: the first that runs the layout; moekit plan prints it)");
   cmd->add_option("--dp", req->dp, "Data-parallel ranks (in-process threads, or the mpirun size)")
+      ->check(int_range(1, limits::kMaxRanks))
       ->capture_default_str();
-  cmd->add_option("--ep", req->ep, "Expert-parallel ranks: dp (default, 0) or 1")->capture_default_str();
+  cmd->add_option("--ep", req->ep, "Expert-parallel ranks: dp (default, 0) or 1")
+      ->check(int_range(0, limits::kMaxRanks))
+      ->capture_default_str();
   cmd->add_option("--tokens-per-rank", req->tokens_per_rank, "Tokens each rank feeds the layer per step")
+      ->check(int_range(0, limits::kMaxTokensPerRank))
       ->capture_default_str();
   cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank,
                   "Chunk capacity (0: tokens-per-rank); larger steps are chunked")
+      ->check(int_range(0, limits::kMaxTokensPerRank))
       ->capture_default_str();
   cmd->add_option("--num-experts", req->num_experts, "Override the model's routed experts (0: keep) to keep runs short")
+      ->check(int_range(0, limits::kMaxExperts))
       ->capture_default_str();
   cmd->add_option("--local-experts", req->local_experts,
                   "Expert slots per rank (0: experts / ep; more: redundant experts, slot p holding expert p mod E; "
                   "prints the measured load and EPLB's rebalanced figure)")
+      ->check(int_range(0, limits::kMaxSlotsPerExpert * limits::kMaxExperts))
       ->capture_default_str();
   cmd->add_option("--quant", req->quant,
                   "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
@@ -499,15 +576,22 @@ std::function<int()> add_run_command(CLI::App& app) {
   add_fuse_w1_flags(*cmd, req->fuse_w1);
   add_accumulation_option(*cmd, req->accumulation);
   add_shared_experts_flag(*cmd, req->shared_experts);
-  cmd->add_option("--steps", req->steps, "Steps to run")->capture_default_str();
+  cmd->add_option("--steps", req->steps, "Steps to run")->check(int_range(1, limits::kMaxSteps))->capture_default_str();
   cmd->add_flag("--check", req->check,
                 "Checked mode (guard bands, NaN poisoning) and the float64 reference of the outputs");
-  cmd->add_option("--tolerance", req->tolerance, "Relative error vs float64 allowed by --check")->capture_default_str();
+  cmd->add_option("--tolerance", req->tolerance, "Relative error vs float64 allowed by --check")
+      ->check(real_range(0, 1))
+      ->capture_default_str();
   cmd->add_option("--cpu-tolerance", req->cpu_tolerance,
                   "Relative difference to the CPU backend allowed by --check on a GPU (default 3e-2: FP8 code flips, "
-                  "~1.5e-2; per-tensor 5e-2: its one scale over a slab may move too)");
-  cmd->add_option("--seed", req->seed, "Seed of weights, tokens and logits")->capture_default_str();
-  cmd->add_option("--threads", req->threads, "CPU threads in all (0: hardware threads)")->capture_default_str();
+                  "~1.5e-2; per-tensor 5e-2: its one scale over a slab may move too)")
+      ->check(real_range(0, 1));
+  cmd->add_option("--seed", req->seed, "Seed of weights, tokens and logits")
+      ->check(uint_range(0, UINT64_MAX))
+      ->capture_default_str();
+  cmd->add_option("--threads", req->threads, "CPU threads in all (0: hardware threads, at most 1024)")
+      ->check(int_range(0, limits::kMaxThreads))
+      ->capture_default_str();
   cmd->add_option("--comm", req->comm, "auto (mpi under mpirun), in-process or mpi")->capture_default_str();
   cmd->add_option("--output", req->output,
                   "Write each rank's outputs of the last step (tokens-per-rank x K bf16 bits) to this file "
