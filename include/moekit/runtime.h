@@ -65,8 +65,15 @@ class MoeRuntime {
                std::uint16_t* output, Stream stream = nullptr, const MoeLayer::StageObserver& observer = {},
                std::int64_t max_tokens_any_rank = 0);
   // The status words are the runtime's: a check reports the first error any layer's step flagged
-  // since the last check.
+  // since the last check, naming the seam that flagged it (forward's own checks name the layer too).
   void check_status(Stream stream = nullptr);
+  // Raises moekit::Error when `layer`'s output of a step (num_tokens rows at `output`, with its input
+  // `hidden`, both on options.device) holds a NaN or an Inf, naming the layer, the token and column
+  // and where it entered: the input, the router's correction bias, the routed or the shared experts'
+  // weights (the first non-finite value, named), or none of them (a row the step must not read: a
+  // bug). forward() runs it in checked mode; `moekit run` after every run.
+  void check_output(int layer, const std::uint16_t* hidden, std::int64_t num_tokens, const std::uint16_t* output,
+                    Stream stream = nullptr);
 
   const MoeProblem& problem() const;
   const std::optional<MoeProblem>& shared_problem() const;

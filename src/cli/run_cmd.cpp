@@ -375,6 +375,17 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
                        s.experts_ms, s.finalize_ms, nl > 1 ? fmt::format("; {} layers", nl) : "")
                 << std::flush;
   }
+  // No NaN or Inf reaches a result silently, --check or not: the last step's outputs checked, a bad
+  // one named by its layer (the checkpoint's number) and the seam it entered at.
+  for (std::size_t l = 0; l < nl; ++l) {
+    try {
+      runtime.check_output(static_cast<int>(l), hidden, T, output[l]);
+    } catch (const Error& e) {
+      if (!ck) throw;
+      const std::string m = e.what();  // "moekit: layer <l>: <what>"
+      MOEKIT_FAIL("checkpoint layer {} (runtime layer {}): {}", layers[l].layer, l, m.substr(m.find(": ", 8) + 2));
+    }
+  }
   if (placement) report_load(runtime, comm, *placement, static_cast<int>(nl), par.ep);
   for (std::size_t l = 0; l < nl; ++l)
     if (output[l] != out[l].data() && T > 0) memory->to_host(out[l].data(), output[l], 2 * T * K, nullptr);

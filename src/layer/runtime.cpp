@@ -41,6 +41,23 @@ struct LayerState {
   plan::PlacementTables view;
 };
 
+// An error raised inside a step, said again with where it was raised: the runtime's layer and the
+// seam (router, prepare, experts, finalize, shared experts); layer < 0 when not known.
+[[noreturn]] void rethrow_at(const Error& e, int layer, std::string_view seam) {
+  std::string_view m = e.what();
+  if (m.starts_with("moekit: ")) m.remove_prefix(8);
+  throw Error(layer >= 0 ? fmt::format("moekit: layer {}, seam {}: {}", layer, seam, m)
+                         : fmt::format("moekit: seam {}: {}", seam, m),
+              e.where());
+}
+
+// The first non-finite bf16 value of n, or -1.
+std::int64_t first_non_finite_bf16(const std::uint16_t* v, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if ((v[i] & 0x7F80u) == 0x7F80u) return i;
+  return -1;
+}
+
 }  // namespace
 
 struct MoeRuntime::Impl {
@@ -260,7 +277,7 @@ struct MoeRuntime::Impl {
 
   // max_tokens_any_rank: the most tokens any rank feeds this step (0: not known), for the experts.
   // first_token: the chunk's first token in the call (the replica rule's token index).
-  void run_chunk(const LayerState& layer, const std::uint16_t* hidden, const float* logits, std::int64_t tc,
+  void run_chunk(int index, const LayerState& layer, const std::uint16_t* hidden, const float* logits, std::int64_t tc,
                  std::uint16_t* out, Stream stream, const MoeLayer::StageObserver& observe,
                  std::int64_t max_tokens_any_rank, std::int64_t first_token) {
     const LayerWeights& weights = layer.weights;
@@ -268,7 +285,13 @@ struct MoeRuntime::Impl {
     if (options.checked) ws.poison(stream);  // padding rows and every region NaN
     auto stage = [&](std::string_view name, double& ms, auto&& fn) {
       const auto t0 = Clock::now();
-      auto result = fn();
+      auto result = [&] {
+        try {
+          return fn();
+        } catch (const Error& e) {
+          rethrow_at(e, index, name);
+        }
+      }();
       ms += ms_since(t0);
       if (observe) observe(name, stream);
       return result;
@@ -282,10 +305,14 @@ struct MoeRuntime::Impl {
       const auto t0 = Clock::now();
       Workspace& sws = *shared_workspace;
       const Stream side = fork->fork(stream);
-      shared = shared_router->route_shared(*shared_problem, hidden, tc, weights.shared_expert_gate, sws, side);
-      const ExpertsInput sin = shared_prepare_finalize->prepare(
-          *shared_problem, {hidden, shared.topk_ids, shared.topk_weights, tc}, sws, side);
-      shared_rows = shared_experts->run(*shared_problem, sin, weights.shared_experts, sws, side);
+      try {
+        shared = shared_router->route_shared(*shared_problem, hidden, tc, weights.shared_expert_gate, sws, side);
+        const ExpertsInput sin = shared_prepare_finalize->prepare(
+            *shared_problem, {hidden, shared.topk_ids, shared.topk_weights, tc}, sws, side);
+        shared_rows = shared_experts->run(*shared_problem, sin, weights.shared_experts, sws, side);
+      } catch (const Error& e) {
+        rethrow_at(e, index, "shared experts");
+      }
       stats.shared_ms += ms_since(t0);
     }
     const RouterOutput routed = stage("route", stats.route_ms, [&] {
@@ -310,6 +337,59 @@ struct MoeRuntime::Impl {
     });
   }
 
+  // Where a non-finite value in a layer's output entered, for the message: the hidden states (the
+  // input), the layer's weights (the router's correction bias, the routed or the shared experts'
+  // codes, scales and biases), or none of them: then a row the step must not read reached a result
+  // (a bug). Reads them back from the device, expert by expert: an error path.
+  std::string locate_non_finite(const LayerState& state, const std::uint16_t* hidden, std::int64_t T, Stream stream) {
+    const std::int64_t K = problem.K;
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(T * K));
+    memory->to_host(h.data(), hidden, T * K * 2, stream);
+    if (const std::int64_t i = first_non_finite_bf16(h.data(), T * K); i >= 0)
+      return fmt::format("the input: hidden state of token {} column {} is {} (before the router)", i / K, i % K,
+                         numerics::bf16_decode(h[static_cast<std::size_t>(i)]));
+    auto floats = [&](const float* p, std::int64_t n) -> std::int64_t {
+      if (p == nullptr || n == 0) return -1;
+      std::vector<float> v(static_cast<std::size_t>(n));
+      memory->to_host(v.data(), p, n * 4, stream);
+      for (std::int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(v[static_cast<std::size_t>(i)])) return i;
+      return -1;
+    };
+    auto codes = [&](const std::uint8_t* p, std::int64_t n) -> std::int64_t {
+      std::vector<std::uint8_t> v(static_cast<std::size_t>(n));
+      memory->to_host(v.data(), p, n, stream);
+      for (std::int64_t i = 0; i < n; ++i)
+        if ((v[static_cast<std::size_t>(i)] & 0x7Fu) == 0x7Fu) return i;
+      return -1;
+    };
+    if (const std::int64_t i = floats(state.weights.e_score_correction_bias, problem.E); i >= 0)
+      return fmt::format("seam router: e_score_correction_bias[{}] is not finite (the layer's weights)", i);
+    auto scan_experts = [&](const ExpertWeightsView& w, std::string_view seam) -> std::string {
+      for (std::int64_t e = 0; e < w.E_local; ++e) {
+        const ExpertWeightsView x = w.expert(e);
+        const std::pair<const char*, std::int64_t> found[] = {{"W1 code", codes(x.w1, w.N * w.K)},
+                                                              {"W2 code", codes(x.w2, w.K * w.I)},
+                                                              {"W1 scale", floats(x.w1_scale, w.w1_scale_stride())},
+                                                              {"W2 scale", floats(x.w2_scale, w.w2_scale_stride())},
+                                                              {"W1 bias", floats(x.w1_bias, x.w1_bias ? w.N : 0)},
+                                                              {"W2 bias", floats(x.w2_bias, x.w2_bias ? w.K : 0)}};
+        for (const auto& [what, i] : found)
+          if (i >= 0)
+            return fmt::format("seam {}: local expert {}'s {} {} is not finite (the layer's weights)", seam, e, what,
+                               i);
+      }
+      return {};
+    };
+    if (std::string where = scan_experts(state.weights.experts, "experts"); !where.empty()) return where;
+    if (shared_problem && state.weights.shared_experts.w1 != nullptr)
+      if (std::string where = scan_experts(state.weights.shared_experts, "shared experts"); !where.empty())
+        return where;
+    return "no input or weight: every hidden state and weight is finite, so a row the step must not read (padding, "
+           "a poisoned workspace or an unwritten row) reached a result in the experts or finalize seam: a bug, "
+           "please report it";
+  }
+
   LayerState& layer(int index) {
     MOEKIT_CHECK(index >= 0 && static_cast<std::size_t>(index) < layers.size(),
                  "layer {} is not registered with this runtime: it holds {} layer{} (add_layer returns 0 to {})", index,
@@ -322,24 +402,29 @@ struct MoeRuntime::Impl {
   // In pipeline order, so the first cause is the one reported. Every seam reads (and so clears) its
   // flags before the first error is raised: the flags persist until read, and a later check must
   // not report what this one's error caused downstream.
-  void check_status(Stream stream) {
+  // layer: the runtime's layer whose step was the last enqueued (-1: not known).
+  void check_status(Stream stream, int layer = -1) {
     std::exception_ptr first;
-    auto check = [&](auto&& seam_check) {
+    auto check = [&](std::string_view seam, auto&& seam_check) {
       try {
-        seam_check();
+        try {
+          seam_check();
+        } catch (const Error& e) {
+          rethrow_at(e, layer, seam);
+        }
       } catch (...) {
         if (!first) first = std::current_exception();
       }
     };
     // The transport first: a broken expert-parallel group (a silent or failed peer) outranks any
     // error of the step's data, which that failure may have caused.
-    check([&] { prepare_finalize->check_status(*workspace, stream); });
-    check([&] { router->check_status(*workspace, stream); });
-    check([&] { experts->check_status(*workspace, stream); });
+    check("prepare-finalize", [&] { prepare_finalize->check_status(*workspace, stream); });
+    check("router", [&] { router->check_status(*workspace, stream); });
+    check("experts", [&] { experts->check_status(*workspace, stream); });
     if (shared_problem) {
-      check([&] { shared_router->check_status(*shared_workspace, stream); });
-      check([&] { shared_prepare_finalize->check_status(*shared_workspace, stream); });
-      check([&] { shared_experts->check_status(*shared_workspace, stream); });
+      check("shared experts", [&] { shared_router->check_status(*shared_workspace, stream); });
+      check("shared experts", [&] { shared_prepare_finalize->check_status(*shared_workspace, stream); });
+      check("shared experts", [&] { shared_experts->check_status(*shared_workspace, stream); });
     }
     if (first) std::rethrow_exception(first);
     if (options.checked) workspace->verify_guards(stream);
@@ -424,19 +509,11 @@ void MoeRuntime::forward(int layer, const std::uint16_t* hidden, const float* ro
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t t0 = std::min(num_tokens, c * chunk);
     const std::int64_t tc = std::min(chunk, num_tokens - t0);
-    s.run_chunk(state, hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
+    s.run_chunk(layer, state, hidden + t0 * K, router_logits + t0 * E, tc, output + t0 * K, stream, {},
                 std::min(chunk, most - c * chunk), t0);
-    s.check_status(stream);
+    s.check_status(stream, layer);
   }
-  if (s.options.checked && num_tokens > 0) {
-    std::vector<std::uint16_t> host(static_cast<std::size_t>(num_tokens * K));
-    s.memory->to_host(host.data(), output, num_tokens * K * 2, stream);
-    for (std::int64_t i = 0; i < num_tokens * K; ++i)
-      MOEKIT_CHECK(!std::isnan(numerics::bf16_decode(host[static_cast<std::size_t>(i)])),
-                   "checked mode: output of token {} column {} is NaN: padding, poisoned workspace or an unwritten "
-                   "row reached a result",
-                   i / K, i % K);
-  }
+  if (s.options.checked) check_output(layer, hidden, num_tokens, output, stream);
   s.stats.total_ms = ms_since(t_start);
 }
 
@@ -451,11 +528,29 @@ void MoeRuntime::enqueue(int layer, const std::uint16_t* hidden, const float* ro
   MOEKIT_CHECK(num_tokens == 0 || (hidden && router_logits && output),
                "hidden, router_logits and output must be non-null for {} tokens", num_tokens);
   plan::step_tokens_per_rank(s.problem, num_tokens, max_tokens_any_rank);  // raises for a bad declaration
-  s.run_chunk(state, hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank, 0);
+  s.run_chunk(layer, state, hidden, router_logits, num_tokens, output, stream, observer, max_tokens_any_rank, 0);
 }
 
 void MoeRuntime::check_status(Stream stream) {
   impl_->check_status(stream);
+}
+
+void MoeRuntime::check_output(int layer, const std::uint16_t* hidden, std::int64_t num_tokens,
+                              const std::uint16_t* output, Stream stream) {
+  Impl& s = *impl_;
+  const LayerState& state = s.layer(layer);
+  if (num_tokens <= 0) return;
+  const std::int64_t K = s.problem.K;
+  std::vector<std::uint16_t> host(static_cast<std::size_t>(num_tokens * K));
+  s.memory->to_host(host.data(), output, num_tokens * K * 2, stream);
+  const std::int64_t bad = first_non_finite_bf16(host.data(), num_tokens * K);
+  if (bad < 0) return;
+  const float v = numerics::bf16_decode(host[static_cast<std::size_t>(bad)]);
+  MOEKIT_FAIL("layer {}: output of token {} column {} is {}; it entered at {}", layer, bad / K, bad % K,
+              std::isnan(v) ? "NaN"
+              : v > 0       ? "+Inf"
+                            : "-Inf",
+              s.locate_non_finite(state, hidden, num_tokens, stream));
 }
 
 const MoeProblem& MoeRuntime::problem() const {

@@ -2,10 +2,12 @@
 // shared experts) over exactly one workspace allocation per rank, at the plan's size; each layer's
 // output equals that layer run alone (a MoeLayer), in any order of layers; on a GPU a CUDA graph of 4
 // layers' steps (each layer's output the next one's input) replays bit for bit as the eager chain.
-// Layers are validated when registered; an index no layer holds is an Error.
+// Layers are validated when registered; an index no layer holds is an Error; a NaN names its layer
+// and the seam it entered at.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -166,6 +168,68 @@ TEST(RuntimeBadInput, LayersAreValidatedWhenRegisteredAndIndicesChecked) {
     EXPECT_THROW(runtime.forward(-1, hidden.data(), logits.data(), 1, out.data()), Error);
     EXPECT_NO_THROW(runtime.forward(0, hidden.data(), logits.data(), 1, out.data()));
   });
+}
+
+// A NaN met at run time names the runtime's layer and the seam it entered at: a NaN logit (the router
+// raises, the message says layer and seam), a NaN hidden state (the input), a NaN scale or FP8 NaN
+// code in one layer's experts, a NaN in the shared expert's weights. Checked mode runs check_output
+// inside forward; unchecked, the caller runs it (as `moekit run` does).
+TEST(RuntimeBadInput, ANaNNamesTheLayerAndTheSeam) {
+  const ModelConfig m = synthetic::tiny_model(true);
+  const ParallelConfig par{1, 1, 8, 0};
+  const std::int64_t K = m.hidden_size, E = m.num_experts, T = 5;
+  const auto memory = make_memory(Device::kCpu);
+  DeviceCopies copies(*memory);
+  const auto tokens = synthetic::make_tokens(K, E, 0, T, 3);
+  for (const bool checked : {true, false}) {
+    LayerOptions opt;
+    opt.checked = checked;
+    const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, opt.quant);
+    HostLayer good = make_host_layer(m, p, 0, 0), scale_nan = make_host_layer(m, p, 0, 1),
+              code_nan = make_host_layer(m, p, 0, 2), shared_nan = make_host_layer(m, p, 0, 3);
+    scale_nan.experts.w2_scale[3 * static_cast<std::size_t>(p.K)] = NAN;  // expert 3's first W2 scale
+    std::fill(code_nan.experts.w1.begin(), code_nan.experts.w1.end(), std::uint8_t{0x7F});
+    ASSERT_TRUE(shared_nan.shared.problem.has_value());
+    shared_nan.shared.experts.w1_scale[0] = INFINITY;
+    run_in_process(1, [&](Communicator& comm) {
+      MoeRuntime runtime(m, par, opt, comm);
+      for (const HostLayer* h : {&good, &scale_nan, &code_nan, &shared_nan}) runtime.add_layer(weights_of(*h, copies));
+      std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
+      auto error_of = [&](int layer, const std::uint16_t* hidden, const float* logits) -> std::string {
+        try {
+          runtime.forward(layer, hidden, logits, T, out.data());
+          if (!checked) runtime.check_output(layer, hidden, T, out.data());
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return "";
+      };
+      const std::string ctx = checked ? "checked" : "unchecked";
+      EXPECT_EQ(error_of(0, tokens.hidden.data(), tokens.logits.data()), "") << ctx;
+      std::vector<float> logits = tokens.logits;
+      logits[static_cast<std::size_t>(2 * E + 1)] = NAN;
+      const std::string routed = error_of(0, tokens.hidden.data(), logits.data());
+      EXPECT_NE(routed.find("layer 0, seam route:"), std::string::npos) << ctx << ": " << routed;
+      EXPECT_NE(routed.find("token 2"), std::string::npos) << ctx << ": " << routed;
+      std::vector<std::uint16_t> hidden = tokens.hidden;
+      hidden[static_cast<std::size_t>(4 * K + 7)] = 0x7FC0;  // bf16 NaN
+      const std::string input = error_of(0, hidden.data(), tokens.logits.data());
+      EXPECT_NE(input.find("layer 0: output of token 4"), std::string::npos) << ctx << ": " << input;
+      EXPECT_NE(input.find("the input: hidden state of token 4 column 7"), std::string::npos) << ctx << ": " << input;
+      const std::string scale = error_of(1, tokens.hidden.data(), tokens.logits.data());
+      EXPECT_NE(scale.find("layer 1: output of token"), std::string::npos) << ctx << ": " << scale;
+      EXPECT_NE(scale.find("seam experts: local expert 3's W2 scale 0 is not finite"), std::string::npos)
+          << ctx << ": " << scale;
+      const std::string code = error_of(2, tokens.hidden.data(), tokens.logits.data());
+      EXPECT_NE(code.find("layer 2:"), std::string::npos) << ctx << ": " << code;
+      EXPECT_NE(code.find("seam experts: local expert 0's W1 code 0 is not finite"), std::string::npos)
+          << ctx << ": " << code;
+      const std::string shared = error_of(3, tokens.hidden.data(), tokens.logits.data());
+      EXPECT_NE(shared.find("layer 3:"), std::string::npos) << ctx << ": " << shared;
+      EXPECT_NE(shared.find("seam shared experts: local expert 0's W1 scale 0"), std::string::npos)
+          << ctx << ": " << shared;
+    });
+  }
 }
 
 // On the GPU: 8 layers over one workspace, each equal to itself alone; a graph of 4 layers' steps,
