@@ -2,8 +2,9 @@
 # Installs what moekit needs on a fresh Debian 12 machine, idempotently: Debian packages (build
 # tools, the CLI's and tests' libraries, Open MPI, OpenBLAS) and, where CUDA can be compiled, the
 # CUTLASS 4.2 headers from PyPI. `--tests` adds what the test command needs: the CUTLASS headers in
-# any case (the tests compile the CUDA code), the Python package's build and test tools, torch and
-# transformers (tests/parity; several GB). Safe to run again: each step checks first.
+# any case (the tests compile the CUDA code), clang and libFuzzer (the fuzz run), the Python
+# package's build and test tools, torch and transformers (tests/parity; several GB). Safe to run
+# again: each step checks first.
 set -euo pipefail
 with_tests=0
 [[ ${1:-} == --tests ]] && with_tests=1
@@ -16,6 +17,9 @@ debian_packages=(
   libopenblas-dev
   python3
 )
+
+# The test command fuzzes the untrusted input with libFuzzer, which comes with clang.
+((with_tests)) && debian_packages+=(clang libclang-rt-dev)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do

@@ -26,6 +26,21 @@ void check_shard_name(const std::string& index, const std::string& tensor, const
 
 }  // namespace
 
+std::map<std::string, std::string, std::less<>> parse_index(std::string_view text, const std::string& source) {
+  const nlohmann::json j = plan::parse_json(text, source);
+  MOEKIT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+               "{}: needs a 'weight_map' object (tensor name -> shard file)", source);
+  std::map<std::string, std::string, std::less<>> weight_map;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    MOEKIT_CHECK(it.value().is_string(), "{}: weight_map['{}'] must be a shard file name, got {}", source, it.key(),
+                 plan::brief(it.value()));
+    const std::string file = it.value().get<std::string>();
+    check_shard_name(source, it.key(), file);
+    weight_map.emplace(it.key(), file);
+  }
+  return weight_map;
+}
+
 CheckpointDir::CheckpointDir(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   MOEKIT_CHECK(fs::is_directory(dir),
@@ -35,17 +50,7 @@ CheckpointDir::CheckpointDir(const std::string& dir) : dir_(dir) {
   const fs::path index = fs::path(dir) / kIndexFile;
   if (plan::path_exists(index.string())) {
     const std::string where = index.string();
-    const nlohmann::json j =
-        plan::parse_json(plan::read_regular_file(where, kMaxIndexBytes, "checkpoint index"), where);
-    MOEKIT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-                 "{}: needs a 'weight_map' object (tensor name -> shard file)", where);
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      MOEKIT_CHECK(it.value().is_string(), "{}: weight_map['{}'] must be a shard file name, got {}", where, it.key(),
-                   plan::brief(it.value()));
-      const std::string file = it.value().get<std::string>();
-      check_shard_name(where, it.key(), file);
-      weight_map_.emplace(it.key(), file);
-    }
+    weight_map_ = parse_index(plan::read_regular_file(where, kMaxIndexBytes, "checkpoint index"), where);
     return;
   }
   const fs::path single = fs::path(dir) / kSingleFile;

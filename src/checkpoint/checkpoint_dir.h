@@ -25,6 +25,9 @@
 
 namespace moekit::checkpoint {
 
+// The index's weight_map (tensor name -> shard file name) from its text; `source` names it in errors.
+std::map<std::string, std::string, std::less<>> parse_index(std::string_view text, const std::string& source);
+
 class CheckpointDir {
  public:
   static constexpr std::int64_t kMaxIndexBytes = limits::kMaxIndexBytes;
