@@ -11,6 +11,8 @@
 //     scales, MXFP4, a family without names, a layer without an MoE block: an Error naming it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -562,6 +564,57 @@ TEST_F(LoaderTest, MalformedCheckpointsAreErrorsNamingTheTensor) {
                          [&](const Tensor& x) { return x.name == "model.layers.2.mlp.gate.e_score_correction_bias"; }));
   });
   EXPECT_NE(err.find("holds no tensor 'model.layers.2.mlp.gate.e_score_correction_bias'"), std::string::npos) << err;
+}
+
+// Untrusted values and headers: every value a load reads is checked (the first NaN, FP8 NaN code or
+// non-positive scale named by shard, tensor and element), and check_headers (plan --checkpoint) refuses
+// from the headers alone what a load refuses, for every expert of every MoE layer, reading no data.
+TEST_F(LoaderTest, ValuesAreCheckedAtLoadAndHeadersWithoutLoading) {
+  const ParallelConfig par{2, 2, 8, 0};
+  auto load_error = [&](const std::function<void(std::vector<Tensor>&)>& edit, std::int64_t first_expert) {
+    write_deepseek(dir_, edit);
+    Checkpoint ck(dir_.string());
+    const MoeProblem p = make_problem(ck.model(), par, ActivationFormat::kBatchedExperts, QuantScheme::kBlock128);
+    return error_of([&] { ck.load_layer(2, p, first_expert); });
+  };
+  auto find = [](std::vector<Tensor>& t, const std::string& name) -> Tensor& {
+    return *std::find_if(t.begin(), t.end(), [&](const Tensor& x) { return x.name == name; });
+  };
+  const std::string e3 = "model.layers.2.mlp.experts.3.", e12 = "model.layers.2.mlp.experts.12.";
+  std::string err = load_error([&](std::vector<Tensor>& t) { find(t, e3 + "up_proj.weight").data[300] = 0xFF; }, 0);
+  EXPECT_NE(err.find("tensor '" + e3 + "up_proj.weight' element [1, 44] (flat index 300) is FP8 code 0xff"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(".safetensors"), std::string::npos) << err;
+  // Rank 1 reads experts 8-15 only: expert 3's bad code is not its to read; expert 12's scale is.
+  const float zero = 0.0f;
+  auto zero_scale = [&](std::vector<Tensor>& t) {
+    find(t, e3 + "up_proj.weight").data[300] = 0xFF;
+    std::memcpy(find(t, e12 + "down_proj.weight_scale_inv").data.data() + 4, &zero, 4);
+  };
+  err = load_error(zero_scale, 8);
+  EXPECT_NE(err.find("tensor '" + e12 +
+                     "down_proj.weight_scale_inv' element [1, 0] (flat index 1) is 0: a scale must be "
+                     "finite and > 0"),
+            std::string::npos)
+      << err;
+  const float nan = NAN;  // the router's fp32 weight (0, 3)
+  err = load_error(
+      [&](std::vector<Tensor>& t) { std::memcpy(find(t, "model.layers.2.mlp.gate.weight").data.data() + 12, &nan, 4); },
+      0);
+  EXPECT_NE(err.find("tensor 'model.layers.2.mlp.gate.weight' element [0, 3] (flat index 3) is NaN"), std::string::npos)
+      << err;
+  // Headers only: a contradiction in any expert of any layer is refused, a bad value is not seen.
+  write_deepseek(dir_, zero_scale);
+  {
+    Checkpoint ck(dir_.string());
+    EXPECT_NO_THROW(ck.check_headers());
+  }
+  write_deepseek(dir_, [&](std::vector<Tensor>& t) { find(t, e12 + "gate_proj.weight").shape = {K, I}; });
+  Checkpoint ck(dir_.string());
+  err = error_of([&] { ck.check_headers(); });
+  EXPECT_NE(err.find("'" + e12 + "gate_proj.weight' (an expert's gate rows) has shape (256, 128)"), std::string::npos)
+      << err;
 }
 
 TEST_F(LoaderTest, MxFp4AndUnnamedFamiliesAreRefusedByName) {

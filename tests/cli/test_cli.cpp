@@ -17,6 +17,38 @@ TEST(Cli, ParseBytes) {
   EXPECT_THROW(parse_bytes("-1GiB"), Error);
 }
 
+// A numeric flag's range: the text parsed exactly as the flag's kind, refused outside the range with
+// the flag, the value and the range in CLI11's usage error.
+TEST(Cli, NumericFlagsHaveRanges) {
+  auto parse = [](const std::string& flag, const CLI::Validator& range, const std::string& value) -> std::string {
+    CLI::App app;
+    std::string got;
+    app.add_option(flag, got)->check(range);
+    std::vector<std::string> args{value, flag};  // CLI11 parses the vector from its back
+    try {
+      app.parse(args);
+    } catch (const CLI::ParseError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const CLI::Validator threads = int_range(0, 1024), seed = uint_range(0, UINT64_MAX), tol = real_range(0, 1);
+  EXPECT_EQ(parse("--threads", threads, "16"), "");
+  EXPECT_EQ(parse("--threads", threads, "1024"), "");
+  EXPECT_EQ(parse("--threads", threads, "-5"), "--threads: -5 is outside [0, 1024] (moekit/limits.h)");
+  EXPECT_EQ(parse("--threads", threads, "1025"), "--threads: 1025 is outside [0, 1024] (moekit/limits.h)");
+  EXPECT_NE(parse("--threads", threads, "1e3").find("'1e3' is not an integer"), std::string::npos);
+  EXPECT_NE(parse("--threads", threads, " 7").find("is not an integer"), std::string::npos);
+  EXPECT_NE(parse("--threads", threads, "99999999999999999999").find("is outside"), std::string::npos);
+  EXPECT_EQ(parse("--seed", seed, "18446744073709551615"), "");
+  EXPECT_NE(parse("--seed", seed, "-1").find("'-1' is not a non-negative integer"), std::string::npos);
+  EXPECT_NE(parse("--seed", seed, "18446744073709551616").find("is outside"), std::string::npos);
+  EXPECT_EQ(parse("--tolerance", tol, "1e-2"), "");
+  for (const char* bad : {"nan", "inf", "-inf"})
+    EXPECT_NE(parse("--tolerance", tol, bad).find("is not a finite number"), std::string::npos) << bad;
+  EXPECT_NE(parse("--tolerance", tol, "1.5").find("1.5 is outside [0, 1]"), std::string::npos);
+}
+
 TEST(Cli, PlanJsonSchemaAndGpuMemory) {
   PlanRequest req;
   req.parallel = {32, 32, 256, 16};

@@ -4,8 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "moekit/model.h"
 #include "moekit/problem.h"
 
@@ -155,6 +157,55 @@ std::string config(const std::string& model_type, const std::string& extra) {
     "intermediate_size": 48, "n_routed_experts": 16, "num_experts": 16, "num_local_experts": 16,
     "num_experts_per_tok": 4, "num_hidden_layers": 4)" +
          extra + "}";
+}
+
+// Every size a config.json gives is within its limit of moekit/limits.h (the limit itself is
+// accepted), so no product of them overflows and no loop over them runs away; past it, an Error names
+// the key, the value and the limit. Lists of layers are bounded too; a key twice is refused.
+TEST(Model, ConfigSizesWithinTheirLimits) {
+  const std::string base = R"({"model_type": "deepseek_v3", "hidden_size": 128, "moe_intermediate_size": 128,
+    "n_routed_experts": 16, "num_experts_per_tok": 4, "num_hidden_layers": 4, "first_k_dense_replace": 1,
+    "n_group": 4, "topk_group": 2, "n_shared_experts": 1})";
+  // base with `key`'s value replaced.
+  auto with = [&](const std::string& key, const std::string& value, const std::string& from = {}) {
+    const std::string text = from.empty() ? base : from;
+    return std::regex_replace(text, std::regex("\"" + key + "\": [0-9]+"), "\"" + key + "\": " + value);
+  };
+  struct Case {
+    std::string key;
+    std::int64_t limit;
+  };
+  const std::vector<Case> cases = {
+      {"hidden_size", limits::kMaxHiddenSize},   {"moe_intermediate_size", limits::kMaxIntermediateSize},
+      {"n_routed_experts", limits::kMaxExperts}, {"num_experts_per_tok", limits::kMaxTopk},
+      {"num_hidden_layers", limits::kMaxLayers}, {"first_k_dense_replace", limits::kMaxLayers},
+      {"n_group", limits::kMaxExperts},          {"n_shared_experts", limits::kMaxExperts}};
+  for (const Case& c : cases) {
+    for (const std::int64_t v : {c.limit + 1, std::int64_t{1} << 40, std::int64_t{1} << 62}) {
+      const std::string e = error_of(with(c.key, std::to_string(v)));
+      EXPECT_NE(e.find(fmt::format("'{}' = {} is past moekit's limit of {}", c.key, v, c.limit)), std::string::npos)
+          << c.key << " = " << v << ": " << e;
+    }
+    const std::string past = error_of(with(c.key, "18446744073709551615"));
+    EXPECT_NE(past.find("past moekit's limit"), std::string::npos) << c.key << ": " << past;
+  }
+  // At the limits: refused for what the model computes (topk_group, shared width), not for the size.
+  EXPECT_EQ(error_of(with("hidden_size", "131072", with("num_hidden_layers", "4096"))), "");
+  std::string e = error_of(with("moe_intermediate_size", "131072", with("n_shared_experts", "16")));
+  EXPECT_NE(e.find("n_shared_experts = 16 x moe_intermediate_size = 131072"), std::string::npos) << e;
+  // Lists of layers: at most kMaxLayers entries, read in linear time.
+  std::string list = "0";
+  for (int i = 1; i <= limits::kMaxLayers; ++i) list += ",0";
+  e = error_of(config("qwen3_moe", R"(, "mlp_only_layers": [)" + list + "]"));
+  EXPECT_NE(e.find("'mlp_only_layers' lists 4097 entries, past moekit's limit of 4096"), std::string::npos) << e;
+  e = error_of(config("glm_moe_dsa", R"(, "mlp_layer_types": [)" + list + "]"));
+  EXPECT_NE(e.find("'mlp_layer_types' lists 4097 entries"), std::string::npos) << e;
+  // Numbers past a double, and keys twice, name the key.
+  e = error_of(config("deepseek_v3", R"(, "routed_scaling_factor": 1e999)"));
+  EXPECT_NE(e.find("key 'routed_scaling_factor'"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+  e = error_of(R"({"model_type": "qwen3_moe", "model_type": "mixtral"})");
+  EXPECT_NE(e.find("key 'model_type' is given twice"), std::string::npos) << e;
 }
 
 TEST(Model, ArchitectureTableReadsEachFamilyAsTransformersDoes) {

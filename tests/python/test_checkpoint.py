@@ -1,7 +1,8 @@
 """Checkpoints as the safetensors package writes them (the format's own writer, torch and NumPy
 dtypes, shards with an index as transformers' save_pretrained writes them) read by moekit's reader:
-every name, dtype, shape and byte the same."""
+every name, dtype, shape and byte the same; untrusted checkpoints refused by name through the binding."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -56,3 +57,49 @@ def test_torch_dtypes_and_shards_with_an_index(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(moekit.Error, match="no path separators"):
         moekit._moekit.checkpoint_tensors(str(tmp_path))
+
+
+def _tiny_qwen(path, edit=None):
+    """A Qwen3-MoE checkpoint of fp32 tensors (K = 64, I = 32, 4 experts) written by safetensors."""
+    rng = np.random.default_rng(3)
+    config = {"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 1,
+              "num_experts": 4, "num_experts_per_tok": 2}
+    p = "model.layers.0.mlp."
+    tensors = {p + "gate.weight": rng.standard_normal((4, 64), dtype=np.float32)}
+    for e in range(4):
+        for w, shape in (("gate_proj", (32, 64)), ("up_proj", (32, 64)), ("down_proj", (64, 32))):
+            tensors[f"{p}experts.{e}.{w}.weight"] = 0.05 * rng.standard_normal(shape, dtype=np.float32)
+    if edit:
+        edit(tensors)
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    safetensors_numpy.save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+def test_untrusted_checkpoints_are_refused_by_name(tmp_path):
+    """The binding reads checkpoints through the same checks as the CLI: a bad value is named by shard,
+    tensor and element; a FIFO is never opened; a tensor named twice in the index is refused."""
+    ck = moekit.Checkpoint(_tiny_qwen(tmp_path / "good"))
+    assert ck.load_layer(0).note.endswith("quantized to per-token at load")
+
+    def nan(t):
+        t["model.layers.0.mlp.experts.2.down_proj.weight"][5, 7] = np.nan
+
+    bad = moekit.Checkpoint(_tiny_qwen(tmp_path / "nan", nan))
+    with pytest.raises(moekit.Error, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.experts\.2\.down_proj"
+                                           r"\.weight' element \[5, 7\] \(flat index 167\) is NaN"):
+        bad.load_layer(0)
+
+    fifo = _tiny_qwen(tmp_path / "fifo")
+    (fifo / "config.json").unlink()
+    os.mkfifo(fifo / "config.json")
+    with pytest.raises(moekit.Error, match="is a FIFO"):
+        moekit.Checkpoint(fifo)
+
+    twice = _tiny_qwen(tmp_path / "twice")
+    name = "model.layers.0.mlp.gate.weight"
+    (twice / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"%s": "model.safetensors", "%s": "model.safetensors"}}' % (name, name))
+    with pytest.raises(moekit.Error, match=f"key '{name}' is given twice in 'weight_map'"):
+        moekit.Checkpoint(twice)
