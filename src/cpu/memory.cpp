@@ -5,6 +5,7 @@
 
 #include "cpu/backend.h"
 #include "moekit/check.h"
+#include "moekit/limits.h"
 #include "moekit/workspace.h"
 
 namespace moekit::cpu {
@@ -15,6 +16,8 @@ class HostMemory final : public Memory {
   Device device() const override { return Device::kCpu; }
   void* allocate(std::int64_t bytes, std::string_view what) override {
     MOEKIT_CHECK(bytes >= 0, "allocation of {} bytes for {}", bytes, what);
+    limits::require_memory(bytes, limits::host_memory_bytes(), fmt::format("the host allocation for {}", what),
+                           "host memory", "lower max_tokens_per_rank or the experts per rank");
     const std::int64_t a = WorkspaceBuilder::kAlignment;
     const auto rounded = static_cast<std::size_t>((bytes + a - 1) / a * a);
     void* p = std::aligned_alloc(static_cast<std::size_t>(a), rounded == 0 ? static_cast<std::size_t>(a) : rounded);

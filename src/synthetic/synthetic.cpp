@@ -5,6 +5,7 @@
 
 #include "cpu/quant.h"
 #include "moekit/check.h"
+#include "moekit/limits.h"
 
 namespace moekit::synthetic {
 namespace {
@@ -44,6 +45,14 @@ namespace {
 template <class Global>
 HostExpertWeights draw_experts(const MoeProblem& p, std::int64_t first_expert, const Global& global, std::uint64_t seed,
                                cpu::ThreadPool& pool) {
+  // The bytes first (the threads' fp32 matrices too), against the host's memory: a problem of sizes
+  // within the limits can still be past the machine.
+  const std::int64_t need = limits::checked_add(
+      expert_weight_bytes(p), limits::checked_mul(4 * p.N, p.K * pool.num_threads(), "the threads' fp32 matrices"),
+      "synthetic weights");
+  limits::require_memory(need, limits::host_memory_bytes(),
+                         fmt::format("seeded synthetic weights of {} experts ({})", p.E_local, p.describe()),
+                         "host memory", "use fewer experts (--num-experts) or more ranks");
   HostExpertWeights w;
   w.problem = p;
   w.first_expert = first_expert;

@@ -372,6 +372,14 @@ std::vector<Case> cases() {
                                    false,
                                    {"this run", "needs", "host memory", "lower --num-experts"}};
                }});
+  c.push_back({"memory", "bench_past_host_memory", [=](const fs::path& d) {
+                 std::string cfg = with_key(qwen_preset, "hidden_size", "131072");
+                 const fs::path c2 = config_file(d, with_key(cfg, "moe_intermediate_size", "131072"));
+                 return Invocation{{"bench", "layer", "--device", "cpu", "--model", c2.string(), "--num-experts",
+                                    "16384", "--tokens", "1", "--iters", "1", "--experts", "batched-fp8"},
+                                   false,
+                                   {"seeded synthetic weights of 16384 experts", "needs", "host memory"}};
+               }});
   c.push_back({"memory", "plan_past_gpu_memory_said", [=](const fs::path& d) {
                  const fs::path c2 = config_file(d, with_key(ds_preset, "moe_intermediate_size", "131072"));
                  std::vector<std::string> a = plan_model(c2);
