@@ -9,6 +9,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "error_text.h"
 #include "moekit/error.h"
 #include "write_safetensors.h"
 
@@ -16,6 +17,7 @@ namespace moekit::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using moekit::testing::error_of;
 using testing::file_bytes;
 using testing::write_file;
 using testing::write_text;
@@ -37,14 +39,6 @@ class CheckpointDirTest : public ::testing::Test {
     write_file(dir_ / "model-00002-of-00002.safetensors",
                file_bytes(R"({"b.weight":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", {3, 4, 5, 6}));
     write_text(dir_ / "model.safetensors.index.json", index);
-  }
-  std::string error_of(const std::function<void()>& f) {
-    try {
-      f();
-      return "";
-    } catch (const Error& e) {
-      return e.what();
-    }
   }
   fs::path dir_;
 };

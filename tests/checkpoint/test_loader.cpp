@@ -19,6 +19,7 @@
 #include <string>
 
 #include "cpu/quant.h"
+#include "error_text.h"
 #include "layer/layer_test_util.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
@@ -40,14 +41,7 @@ using checkpoint::testing::write_text;
 
 constexpr std::int64_t K = 256, I = 128, E = 16;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-    return "";
-  } catch (const Error& e) {
-    return e.what();
-  }
-}
+using moekit::testing::error_of;
 
 class LoaderTest : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "moekit/check.h"
 
 namespace moekit::cpu {
@@ -121,14 +122,7 @@ Routed run_route(const RoutingConfig& cfg, const std::vector<float>& logits, std
   return r;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moekit::testing::error_of;
 
 // Every preset: fp32 route against the fp64 reference, ids exactly, weights to 1e-5 relative.
 TEST(Routing, MatchesReferenceForEveryPreset) {

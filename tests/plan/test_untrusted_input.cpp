@@ -13,6 +13,7 @@
 #include <functional>
 #include <string>
 
+#include "error_text.h"
 #include "moekit/error.h"
 #include "moekit/limits.h"
 #include "plan/untrusted_input.h"
@@ -22,14 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moekit::testing::error_of;
 
 TEST(UntrustedJson, AKeyTwiceIsRefusedAtEveryLevel) {
   struct Case {
