@@ -59,17 +59,16 @@
 
 namespace moekit::cuda::detail {
 
-// What every tile width of moekit's block GEMM shares: the token side, the k-block, the ring's depth,
-// the warpgroups and their registers, the epilogue's staging, the launch's parameters.
 struct BlockGemm {
-  static constexpr int kTileM = kBlockTileM, kTileK = static_cast<int>(kQuantBlock);
-  static constexpr int kHalfN = 128;  // one weight block: the unit of a B scale
+  static constexpr int kTileM = kBlockTileM, kTileN = 256, kTileK = static_cast<int>(kQuantBlock);
+  static constexpr int kHalfN = 128;  // one weight block: the promotion's unit
   static constexpr int kStages = 4;
   static constexpr int kHalfTileRows = kBlockHalfTileRows;  // block_gemm_items.h
   static constexpr int kThreads = 384;                      // producer warpgroup + 2 consumer warpgroups
   static constexpr int kMaxGroups = 1024;                   // the tile table lives in shared memory
   static constexpr int kABytes = kTileM * kTileK;           // FP8: one byte an element
   static constexpr int kHalfABytes = kHalfTileRows * kTileK;
+  static constexpr int kBBytes = kTileN * kTileK;
   static constexpr int kConsumerWarps = 8;
   // The epilogue stages 16 rows x 128 bytes a consumer warp (a quarter tile of bf16, an output group
   // of FP8 codes) and writes them 16 bytes a lane, whole rows; a staged row is 128 bytes + 16 of
@@ -81,41 +80,8 @@ struct BlockGemm {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnreg would wait forever");
   static_assert(kTileK == 128, "a TMA box row of 128 FP8 = one 128-byte swizzle row");
-  static_assert(kTileM == 2 * 64, "two 64-row consumer warpgroups");
+  static_assert(kTileM == 2 * 64 && kTileN == 2 * kHalfN, "two 64-row consumer warpgroups, two 128-column halves");
   static_assert(kHalfTileRows == 64, "a half tile is one warpgroup's 64 rows");
-
-  struct Params {
-    GroupedGemmArrays args;
-    int groups = 0, n = 0, k = 0, k_blocks = 0;
-    const std::uint8_t* a_base = nullptr;  // the tensors the groups' A and B lie in
-    const std::uint8_t* b_base = nullptr;
-    GroupedGemmLaunch::FusedW1 fused{};  // act_q null: write D
-    bool tma_store = false;              // D by TMA where block_gemm_tma_rows says
-  };
-  // D stored by TMA (block_gemm_tma_rows): quarters of 128 rows x 64 columns (128-byte swizzled
-  // boxes) in the shared memory of the tile's last two k-block stages (block_gemm_quarter).
-  static constexpr int kQuarterBytes = kTileM * 128;
-  static_assert(kABytes == kQuarterBytes, "a stage's A holds one D quarter");
-  static constexpr int kMinKBlocksForTmaStore = kStages;  // see block_gemm_tma_rows
-};
-
-// A tile width: 128 tokens x kTileN weight rows. 256: each k-block's wgmmas run as two 128-column
-// batches (one weight block each), each waited for and promoted before the next, so 128 accumulators
-// and 64 temporaries are live a thread (2 x 128 would spill); the fused W1 pairs gate block b and up
-// block b as the two batches. 192: one 192-column batch a k-block (96 + 96 registers), one wait and
-// one promotion a k-block; the tile straddles a weight block (64 or 128 columns of its first, by nt's
-// parity), so a column's B scale is chosen per 8-column accumulator group. Unfused only.
-template <int kTileNArg>
-struct BlockGemmTile : BlockGemm {
-  static constexpr int kTileN = kTileNArg;
-  static constexpr int kBatches = kTileN == 256 ? 2 : 1;
-  static constexpr int kBatchN = kTileN / kBatches;  // a wgmma batch's columns: m64 n kBatchN k32
-  static constexpr int kQuarters = kTileN / 64;      // D's 64-column TMA boxes
-  static constexpr int kBBytes = kTileN * kTileK;
-  static_assert(kTileN == 256 || kTileN == 192, "moekit's block GEMM has 256- and 192-wide tiles");
-  static_assert(kBatchN % 64 == 0 && kBatchN <= 256, "a wgmma batch of whole D quarters, n <= 256");
-  // D's quarters by TMA: the last stage's A, its B's first kQuarters - 2 quarters, the previous A.
-  static_assert((kQuarters - 2) * kQuarterBytes <= kBBytes, "a stage's B holds the middle D quarters");
 
   struct alignas(1024) Smem {
     std::uint8_t a[kStages][kABytes];  // 128-byte swizzled, 1024-byte aligned (the wgmma descriptors' base)
@@ -128,6 +94,20 @@ struct BlockGemmTile : BlockGemm {
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;  // + the alignment of the dynamic base
   static_assert(kSmemBytes <= 227 * 1024, "BlockGemm's stages exceed Hopper's 227 KB of shared memory a CTA");
+
+  struct Params {
+    GroupedGemmArrays args;
+    int groups = 0, n = 0, k = 0, k_blocks = 0;
+    const std::uint8_t* a_base = nullptr;  // the tensors the groups' A and B lie in
+    const std::uint8_t* b_base = nullptr;
+    GroupedGemmLaunch::FusedW1 fused{};  // act_q null: write D
+    bool tma_store = false;              // D by TMA where block_gemm_tma_rows says
+  };
+  // D stored by TMA (block_gemm_tma_rows): 4 quarters of 128 rows x 64 columns (128-byte swizzled
+  // boxes) in the shared memory of the tile's last two k-block stages (block_gemm_quarter).
+  static constexpr int kQuarterBytes = kTileM * 128;
+  static_assert(kABytes == kQuarterBytes && kBBytes == 2 * kQuarterBytes, "a stage holds three D quarters");
+  static constexpr int kMinKBlocksForTmaStore = kStages;  // see block_gemm_tma_rows
 };
 
 #if defined(__CUDACC__)
@@ -146,16 +126,16 @@ __device__ __forceinline__ std::uint64_t block_gemm_desc(std::uint32_t lo) {
   return (static_cast<std::uint64_t>(kHi) << 32) | lo;
 }
 
-// One m64 n kN k32 wgmma of both operands in shared memory (kN / 2 accumulators a thread).
-template <int kN, int... kI>
-__device__ __forceinline__ void block_gemm_wgmma(std::uint64_t da, std::uint64_t db, float (&d)[kN / 2],
-                                                 bool accumulate, std::integer_sequence<int, kI...>) {
-  const auto scale = accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero;
-  if constexpr (kN == 128)
-    cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(da, db, d[kI]..., scale);
-  else
-    cute::SM90::GMMA::MMA_64x192x32_F32E4M3E4M3_SS_TN<>::fma(da, db, d[kI]..., scale);
+template <int... kI>
+__device__ __forceinline__ void block_gemm_wgmma(std::uint64_t da, std::uint64_t db, float (&d)[64], bool accumulate,
+                                                 std::integer_sequence<int, kI...>) {
+  cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(
+      da, db, d[kI]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
+
+struct BlockGemmTile {
+  int g, mt, nt;
+};
 
 // Warp 0 writes the tile table, tile_start[g] = the first tile of group g (an exclusive prefix of
 // tiles_of(g) over the groups, tile_start[groups] = every tile; the unswapped kernel's entries are
@@ -243,10 +223,9 @@ __device__ __forceinline__ int block_gemm_token_row(const BlockGemm::Params& p, 
          it.mt * BlockGemm::kTileM;
 }
 // Quarter q (columns 64q .. 64q + 63 of the tile) of a TMA-stored D: the last k-block's stage s_last
-// (its A, then the first kQuarters - 2 quarters of its B) and the A of the one before, s_prev.
-template <class BG>
-__device__ __forceinline__ std::uint8_t* block_gemm_quarter(typename BG::Smem& s, int s_last, int s_prev, int q) {
-  return q == 0 ? s.a[s_last] : q == BG::kQuarters - 1 ? s.a[s_prev] : s.b[s_last] + (q - 1) * BlockGemm::kQuarterBytes;
+// (its A, then its B's two halves) and the A of the one before, s_prev.
+__device__ __forceinline__ std::uint8_t* block_gemm_quarter(BlockGemm::Smem& s, int s_last, int s_prev, int q) {
+  return q == 0 ? s.a[s_last] : q == 3 ? s.a[s_prev] : s.b[s_last] + (q - 1) * BlockGemm::kQuarterBytes;
 }
 
 // Writes a warp's staged rows (BlockGemm::Smem::out) to dst + row * ld_bytes, 128 bytes a row, the
@@ -341,17 +320,15 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
   }
 }
 
-// kTileN: the tile's weight rows (BlockGemmTile); kAct: the fused W1's activation (its epilogue's
-// only one); unused without kFused.
-template <int kTileN, bool kFused, Activation kAct>
+// kAct: the fused W1's activation (its epilogue's only one); unused without kFused.
+template <bool kFused, Activation kAct>
 __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a64,
                       const __grid_constant__ CUtensorMap tma_b, const __grid_constant__ CUtensorMap tma_d,
                       const __grid_constant__ CUtensorMap tma_d64, const BlockGemm::Params p) {
   pdl_wait();  // cuda/pdl.cuh: before any global memory access (the tile table reads the shapes)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using BG = BlockGemmTile<kTileN>;
-  static_assert(!kFused || kTileN == 256, "the fused W1 pairs gate and up blocks as a 256-wide tile's batches");
+  using BG = BlockGemm;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ std::uint8_t smem_raw[];
@@ -387,11 +364,11 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         Barrier::wait(&s.staged, staged_phase);
         staged_phase ^= 1u;
 #pragma unroll
-        for (int q = 0; q < BG::kQuarters; ++q) {
+        for (int q = 0; q < 4; ++q) {
           const int col = it.nt * BG::kTileN + q * 64;
           if (col < p.n)
             cute::SM90_TMA_STORE_2D::copy(tma_rows == BG::kTileM ? &tma_d : &tma_d64,
-                                          block_gemm_quarter<BG>(s, s_last, s_prev, q), col, row);
+                                          block_gemm_quarter(s, s_last, s_prev, q), col, row);
         }
         cute::tma_store_arrive();
         cute::tma_store_wait<0>();  // the boxes are read: the stages are free
@@ -433,7 +410,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     return;
   }
 
-  // --- consumers: 64 token rows x kTileN columns each ---
+  // --- consumers: 64 token rows x 256 columns each ---
   cutlass::arch::warpgroup_reg_alloc<BG::kConsumerRegs>();
   const int wg = __shfl_sync(0xFFFFFFFFu, warp_group - 1, 0);  // warp-uniform to the compiler
   const int tid = static_cast<int>(threadIdx.x) % 128;
@@ -443,9 +420,8 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   // tile's start from it.
   int ring = 0, stage = 0;
   std::uint32_t phase = 0;
-  constexpr int kBatchAcc = BG::kBatchN / 2;  // a thread's accumulators of one batch
-  float acc[BG::kBatches][kBatchAcc];
-  float tmp[kBatchAcc];
+  float acc[2][64];
+  float tmp[64];
   const std::uint32_t a_desc_base = block_gemm_desc_lo(s.a[0]), b_desc0 = block_gemm_desc_lo(s.b[0]);
   for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
     const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
@@ -474,18 +450,13 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     // Scales of rows past the group: its last row's (finite; those rows are never written).
     const float* sa0 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0, m - 1)) * p.k_blocks;
     const float* sa1 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
-    // The tile's first weight block and the next; the tile's first col_off columns of the former are
-    // the previous tile's (0 for 256-wide tiles; 0 or 64 for 192-wide ones, by nt's parity).
-    const int block0 = nt * BG::kTileN / BG::kHalfN, col_off = nt * BG::kTileN % BG::kHalfN;
-    const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(block0, n_blocks - 1)) * p.k_blocks;
-    const float* sb1 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(block0 + 1, n_blocks - 1)) * p.k_blocks;
+    const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt, n_blocks - 1)) * p.k_blocks;
+    const float* sb1 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt + 1, n_blocks - 1)) * p.k_blocks;
     const RingSlot slot = ring_slot<BG::kStages>(first);
     stage = slot.stage;
     phase = slot.phase;
 #pragma unroll
-    for (int h = 0; h < BG::kBatches; ++h)
-#pragma unroll
-      for (int i = 0; i < kBatchAcc; ++i) acc[h][i] = 0.0f;
+    for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
     float na0 = __ldg(sa0), na1 = __ldg(sa1), nb0 = __ldg(sb0), nb1 = __ldg(sb1);
     // NOTES: the promotion is this loop's main cost (docs/PERF.md: against a build whose MMAs
     // accumulate unscaled). 64-column quarters in two sets of 32 temporaries, each issued before the
@@ -506,34 +477,30 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       const std::uint32_t da = a_desc0 + stage * (BG::kABytes >> 4);
       const std::uint32_t db0 = b_desc0 + stage * (BG::kBBytes >> 4);
 #pragma unroll
-      for (int h = 0; h < BG::kBatches; ++h) {
-        const std::uint32_t db = db0 + h * (BG::kBatchN * BG::kTileK >> 4);
+      for (int h = 0; h < 2; ++h) {
+        const std::uint32_t db = db0 + h * (BG::kHalfN * BG::kTileK >> 4);
 #pragma unroll
-        for (int i = 0; i < kBatchAcc; ++i) cute::warpgroup_fence_operand(tmp[i]);
+        for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
         cute::warpgroup_arrive();
 #pragma unroll
         for (int ks = 0; ks < BG::kTileK / 32; ++ks)
-          block_gemm_wgmma<BG::kBatchN>(block_gemm_desc(da + 2 * ks), block_gemm_desc(db + 2 * ks), tmp, ks > 0,
-                                        std::make_integer_sequence<int, kBatchAcc>{});
+          block_gemm_wgmma(block_gemm_desc(da + 2 * ks), block_gemm_desc(db + 2 * ks), tmp, ks > 0,
+                           std::make_integer_sequence<int, 64>{});
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<0>();
 #pragma unroll
-        for (int i = 0; i < kBatchAcc; ++i) cute::warpgroup_fence_operand(tmp[i]);
-        if (h == BG::kBatches - 1) {  // the stage is read: hand it back (for both warpgroups in a half pair)
+        for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
+        if (h == 1) {  // the stage is read: hand it back to the producer (for both warpgroups in a half pair)
           __syncwarp();
           if (lane == 0 && !(by_tma && kb >= p.k_blocks - 2)) {
             Barrier::arrive(&s.empty[stage]);
             if (step == 2) Barrier::arrive(&s.empty[stage]);
           }
         }
-        // A thread's values 4i .. 4i + 3 are columns 8i + 2 (lane % 4) + {0, 1} of the batch, rows r0
-        // and r0 + 8: an 8-column group lies in one weight block. 256-wide: batch h is block h (the
-        // choice folds at compile time); 192-wide: the group's column past col_off decides.
-        const float s00 = a0 * b0, s10 = a1 * b0, s01 = a0 * b1, s11 = a1 * b1;
+        const float sb = h == 0 ? b0 : b1;
+        const float s0 = a0 * sb, s1 = a1 * sb;
 #pragma unroll
-        for (int i = 0; i < kBatchAcc / 4; ++i) {
-          const bool second = BG::kBatches == 2 ? h == 1 : 8 * i + col_off >= BG::kHalfN;
-          const float s0 = second ? s01 : s00, s1 = second ? s11 : s10;
+        for (int i = 0; i < 16; ++i) {
           acc[h][4 * i] += tmp[4 * i] * s0;
           acc[h][4 * i + 1] += tmp[4 * i + 1] * s0;
           acc[h][4 * i + 2] += tmp[4 * i + 2] * s1;
@@ -562,11 +529,10 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         int x16 = 16 * (lane / 4), off = (wg * 64 + warp * 16 + lane / 4) * 128 + 4 * (lane % 4);
         asm volatile("" : "+r"(x16), "+r"(off));
 #pragma unroll
-        for (int h = 0; h < BG::kBatches; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-          for (int i = 0; i < kBatchAcc / 4; ++i) {
-            const int c8 = h * BG::kBatchN / 8 + i;  // the tile's 8-column group: quarter c8 / 8, chunk c8 % 8
-            std::uint8_t* box = block_gemm_quarter<BG>(s, s_last, s_prev, c8 / 8) + (off ^ (16 * (c8 % 8)) ^ x16);
+          for (int i = 0; i < 16; ++i) {
+            std::uint8_t* box = block_gemm_quarter(s, s_last, s_prev, 2 * h + i / 8) + (off ^ (16 * (i % 8)) ^ x16);
             *reinterpret_cast<__nv_bfloat162*>(box) = __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
             *reinterpret_cast<__nv_bfloat162*>(box + 8 * 128) =
                 __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
@@ -595,17 +561,20 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       std::uint8_t* out0 = staged + (lane / 4) * BG::kStageRowBytes + 4 * (lane % 4);
       std::uint8_t* out1 = out0 + 8 * BG::kStageRowBytes;
 #pragma unroll
-      for (int q = 0; q < BG::kQuarters; ++q) {
-        const int col0 = nt * BG::kTileN + q * 64;
-        if (col0 >= p.n) continue;
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int c8 = 8 * q + j, h = c8 / (BG::kBatchN / 8), i = c8 % (BG::kBatchN / 8);
-          *reinterpret_cast<__nv_bfloat162*>(out0 + 16 * j) = __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
-          *reinterpret_cast<__nv_bfloat162*>(out1 + 16 * j) =
-              __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
+        for (int q = 0; q < 2; ++q) {
+          const int col0 = nt * BG::kTileN + h * BG::kHalfN + q * 64;
+          if (col0 >= p.n) continue;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int i = 8 * q + j;
+            *reinterpret_cast<__nv_bfloat162*>(out0 + 16 * j) = __floats2bfloat162_rn(acc[h][4 * i], acc[h][4 * i + 1]);
+            *reinterpret_cast<__nv_bfloat162*>(out1 + 16 * j) =
+                __floats2bfloat162_rn(acc[h][4 * i + 2], acc[h][4 * i + 3]);
+          }
+          block_gemm_flush(staged, lane, D + warp_row0 * ld_bytes + 2 * col0, ld_bytes, min(m - warp_row0, 16));
         }
-        block_gemm_flush(staged, lane, D + warp_row0 * ld_bytes + 2 * col0, ld_bytes, min(m - warp_row0, 16));
       }
     }
   }
@@ -724,9 +693,9 @@ struct BlockGemmMaps {
 };
 
 // The descriptors of a launch, encoded on its key's first launch (a few us of host work each).
-template <int kTileN, bool kFused>
+template <bool kFused>
 const BlockGemmMaps& block_gemm_maps(const GroupedGemmLaunch& l) {
-  using BG = BlockGemmTile<kTileN>;
+  using BG = BlockGemm;
   thread_local BoundCache<BlockGemmMapsKey, BlockGemmMaps> cache;
   const GroupedGemmLaunch::Tensors& t = l.tensors;
   const BlockGemmMapsKey key{t.tokens, t.weights, t.output, t.token_rows, t.weight_rows, l.n, l.k};
@@ -744,21 +713,20 @@ const BlockGemmMaps& block_gemm_maps(const GroupedGemmLaunch& l) {
 }
 
 // The dynamic shared memory of a kernel, set once per device (launch_cache.h).
-template <int kTileN, bool kFused, Activation kAct>
+template <bool kFused, Activation kAct>
 void block_gemm_set_smem(int device) {
   static std::atomic<std::uint64_t> done{0};
   once_per_device(done, device, [] {
-    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block_gemm_kernel<kTileN, kFused, kAct>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           BlockGemmTile<kTileN>::kSmemBytes));
+    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block_gemm_kernel<kFused, kAct>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           BlockGemm::kSmemBytes));
   });
 }
 
 // The launch of a config row whose main loop is moekit's (its tile is this kernel's: checked).
 template <plan::GemmConfig kConfig>
 void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
+  using BG = BlockGemm;
   static constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
-  using BG = BlockGemmTile<info.tile_n>;
   static constexpr bool kFused = info.fused_w1;
   static_assert(info.main_loop == plan::GemmMainLoop::kMoekit && !info.swap_ab && info.tile_m == BG::kTileM &&
                     info.tile_n == BG::kTileN && info.tile_k == BG::kTileK && info.n_multiple % BG::kHalfN == 0,
@@ -778,14 +746,14 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   int device = 0;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
   block_gemm_require_sm90(info.name, device);
-  BlockGemm::Params p = block_gemm_params(l);
+  BG::Params p = block_gemm_params(l);
   if constexpr (kFused) p.fused = l.fused;
-  const BlockGemmMaps& maps = block_gemm_maps<BG::kTileN, kFused>(l);
+  const BlockGemmMaps& maps = block_gemm_maps<kFused>(l);
   p.tma_store = maps.tma_store;
   const auto launch = [&]<Activation kAct>() {
-    block_gemm_set_smem<BG::kTileN, kFused, kAct>(device);
-    launch_pdl(block_gemm_kernel<BG::kTileN, kFused, kAct>, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, maps.a,
-               maps.a64, maps.b, maps.d, maps.d64, p);
+    block_gemm_set_smem<kFused, kAct>(device);
+    launch_pdl(block_gemm_kernel<kFused, kAct>, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, maps.a, maps.a64,
+               maps.b, maps.d, maps.d64, p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   };
   if constexpr (kFused) {

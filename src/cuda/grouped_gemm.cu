@@ -48,7 +48,6 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& l, void*
     case plan::GemmConfig::kCooperative128x128: return instance<plan::GemmConfig::kCooperative128x128>(l, stream);
     case plan::GemmConfig::kBlock128x256: return instance<plan::GemmConfig::kBlock128x256>(l, stream);
     case plan::GemmConfig::kFusedW1Block128x256: return instance<plan::GemmConfig::kFusedW1Block128x256>(l, stream);
-    case plan::GemmConfig::kBlock128x192: return instance<plan::GemmConfig::kBlock128x192>(l, stream);
   }
   MOEKIT_CUDA_REQUIRE(false, "unknown GEMM config " + std::to_string(static_cast<int>(config)));
 }

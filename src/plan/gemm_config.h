@@ -19,8 +19,7 @@ enum class GemmConfig : std::uint8_t {
   kPingpong64x256,
   kBlock128x256,
   kCooperative128x128,
-  kFusedW1Block128x256,
-  kBlock128x192
+  kFusedW1Block128x256
 };
 enum class GemmSchedule : std::uint8_t { kCooperative, kPingpong };
 // Whose main loop: CUTLASS 4.2's (src/cuda/grouped_gemm_impl.cuh) or moekit's own block-scaled one
@@ -104,13 +103,6 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      GemmMainLoop::kCutlass, false, -1, true},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
-     GemmMainLoop::kMoekit},
-    // moekit's main loop on a 192-wide tile: one m64n192 wgmma batch and one promotion a k-block
-    // (96 + 96 registers), where the 256-wide tile runs two 128-column batches, each waited for and
-    // promoted; columns of two weight blocks a tile, the B scale chosen per 8-column group. Unfused.
-    // Last: the rule does not choose it (benchmarks and tests run it by name).
-    {GemmConfig::kBlock128x192, "block-128x192", 128, 192, 128, GemmSchedule::kCooperative, false, 128, -1, false, true,
-     false, "block128, m_e > 64: 192-wide tiles, one wgmma batch and one promotion a k-block (moekit's main loop)",
      GemmMainLoop::kMoekit},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);

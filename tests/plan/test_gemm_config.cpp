@@ -9,7 +9,7 @@ namespace moekit::plan {
 namespace {
 
 TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
-  ASSERT_EQ(kNumGemmConfigs, 7);
+  ASSERT_EQ(kNumGemmConfigs, 6);
   for (const auto& c : kGemmConfigs) {
     EXPECT_EQ(parse_gemm_config(c.name), c.id);
     EXPECT_EQ(gemm_config_info(c.id).name, c.name);
@@ -25,12 +25,10 @@ TEST(GemmConfig, TableRoundTripsAndCoversEveryConfig) {
       EXPECT_TRUE(c.schedule == GemmSchedule::kCooperative && !c.token_scaled && !c.block_scaled) << c.name;
       EXPECT_TRUE(c.name.starts_with("fused-w1")) << c.name;
     }
-    // moekit's main loop is block-scaled, columns in whole 128-wide weight blocks: 128 tokens x 256
-    // or 192 weight rows, unswapped (cuda/block_gemm_sm90.cuh); a fused W1 pairs 256.
+    // moekit's main loop is one shape, block-scaled, columns in whole 128-wide weight blocks: 128
+    // tokens x 256 weight rows, unswapped (cuda/block_gemm_sm90.cuh).
     if (c.main_loop == GemmMainLoop::kMoekit) {
-      EXPECT_TRUE(!c.token_scaled && c.n_multiple == 128 && c.tile_m == 128 && !c.swap_ab &&
-                  (c.tile_n == 256 || c.tile_n == 192))
-          << c.name;
+      EXPECT_TRUE(!c.token_scaled && c.n_multiple == 128 && c.tile_m == 128 && !c.swap_ab && c.tile_n == 256) << c.name;
     } else {
       EXPECT_FALSE(c.fused_w1) << c.name;  // the fused W1 is moekit's main loop alone
     }
