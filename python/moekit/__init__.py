@@ -47,9 +47,10 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import _build, _cpu
+from . import _build, _cpu, _torch
 
 _cpu.check(_build.CPU_ARCH)  # before the native module: a clear error, never SIGILL
+_torch.import_torch()  # before the native module too: torch's libnccl.so.2 is the process's (_torch.py)
 
 from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
@@ -195,7 +196,8 @@ def arrange_w1_block_pairs(w1, w1_scale):
     """W1 from a checkpoint's halves layout to the block-pairs layout block128 reads.
 
     A checkpoint stores W1 as gate rows then up rows (HF's gate_proj and up_proj stacked: (E, 2I, K)
-    FP8 codes, (E, 2I/128 * ceil(K/128)) float32 block scales). Under block128 moekit reads, per 256
+    FP8 codes, (E, 2I/128 * ceil(K/128)) or (E, 2I/128, ceil(K/128)) float32 block scales, as the ops
+    take them; the scales come back in the shape given). Under block128 moekit reads, per 256
     rows, gate block b then up block b, so that one W1 tile holds a whole 1x128 output group and
     the activation and its quantization run in the W1 GEMM's epilogue (silu, gelu, gelu_tanh; the
     other activations keep their layout). Codes and scales are moved, never re-rounded. Returns new
@@ -208,8 +210,17 @@ def arrange_w1_block_pairs(w1, w1_scale):
         scales = w1_scale.detach().cpu().contiguous().numpy()
     else:
         codes, scales = np.ascontiguousarray(w1), np.ascontiguousarray(w1_scale)
+    given_shape = scales.shape
+    if scales.ndim == 3:  # (E, 2I/128, ceil(K/128)): a checkpoint's weight_scale_inv per expert, stacked
+        want = (codes.shape[1] // 128, -(-codes.shape[2] // 128)) if codes.ndim == 3 else None
+        if want is None or scales.shape[0] != codes.shape[0] or scales.shape[1:] != want:
+            raise Error(f"w1_scale: shape {tuple(scales.shape)} where (E, 2I/128, ceil(K/128)) = "
+                        f"({codes.shape[0] if codes.ndim else '?'}, {want[0] if want else '?'}, "
+                        f"{want[1] if want else '?'}) or its 2-D (E, 2I/128 * ceil(K/128)) is needed")
+        scales = scales.reshape(scales.shape[0], -1)
     out, out_scale = np.empty_like(codes), np.empty_like(scales)
     _moekit.arrange_w1_block_pairs(codes, scales, out, out_scale)
+    out_scale = out_scale.reshape(given_shape)
     if is_torch:
         return torch.from_numpy(out).view(w1.dtype), torch.from_numpy(out_scale)
     return out, out_scale
