@@ -55,6 +55,15 @@ def make_layer(E, K, I, topk, n_group, topk_group, scale, gen, routing="model"):
     return layer
 
 
+def plot_labels(res):
+    """The x-axis label and each moekit curve's label: the recipes the two sides ran (moekit's from
+    its JSON, `moekit bench layer`'s --quant; this baseline's is per-token FP8)."""
+    recipe = res.get("quant", "?")
+    xlabel = (f"tokens per step T (DeepSeek-V3, 256 experts on one GPU, top-8; moekit {recipe}, "
+              "PyTorch per-token FP8)")
+    return xlabel, {name: f"moekit {name} ({recipe})" for name in ("batched-fp8", "standard-fp8")}
+
+
 def main():
     bench_path, out_path, plot_path = sys.argv[1:4]
     commit = sys.argv[4] if len(sys.argv) > 4 else "unknown"
@@ -105,10 +114,11 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        xlabel, curve_labels = plot_labels(res)
         for name, style in (("batched-fp8", "o-"), ("standard-fp8", "s-")):
             rows = sorted((r for r in res["rows"] if r["experts"] == name and r["T"] > 0), key=lambda r: r["T"])
             if rows:
-                ax.plot([r["T"] for r in rows], [r["median_ms"] for r in rows], style, label=f"moekit {name}")
+                ax.plot([r["T"] for r in rows], [r["median_ms"] for r in rows], style, label=curve_labels[name])
         rows = sorted((r for r in res["rows"] if r["experts"] == res["rows"][0]["experts"] and r["T"] > 0),
                       key=lambda r: r["T"])
         ax.plot([r["T"] for r in rows], [r["floor_ms"] for r in rows], "k--", label="floor (measured ceilings)")
@@ -119,7 +129,7 @@ def main():
                 ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("tokens per step T (DeepSeek-V3, 256 experts on one GPU, top-8, per-token FP8)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("ms per layer step")
         ax.set_title(f"{res['device']}, {res['date'][:10]}, commit {commit[:10]}")
         ax.grid(True, which="both", alpha=0.3)

@@ -8,9 +8,19 @@
 # Options: --targets "t1 t2 ..." (default: everything gpu-check.sh runs; `all` for every target),
 # --python (the Python module too; implied by the default targets), --jobs N (default: nproc).
 # build-gpu/ stays on a warm machine between calls, so a second call rebuilds only what changed.
-# Timings of every step: $OUT/gpu-build.txt.
+# Timings of every step: $OUT/gpu-build.txt, with the tree's fingerprint (the device copy's git HEAD
+# is not the tree's): `bash scripts/gpu-build.sh --fingerprint` here prints the same for this tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# A fingerprint of the sources the build reads (tracked or not, present, not ignored), the same here
+# and on the device for the same files (the device's git index may be older than the tree).
+fingerprint() {
+  git ls-files -co --exclude-standard -z -- CMakeLists.txt pyproject.toml cmake include src tests bench python models |
+    sort -zu | while IFS= read -r -d '' f; do [[ -f $f ]] && printf '%s\0' "$f"; done | xargs -0 sha1sum | sha1sum |
+    cut -c1-12
+}
+[[ ${1:-} == --fingerprint ]] && { fingerprint; exit 0; }
+
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -38,7 +48,7 @@ t_start=$SECONDS
 step() { printf '%-34s %6d s  %s\n' "$1" "$2" "${3:-}" | tee -a "$log"; }
 { echo "gpu-build on $(hostname), $(nproc) cores, $(date -u +%FT%TZ)";
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null;
-  echo "tree $(git rev-parse HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"; } \
+  echo "tree fingerprint $(fingerprint) (scripts/gpu-build.sh --fingerprint on a checkout prints its own)"; } \
   | tee "$log"
 
 # --- Dependencies: unpacked once per machine (a warm machine keeps /tmp) -------------------------
@@ -85,7 +95,7 @@ done
 cp -L "$deps"/prefix/lib/x86_64-linux-gnu/libfmt.so.* .gpu/lib/ 2>/dev/null
 [[ -d build-gpu/python/moekit ]] && mkdir -p .gpu/python && ln -s "$PWD/build-gpu/python/moekit" .gpu/python/moekit
 [[ -d .gpusrc/python-wheels ]] && ln -s "$PWD/.gpusrc/python-wheels" .gpu/wheels
-{ git rev-parse HEAD 2>/dev/null || echo unknown; git status --porcelain 2>/dev/null | grep -q . && echo "(with uncommitted changes)"; } > .gpu/COMMIT
+echo "tree fingerprint $(fingerprint)" > .gpu/COMMIT
 step "built and staged" $((SECONDS - t_start))
 
 # --- The asked-for commands ----------------------------------------------------------------------

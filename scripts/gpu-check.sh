@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A maintainer's round on the GPU machine, from the binaries scripts/gpu-bundle.sh built into .gpu/
-# (carried as the device tool's working tree). Logs and results in $OUT; NVLink multicast stays off
+# A maintainer's round on the GPU machine, from the binaries scripts/gpu-build.sh built there into
+# .gpu/ (`bash scripts/gpu-build.sh "bash scripts/gpu-check.sh tests"`). Logs and results in $OUT; NVLink multicast stays off
 # (NCCL_NVLS_ENABLE=0 and friends, below).
 #   tests:   machine facts, the SASS check for FP8 wgmma (QGMMA), the GPU tests (experts, activation,
 #            backend ops, the layer on every device, the runtime and redundant experts, the NCCL
@@ -135,7 +135,7 @@ if [[ $part == python && $py_parts == *" vllm "* ]]; then
 fi
 if [[ $part == python && $py_parts == *" parity "* ]]; then
   if [[ -d $BIN/wheels ]]; then
-    echo "== tests/parity on the GPU: the CUDA layer against transformers' MoE blocks (wheels from gpu-bundle.sh)"
+    echo "== tests/parity on the GPU: the CUDA layer against transformers' MoE blocks (wheels from gpu-pack.sh --python-wheels)"
     site=$(mktemp -d)
     python3 -m pip install -q --no-deps --no-index --target "$site" $BIN/wheels/*.whl
     PYTHONPATH="$site:$PWD/$BIN/python" MOEKIT_PARITY_DEVICE=cuda PYTHONUNBUFFERED=1 run timeout 400 python3 -m pytest \

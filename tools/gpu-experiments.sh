@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Experiments on the GPU machine (not a maintainer's round: that is scripts/gpu-check.sh), from the
-# binaries scripts/gpu-bundle.sh built into .gpu/. Logs in $OUT; NVLink multicast stays off.
+# binaries scripts/gpu-build.sh built there into .gpu/. Logs in $OUT; NVLink multicast stays off.
 #   fused:   block128's experts (the fused W1 and the unfused configs) against the CPU, memcheck on
 #            the fused plan, the experts benchmark per-token and block128.
 #   graphs:  the captured step (graph tests, memcheck), the experts benchmark eager and replayed,

@@ -47,9 +47,10 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import _build, _cpu
+from . import _build, _cpu, _torch
 
 _cpu.check(_build.CPU_ARCH)  # before the native module: a clear error, never SIGILL
+_torch.import_torch()  # before the native module too: torch's libnccl.so.2 is the process's (_torch.py)
 
 from ._moekit import Error  # noqa: F401  (re-exported: every failure raises it)
 from . import _moekit
@@ -180,22 +181,37 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
         return d
     if device != "cuda":
         raise Error(f"device = {device!r}: synthetic_inputs makes 'cpu' (NumPy) or 'cuda' (torch) arrays")
+    return _to_torch(d, "cuda")
+
+
+# The weight keys that hold FP8 e4m3 codes (uint8 on the host).
+_FP8_KEYS = ("w1", "w2", "shared_w1", "shared_w2")
+
+
+def _to_torch(arrays: dict, device: str) -> dict:
+    """Host arrays (NumPy, as the native module returns them) as torch tensors on `device`, in the dtypes
+    the layer reads there: FP8 codes as float8_e4m3fn, bf16 bits (uint16) as bfloat16, the rest as they
+    are. Each host array is dropped from `arrays` once its copy is made, so a layer's host memory goes
+    as its device copies come (peak: one layer and one array)."""
     import torch
 
-    def tensor(k, v):
+    out = {}
+    for k in list(arrays):
+        v = arrays.pop(k)
         t = torch.from_numpy(v.view(np.int16) if v.dtype == np.uint16 else v)
         t = t.view(torch.bfloat16) if v.dtype == np.uint16 else t
-        t = t.view(torch.float8_e4m3fn) if k in ("w1", "w2", "shared_w1", "shared_w2") else t
-        return t.to("cuda")
-
-    return {k: tensor(k, v) for k, v in d.items()}
+        t = t.view(torch.float8_e4m3fn) if k in _FP8_KEYS else t
+        out[k] = t.to(device)
+        del v, t
+    return out
 
 
 def arrange_w1_block_pairs(w1, w1_scale):
     """W1 from a checkpoint's halves layout to the block-pairs layout block128 reads.
 
     A checkpoint stores W1 as gate rows then up rows (HF's gate_proj and up_proj stacked: (E, 2I, K)
-    FP8 codes, (E, 2I/128 * ceil(K/128)) float32 block scales). Under block128 moekit reads, per 256
+    FP8 codes, (E, 2I/128 * ceil(K/128)) or (E, 2I/128, ceil(K/128)) float32 block scales, as the ops
+    take them; the scales come back in the shape given). Under block128 moekit reads, per 256
     rows, gate block b then up block b, so that one W1 tile holds a whole 1x128 output group and
     the activation and its quantization run in the W1 GEMM's epilogue (silu, gelu, gelu_tanh; the
     other activations keep their layout). Codes and scales are moved, never re-rounded. Returns new
@@ -208,8 +224,17 @@ def arrange_w1_block_pairs(w1, w1_scale):
         scales = w1_scale.detach().cpu().contiguous().numpy()
     else:
         codes, scales = np.ascontiguousarray(w1), np.ascontiguousarray(w1_scale)
+    given_shape = scales.shape
+    if scales.ndim == 3:  # (E, 2I/128, ceil(K/128)): a checkpoint's weight_scale_inv per expert, stacked
+        want = (codes.shape[1] // 128, -(-codes.shape[2] // 128)) if codes.ndim == 3 else None
+        if want is None or scales.shape[0] != codes.shape[0] or scales.shape[1:] != want:
+            raise Error(f"w1_scale: shape {tuple(scales.shape)} where (E, 2I/128, ceil(K/128)) = "
+                        f"({codes.shape[0] if codes.ndim else '?'}, {want[0] if want else '?'}, "
+                        f"{want[1] if want else '?'}) or its 2-D (E, 2I/128 * ceil(K/128)) is needed")
+        scales = scales.reshape(scales.shape[0], -1)
     out, out_scale = np.empty_like(codes), np.empty_like(scales)
     _moekit.arrange_w1_block_pairs(codes, scales, out, out_scale)
+    out_scale = out_scale.reshape(given_shape)
     if is_torch:
         return torch.from_numpy(out).view(w1.dtype), torch.from_numpy(out_scale)
     return out, out_scale
@@ -334,6 +359,11 @@ class Runtime:
 
     def add_layer(self, weights: Any, w1_layout: str = "gate_up", placement: Optional[Sequence[int]] = None) -> int:
         if isinstance(weights, LoadedLayer):
+            on_host = isinstance(weights.weights.get("w1"), np.ndarray)
+            if on_host and self.device.startswith("cuda"):
+                raise Error(f"layer {weights.layer}: its weights are host arrays and this runtime runs on "
+                            f"{self.device}: load it there, Checkpoint.load_layer({weights.layer}, "
+                            f"device={self.device!r})")
             weights = weights.weights
         held = _layer_arrays(weights)
         w = {k: ops._plain(v) for k, v in held.items()}
@@ -431,8 +461,8 @@ class LoadedLayer:
     keys and layouts (W1 in gate-then-up order), the router's linear layer, and what loading did."""
     layer: int
     weights: dict
-    router_weight: np.ndarray  # (E, K) float32
-    router_bias: Optional[np.ndarray]  # (E,) float32 (gpt-oss) or None
+    router_weight: Any  # (E, K) float32: NumPy, or a torch tensor on the device it was loaded onto
+    router_bias: Any  # (E,) float32 (gpt-oss) or None
     quant: str
     note: str
 
@@ -442,11 +472,16 @@ class LoadedLayer:
         if ops._is_torch(hidden):
             import torch
 
-            w = torch.from_numpy(self.router_weight).to(hidden.device)
-            out = hidden.float() @ w.T
+            def on(x):  # the router's arrays where hidden is (a layer loaded there already has them there)
+                return (x if ops._is_torch(x) else torch.from_numpy(x)).to(hidden.device)
+
+            out = hidden.float() @ on(self.router_weight).T
             if self.router_bias is not None:
-                out = out + torch.from_numpy(self.router_bias).to(hidden.device)
+                out = out + on(self.router_bias)
             return out.contiguous()
+        if ops._is_torch(self.router_weight):
+            raise Error(f"layer {self.layer}: loaded onto {self.router_weight.device}; its router takes torch "
+                        "tensors there, not NumPy arrays")
         h = (np.asarray(hidden, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
         out = h @ self.router_weight.T
         if self.router_bias is not None:
@@ -461,10 +496,12 @@ class Checkpoint:
 
     ck = moekit.Checkpoint(path)
     ck.config_path, ck.model_type, ck.moe_layers (the layers holding an MoE block)
-    ck.load_layer(layer, quant="auto", rank=0, ranks=1, shared_experts=True) -> LoadedLayer: this
-      rank's experts (E / ranks of them) in `quant` ("auto": the checkpoint's own FP8 scheme, per-token
-      for bf16 checkpoints); FP8 weights of that granularity load as stored, others are quantized at
-      load by moekit's quantizer (LoadedLayer.note says which)
+    ck.load_layer(layer, quant="auto", rank=0, ranks=1, shared_experts=True, device="cpu") ->
+      LoadedLayer: this rank's experts (E / ranks of them) in `quant` ("auto": the checkpoint's own FP8
+      scheme, per-token for bf16 checkpoints); FP8 weights of that granularity load as stored, others
+      are quantized at load by moekit's quantizer (LoadedLayer.note says which). device="cuda" (or
+      "cuda:N") puts them on that GPU as torch tensors in the dtypes a CUDA Runtime reads, the host copy
+      freed as each array lands (host memory: about one layer at a time); "cpu": NumPy arrays.
     """
 
     def __init__(self, path: str):
@@ -488,16 +525,24 @@ class Checkpoint:
         return list(self._ck.opened_shards)
 
     def load_layer(self, layer: int, quant: str = "auto", rank: int = 0, ranks: int = 1,
-                   shared_experts: bool = True, placement: Optional[Sequence[int]] = None) -> LoadedLayer:
+                   shared_experts: bool = True, placement: Optional[Sequence[int]] = None,
+                   device: str = "cpu") -> LoadedLayer:
         """placement: with redundant experts, the slot -> expert map of all ranks' slots; this rank's
-        len(placement) / ranks slots are read."""
+        len(placement) / ranks slots are read. device: "cpu" (NumPy) or "cuda" / "cuda:N" (torch)."""
+        if device != "cpu" and not (isinstance(device, str) and (device == "cuda" or device.startswith("cuda:"))):
+            raise Error(f"device = {device!r}: load_layer loads onto 'cpu' (NumPy) or 'cuda' / 'cuda:N' (torch)")
+        if device != "cpu" and ops._torch is None:
+            raise Error(f"device = {device!r}: loading onto a GPU makes torch tensors, and torch is not installed")
         d = dict(self._ck.load_layer(int(layer), quant, int(rank), int(ranks), bool(shared_experts),
                                      None if placement is None else [int(e) for e in placement]))
-        router_weight = d.pop("router_weight")
-        router_bias = d.pop("router_bias", None)
+        router = {"router_weight": d.pop("router_weight")}
+        if "router_bias" in d:
+            router["router_bias"] = d.pop("router_bias")
         q = d.pop("quant")
         note = d.pop("note")
-        return LoadedLayer(int(layer), d, router_weight, router_bias, q, note)
+        if device != "cpu":
+            d, router = _to_torch(d, device), _to_torch(router, device)
+        return LoadedLayer(int(layer), d, router["router_weight"], router.get("router_bias"), q, note)
 
 
 class MoeLayer:

@@ -83,6 +83,7 @@ import os
 from typing import Any, Optional
 
 from . import _moekit
+from ._torch import import_torch
 
 __all__ = ["batched_experts", "standard_experts", "check_status", "workspace_bytes", "workspace_cap",
            "set_workspace_cap", "release_workspaces", "batched_experts_workspace_bytes",
@@ -91,10 +92,7 @@ __all__ = ["batched_experts", "standard_experts", "check_status", "workspace_byt
 _THREADS = max(1, (os.cpu_count() or 1))
 
 
-try:
-    import torch as _torch
-except ImportError:  # NumPy only
-    _torch = None
+_torch = import_torch()  # None: NumPy only
 # torch's C entry point for DLPack capsules (private: without it, nanobind calls tensor.__dlpack__).
 _to_dlpack = getattr(getattr(_torch, "_C", None), "_to_dlpack", None)
 
@@ -164,10 +162,47 @@ def _to_fp16(bf16, out, valid=None):
         out[valid] = val[valid]
 
 
+def _refuse_bad_ids(ids, expert_map, E_local: int):
+    """Host ids (NumPy): an Error naming the first id outside its range as the caller gave it (the
+    converted ids carry E_local in its place, which would be all a kernel could report)."""
+    np = _np()
+    ids64 = np.asarray(ids).astype(np.int64)
+    if expert_map is None:
+        bad = np.argwhere((ids64 < -1) | (ids64 >= E_local))
+        if bad.size:
+            r, c = (int(x) for x in bad[0]) if ids64.ndim == 2 else (int(bad[0][0]), 0)
+            raise _moekit.Error(f"standard_experts: topk_ids[{r}][{c}] = {int(ids64[tuple(bad[0])])} is outside "
+                                f"[-1, E_local = {E_local}): ids must be local expert indices (or pass expert_map "
+                                "for global ids)")
+        return
+    m = np.asarray(expert_map).astype(np.int64)
+    E = m.shape[0]
+    outside = (ids64 < -1) | (ids64 >= E)
+    inside = (ids64 >= 0) & (ids64 < E)
+    mapped = np.where(inside, m[np.clip(ids64, 0, max(E - 1, 0))], -1)
+    bad = np.argwhere(outside | (inside & ((mapped < -1) | (mapped >= E_local))))
+    if bad.size:
+        at = tuple(bad[0])
+        r, c = (int(x) for x in at) if ids64.ndim == 2 else (int(at[0]), 0)
+        v = int(ids64[at])
+        why = (f"is outside [-1, E = {E}) (expert_map's global ids)" if outside[at] else
+               f"maps to expert_map[{v}] = {int(mapped[at])}, outside [-1, E_local = {E_local})")
+        raise _moekit.Error(f"standard_experts: topk_ids[{r}][{c}] = {v} {why}")
+
+
 def _local_ids(topk_ids, expert_map, E_local: int):
     """topk_ids as the kernels read them: int32 local ids in [-1, E_local). int64 ids are converted;
-    with expert_map (global -> local id, -1 elsewhere) global ids are mapped. An id outside its range
+    with expert_map (global -> local id, -1 elsewhere) global ids are mapped. Host ids outside their
+    range raise here, naming the caller's value; on a GPU (no synchronization to look) such an id
     becomes E_local, which the kernels refuse (never another expert's id)."""
+    if not _is_torch(topk_ids) or topk_ids.device.type == "cpu":
+        np = _np()
+        host = np.asarray(topk_ids.numpy() if _is_torch(topk_ids) else topk_ids)
+        host_map = None if expert_map is None else np.asarray(
+            expert_map.cpu().numpy() if _is_torch(expert_map) else expert_map)
+        # (Ids or a map of another type are refused below, by name.)
+        if host.dtype.kind in "iu" and (host_map is None or (host_map.ndim == 1 and host_map.dtype.kind in "iu")):
+            _refuse_bad_ids(host, host_map, E_local)
     if _is_torch(topk_ids):
         t = _torch
         ids = topk_ids

@@ -25,6 +25,7 @@
 #include "moekit/check.h"
 #include "moekit/placement.h"
 #include "moekit/runtime.h"
+#include "plan/model_presets.h"
 #include "plan/placement_rule.h"
 #include "test_names.h"
 
@@ -259,10 +260,13 @@ TEST(RedundantExperts, ReplaceLayerRunsTheNewPlacement) {
 // exactly the plan's workspace, and the output equals the unreplicated layer within fp32
 // association of the ranks' partial sums.
 TEST(RedundantExperts, ReportCaseStructureOn32CpuRanks) {
-  // DeepSeek-V3's config.json with hidden_size and moe_intermediate_size 128, as `moekit plan
-  // --model PATH` reads it.
-  nlohmann::json config;
-  std::ifstream(std::string(MOEKIT_SOURCE_DIR) + "/models/deepseek-v3.json") >> config;
+  // DeepSeek-V3's config.json (the preset built into the library, so the test runs from any
+  // directory) with hidden_size and moe_intermediate_size 128, as `moekit plan --model PATH` reads it.
+  const auto& presets = detail::model_presets();
+  const auto preset = std::find_if(presets.begin(), presets.end(),
+                                   [](const detail::ModelPreset& p) { return std::string(p.name) == "deepseek-v3"; });
+  ASSERT_NE(preset, presets.end());
+  nlohmann::json config = nlohmann::json::parse(preset->json);
   config["hidden_size"] = 128;
   config["moe_intermediate_size"] = 128;
   const std::string path = ::testing::TempDir() + "moekit-deepseek-v3-reduced.json";

@@ -92,13 +92,15 @@ def test_checkpoint_matches_transformers(tmp_path, case, scheme):
     T = 37
     x = parity.bf16(torch.randn(T, parity.K, generator=torch.Generator().manual_seed(5)))
     rt = moekit.Runtime(ck.config_path, max_tokens_per_rank=T, quant=scheme, device=parity.DEVICE)
-    loaded = [ck.load_layer(L, quant=scheme) for L in layers]
+    loaded = [ck.load_layer(L, quant=scheme, device=parity.DEVICE) for L in layers]
     assert "quantized to" in loaded[0].note and loaded[0].quant == scheme
     for lw in loaded:
-        rt.add_layer(lw if parity.DEVICE == "cpu" else _to_cuda(lw))
+        rt.add_layer(lw)
     for index, L in enumerate(layers):
         ref, logits = reference(ref_model.model.layers[L].mlp, case, scheme, x)
-        mine = loaded[index].router_logits(to_bits(x))
+        xin = to_bits(x) if parity.DEVICE == "cpu" else x.to(torch.bfloat16).cuda()
+        mine = loaded[index].router_logits(xin)
+        mine = mine if parity.DEVICE == "cpu" else mine.cpu().numpy()
         np.testing.assert_allclose(mine, logits.numpy(), rtol=1e-4, atol=1e-4)  # the router, from the file
         if parity.DEVICE == "cuda":
             got = rt.forward(index, x.to(torch.bfloat16).cuda(), torch.from_numpy(logits.numpy()).cuda()).float().cpu()
@@ -107,16 +109,6 @@ def test_checkpoint_matches_transformers(tmp_path, case, scheme):
         err = float((got - ref).norm() / ref.norm())
         assert err < parity.tolerance(scheme), f"{case} {scheme} layer {L}: relative error {err:.3e}"
         print(f"{case:16s} {scheme:10s} layer {L}: relative error from the checkpoint {err:.2e}")
-
-
-def _to_cuda(lw):
-    w = {k: torch.from_numpy(v).cuda() for k, v in lw.weights.items()}
-    for k in ("w1", "w2", "shared_w1", "shared_w2"):
-        if k in w:
-            w[k] = w[k].view(torch.float8_e4m3fn)
-    if "shared_expert_gate" in w:
-        w["shared_expert_gate"] = w["shared_expert_gate"].view(torch.bfloat16)
-    return w
 
 
 def write_fp8_blocks(src, dst):
@@ -195,6 +187,34 @@ def test_layers_share_one_runtime(tmp_path):
     # Rank 1 of 2 reads only its experts, and gets the upper half.
     half = ck.load_layer(layers[0], rank=1, ranks=2)
     np.testing.assert_array_equal(half.weights["w1"], loaded[0].weights["w1"][8:])
+
+
+def test_the_readme_checkpoint_example_runs(tmp_path):
+    """The README's checkpoint example, as written (extracted from README.md, so the two cannot drift),
+    on a DeepSeek-V3 checkpoint transformers wrote, on this module's device (MOEKIT_PARITY_DEVICE):
+    every layer on one runtime, the output the layer's own on the same weights, bit for bit."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    example = [b for b in blocks if "moekit.Checkpoint(" in b]
+    assert len(example) == 1 and '"/path/to/DeepSeek-V3"' in example[0], "the README has one checkpoint example"
+    layers = save_checkpoint("deepseek_v3", "block128", tmp_path / "ck", fp8_exact=False)
+    hidden = parity.bf16(torch.randn(5, parity.K, generator=torch.Generator().manual_seed(8))).to(torch.bfloat16)
+    hidden = hidden.to(parity.DEVICE)
+    scope = {"moekit": moekit, "device": parity.DEVICE, "hidden": hidden}
+    code = example[0].replace('"/path/to/DeepSeek-V3"', repr(str(tmp_path / "ck")))
+    exec(compile(code, "README.md", "exec"), scope)
+    out, rt, lws = scope["out"], scope["rt"], scope["layers"]
+    assert rt.num_layers == len(layers) == len(lws) and out.shape == (5, parity.K) and out.dtype == torch.bfloat16
+    assert out.device.type == parity.DEVICE and torch.isfinite(out.float()).all()
+    if parity.DEVICE == "cuda":
+        assert all(w.is_cuda for w in lws[0].weights.values()) and lws[0].router_weight.is_cuda
+    alone = moekit.MoeLayer(scope["ck"].config_path, weights=lws[0].weights, max_tokens_per_rank=128)
+    assert torch.equal(out.view(torch.int16), alone(hidden, lws[0].router_logits(hidden)).view(torch.int16))
+    # A CUDA runtime given a layer loaded onto the host names the fix.
+    if parity.DEVICE == "cuda":
+        host = scope["ck"].load_layer(layers[0])
+        with pytest.raises(moekit.Error, match="load_layer\\(.*device='cuda:0'\\)"):
+            rt.add_layer(host)
 
 
 def test_cli_runs_and_plans_a_checkpoint(tmp_path):

@@ -6,6 +6,7 @@ package on PYTHONPATH and the CLI in MOEKIT_CLI."""
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -335,10 +336,17 @@ def test_arrange_w1_block_pairs():
         np.testing.assert_array_equal(pairs_scale[:, 2 * b * kb:(2 * b + 1) * kb], scale[:, b * kb:(b + 1) * kb])
         np.testing.assert_array_equal(pairs_scale[:, (2 * b + 1) * kb:(2 * b + 2) * kb],
                                       scale[:, (I // 128 + b) * kb:(I // 128 + b + 1) * kb])
+    # The ops' 3-D scale shape (E, 2I/128, ceil(K/128)): the same move, the shape kept.
+    pairs3, pairs_scale3 = moekit.arrange_w1_block_pairs(w1, scale.reshape(E, 2 * I // 128, kb))
+    np.testing.assert_array_equal(pairs3, pairs)
+    assert pairs_scale3.shape == (E, 2 * I // 128, kb)
+    np.testing.assert_array_equal(pairs_scale3.reshape(E, -1), pairs_scale)
     with pytest.raises(moekit.Error, match="multiple of 128"):
         moekit.arrange_w1_block_pairs(w1[:, :384], scale)
     with pytest.raises(moekit.Error, match="w1_scale"):
         moekit.arrange_w1_block_pairs(w1, scale[:, :-1])
+    with pytest.raises(moekit.Error, match=r"w1_scale: shape \(2, 2, 4\)"):  # transposed blocks
+        moekit.arrange_w1_block_pairs(w1, scale.reshape(E, kb, 2 * I // 128))
 
 
 def test_w1_as_checkpoints_store_it(tmp_path):
@@ -441,3 +449,37 @@ def test_cpu_level_check_names_the_missing_flags(tmp_path):
 
         with unittest.mock.patch.object(_cpu, "missing_flags", lambda level: ["avx2"]):
             _cpu.check("x86-64-v3")
+
+
+def _import_moekit_in_child(tmp_path, torch_init):
+    """`import moekit` in a fresh interpreter whose `torch` is a stand-in package (torch_init: its
+    __init__.py; None: torch absent), the package under test first on the path. (rc, stdout, stderr)"""
+    stand_in = tmp_path / "stand_in"
+    stand_in.mkdir()
+    if torch_init is not None:
+        (stand_in / "torch").mkdir()
+        (stand_in / "torch" / "__init__.py").write_text(torch_init)
+    package_root = os.path.dirname(os.path.dirname(moekit.__file__))
+    code = ("import sys\n"
+            f"sys.path[:0] = [{str(stand_in)!r}, {package_root!r}]\n"
+            + ("" if torch_init is not None else "sys.modules['torch'] = None\n")
+            + "import moekit\nprint('torch', moekit.ops._torch is not None, moekit.ops.torch_op_error)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_a_torch_that_does_not_import_is_named_not_called_missing(tmp_path):
+    """An installed torch whose import fails (an older libnccl.so.2 loaded first, say) raises
+    ImportError with torch's own reason; only a torch that is not installed leaves moekit on NumPy."""
+    rc, out, err = _import_moekit_in_child(
+        tmp_path, "raise ImportError('libtorch_cuda.so: undefined symbol: ncclCommInitRankScalable')\n")
+    assert rc != 0, out
+    assert "ImportError: moekit: torch is installed but does not import" in err, err
+    assert "undefined symbol: ncclCommInitRankScalable" in err and "import torch first" in err, err
+    assert "torch is not installed" not in err + out
+
+
+def test_without_torch_moekit_runs_on_numpy(tmp_path):
+    rc, out, err = _import_moekit_in_child(tmp_path, None)
+    assert rc == 0, err
+    assert out.split() == ["torch", "False", "torch", "is", "not", "installed"], out

@@ -386,12 +386,24 @@ def test_engine_conventions_give_the_same_bits():
     local = args["topk_ids"]
     glob = np.where(local >= 0, local + 4, rng.choice([0, 3, 9, 11], local.shape)).astype(np.int64)
     assert np.array_equal(run_standard({**args, "topk_ids": glob}, expert_map=expert_map), base)
-    # A global id outside the map's experts, or an int64 id past int32, is never another expert.
+    # A global id outside the map's experts, or an int64 id past int32, is never another expert, and
+    # the error names the id the caller gave (not the value it was converted to).
     for bad in (12, 2**32 + 1, -2):
         ids = glob.copy()
         ids[0, 0] = bad
-        with pytest.raises(moekit.Error, match="topk_ids\\[0\\]\\[0\\] = 4 is outside"):
+        with pytest.raises(moekit.Error, match=f"topk_ids\\[0\\]\\[0\\] = {bad} is outside \\[-1, E = 12\\)"):
             run_standard({**args, "topk_ids": ids}, expert_map=expert_map)
+    unmapped = expert_map.copy()
+    unmapped[4] = 7  # a map entry past this rank's 4 experts
+    ids = glob.copy()
+    ids[0, 0] = 4
+    with pytest.raises(moekit.Error, match="topk_ids\\[0\\]\\[0\\] = 4 maps to expert_map\\[4\\] = 7, outside"):
+        run_standard({**args, "topk_ids": ids}, expert_map=unmapped)
+    for bad in (2**32 + 1, 4, -2):  # local int64 ids, no map
+        ids = local.astype(np.int64)
+        ids[1, 0] = bad
+        with pytest.raises(moekit.Error, match=f"topk_ids\\[1\\]\\[0\\] = {bad} is outside \\[-1, E_local = 4\\)"):
+            run_standard({**args, "topk_ids": ids})
     with pytest.raises(moekit.Error, match="expert_map must be a 1-D"):
         run_standard({**args, "topk_ids": glob}, expert_map=expert_map.astype(np.float32))
     # float16 output: the bf16 result converted (finite values of this size are exact in fp16's range).
