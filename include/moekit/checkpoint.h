@@ -59,7 +59,8 @@ class Checkpoint {
  public:
   // Reads config.json through the architecture table and the checkpoint's index; opens no shard yet.
   // Raises moekit::Error for a directory that is not a Hugging Face checkpoint, naming the file.
-  explicit Checkpoint(const std::string& dir);
+  // num_threads: the threads a load reads, checks and quantizes on (0: the machine's hardware threads).
+  explicit Checkpoint(const std::string& dir, int num_threads = 0);
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
   Checkpoint& operator=(const Checkpoint&) = delete;

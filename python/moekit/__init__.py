@@ -494,7 +494,7 @@ class Checkpoint:
     model.safetensors.index.json), read as untrusted input and memory-mapped: only the tensors a rank
     asks for are touched.
 
-    ck = moekit.Checkpoint(path)
+    ck = moekit.Checkpoint(path, num_threads=0)   (0: a load on every hardware thread)
     ck.config_path, ck.model_type, ck.moe_layers (the layers holding an MoE block)
     ck.load_layer(layer, quant="auto", rank=0, ranks=1, shared_experts=True, device="cpu") ->
       LoadedLayer: this rank's experts (E / ranks of them) in `quant` ("auto": the checkpoint's own FP8
@@ -504,8 +504,9 @@ class Checkpoint:
       freed as each array lands (host memory: about one layer at a time); "cpu": NumPy arrays.
     """
 
-    def __init__(self, path: str):
-        self._ck = _moekit.Checkpoint(str(path))
+    def __init__(self, path: str, num_threads: int = 0):
+        """num_threads: the threads a load reads, checks and quantizes on (0: the machine's)."""
+        self._ck = _moekit.Checkpoint(str(path), int(num_threads))
 
     @property
     def config_path(self) -> str:

@@ -1142,7 +1142,7 @@ void w1_to_halves(const MoeProblem& q, std::vector<std::uint8_t>& w1, std::vecto
 // MoeLayer / Runtime.add_layer take (W1 in gate-then-up order), plus the router's weight and bias.
 class PyCheckpoint {
  public:
-  explicit PyCheckpoint(const std::string& dir) : ck_(dir) {}
+  PyCheckpoint(const std::string& dir, int num_threads) : ck_(dir, num_threads) {}
   std::string model_type() const { return ck_.model().model_type; }
   std::string config_path() const { return ck_.dir() + "/config.json"; }
   std::vector<std::int64_t> moe_layers() const { return ck_.moe_layers(); }
@@ -1444,7 +1444,7 @@ NB_MODULE(_moekit, m) {
       },
       nb::arg("num_logical"), nb::arg("num_physical"));
   nb::class_<PyCheckpoint>(m, "Checkpoint")
-      .def(nb::init<const std::string&>(), nb::arg("path"))
+      .def(nb::init<const std::string&, int>(), nb::arg("path"), nb::arg("num_threads"))
       .def("load_layer", &PyCheckpoint::load_layer, nb::arg("layer"), nb::arg("quant"), nb::arg("rank"),
            nb::arg("ranks"), nb::arg("shared_experts"), nb::arg("placement").none())
       .def_prop_ro("model_type", &PyCheckpoint::model_type)

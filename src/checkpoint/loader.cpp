@@ -9,12 +9,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <string_view>
+#include <thread>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/weight_values.h"
 #include "cpu/quant.h"
+#include "cpu/thread_pool.h"
 #include "moekit/check.h"
 #include "moekit/limits.h"
 #include "numerics/activation.h"
@@ -92,12 +95,47 @@ struct Matrix {
                                                                   : (r / kQuantBlock) * scale_cols + c / kQuantBlock;
     return float_at(scale, scale_dtype, i);
   }
-  std::uint8_t code(std::int64_t r, std::int64_t c) const {
-    return static_cast<std::uint8_t>(data[offset + r * stride_r + c * stride_c]);
+  // Row r's k FP8 codes into dst: one copy where the row is contiguous.
+  void codes_row(std::int64_t r, std::uint8_t* dst) const {
+    const std::byte* src = data + offset + r * stride_r;
+    if (stride_c == 1) {
+      std::memcpy(dst, src, static_cast<std::size_t>(k));
+      return;
+    }
+    for (std::int64_t c = 0; c < k; ++c) dst[c] = static_cast<std::uint8_t>(src[c * stride_c]);
   }
-  float at(std::int64_t r, std::int64_t c) const {
-    if (dtype == TensorDType::kF8E4M3) return numerics::fp8_decode(code(r, c)) * scale_of(r, c);
-    return float_at(data, dtype, offset + r * stride_r + c * stride_c);
+  // Row r's k values as floats (FP8 dequantized by its scales): the dtype chosen once a row, the
+  // inner loops plain loads and shifts (a slice of a fused tensor strided, a transposed one across rows).
+  void floats_row(std::int64_t r, float* dst) const {
+    const std::int64_t base = offset + r * stride_r;
+    switch (dtype) {
+      case TensorDType::kF8E4M3:
+        for (std::int64_t c0 = 0; c0 < k; c0 += kQuantBlock) {
+          const float s = scale_of(r, c0);
+          const std::int64_t c1 = std::min(k, c0 + kQuantBlock);
+          for (std::int64_t c = c0; c < c1; ++c)
+            dst[c] = numerics::fp8_decode(static_cast<std::uint8_t>(data[base + c * stride_c])) * s;
+        }
+        return;
+      case TensorDType::kBF16:
+      case TensorDType::kF16: {
+        const bool bf16 = dtype == TensorDType::kBF16;
+        for (std::int64_t c = 0; c < k; ++c) {
+          std::uint16_t h = 0;
+          std::memcpy(&h, data + 2 * (base + c * stride_c), 2);
+          dst[c] = bf16 ? numerics::bf16_decode(h) : f16_decode(h);
+        }
+        return;
+      }
+      case TensorDType::kF32:
+        if (stride_c == 1) {
+          std::memcpy(dst, data + 4 * base, static_cast<std::size_t>(4 * k));
+          return;
+        }
+        for (std::int64_t c = 0; c < k; ++c) std::memcpy(dst + c, data + 4 * (base + c * stride_c), 4);
+        return;
+      default: MOEKIT_FAIL("{}: a weight of dtype {} cannot be read as floats", name, checkpoint::dtype_name(dtype));
+    }
   }
 };
 
@@ -144,7 +182,8 @@ struct Checkpoint::Impl {
   ModelConfig model;
   std::vector<std::int64_t> layers;
 
-  explicit Impl(const std::string& path) : dir(path), model(load_model_config_file(dir.config_path())) {
+  Impl(const std::string& path, int load_threads)
+      : dir(path), model(load_model_config_file(dir.config_path())), num_threads(load_threads) {
     MOEKIT_CHECK(model.weight_names != WeightNames::kNone,
                  "{}: moekit's checkpoint loader does not know how model_type '{}' names its MoE tensors (it reads "
                  "the deepseek, qwen, mixtral and gpt_oss families' names); pass the weights in memory instead",
@@ -269,25 +308,28 @@ struct Checkpoint::Impl {
     return m;
   }
 
-  // Fills expert slot `slot` of `out` from its gate, up (W1; up is null for single-row activations)
-  // and down (W2) matrices; returns whether the codes were moved as stored.
-  static bool put_expert(HostExpertWeights& out, std::int64_t slot, const Matrix& gate, const Matrix* up,
-                         const Matrix& down) {
+  // Whether `m` moves into problem `p` as stored: FP8 of the problem's granularity.
+  static bool as_stored(const MoeProblem& p, const Matrix& m) {
+    return m.dtype == TensorDType::kF8E4M3 && m.granularity == *granularity_of(p.quant);
+  }
+
+  // Fills expert slot `slot` of `out` from its gate and up matrices (W1; up is null for single-row
+  // activations); returns whether the codes were moved as stored. Slots and the two GEMMs' weights
+  // of one slot are filled in parallel: each writes only its own codes and scales.
+  // scratch: the fp32 matrix a quantized load decodes into (resized here; one per thread, reused:
+  // a fresh 4-byte-an-element buffer for each matrix cost page faults on every one).
+  static bool put_w1(HostExpertWeights& out, std::int64_t slot, const Matrix& gate, const Matrix* up,
+                     std::vector<float>& scratch) {
     const MoeProblem& p = out.problem;
     const std::int64_t N = p.N, K = p.K, I = p.I();
     const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
-    const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K),
-                       s2 = numerics::weight_scale_count(p.quant, K, I);
+    const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K);
     std::uint8_t* w1 = out.w1.data() + slot * N * K;
-    std::uint8_t* w2 = out.w2.data() + slot * K * I;
     float* sc1 = out.w1_scale.data() + slot * s1;
-    float* sc2 = out.w2_scale.data() + slot * s2;
-    const auto target = granularity_of(p.quant);
-    auto as_stored = [&](const Matrix& m) { return m.dtype == TensorDType::kF8E4M3 && m.granularity == *target; };
     // Per-tensor W1 from two matrices moves as stored only when both carry one and the same scale.
     // Block scales move with whole 128-row blocks: not into interleaved rows.
     const bool w1_stored =
-        as_stored(gate) && (up == nullptr || as_stored(*up)) &&
+        as_stored(p, gate) && (up == nullptr || as_stored(p, *up)) &&
         (p.quant != QuantScheme::kBlock128 || rows != numerics::W1Rows::kInterleaved) &&
         (p.quant != QuantScheme::kPerTensor || up == nullptr || gate.scale_of(0, 0) == up->scale_of(0, 0));
     auto dest_row = [&](bool is_up, std::int64_t c) {
@@ -298,7 +340,7 @@ struct Checkpoint::Impl {
         const Matrix& m = part == 0 ? gate : *up;
         for (std::int64_t r = 0; r < I; ++r) {
           const std::int64_t d = dest_row(part == 1, r);
-          for (std::int64_t c = 0; c < K; ++c) w1[d * K + c] = m.code(r, c);
+          m.codes_row(r, w1 + d * K);
           if (p.quant == QuantScheme::kPerTokenPerChannel) sc1[d] = m.scale_of(r, 0);
           if (p.quant == QuantScheme::kBlock128 && r % kQuantBlock == 0)
             for (std::int64_t b = 0; b < m.scale_cols; ++b)
@@ -307,32 +349,39 @@ struct Checkpoint::Impl {
       }
       if (p.quant == QuantScheme::kPerTensor) sc1[0] = gate.scale_of(0, 0);
     } else {
-      std::vector<float> w(static_cast<std::size_t>(N * K));
+      std::vector<float>& w = scratch;
+      w.resize(std::max(w.size(), static_cast<std::size_t>(N * K)));
       for (int part = 0; part < (up ? 2 : 1); ++part) {
         const Matrix& m = part == 0 ? gate : *up;
-        for (std::int64_t r = 0; r < I; ++r) {
-          float* row = w.data() + dest_row(part == 1, r) * K;
-          for (std::int64_t c = 0; c < K; ++c) row[c] = m.at(r, c);
-        }
+        for (std::int64_t r = 0; r < I; ++r) m.floats_row(r, w.data() + dest_row(part == 1, r) * K);
       }
       cpu::quantize_weight(p.quant, w.data(), N, K, reinterpret_cast<numerics::fp8_t*>(w1), sc1);
     }
-    const bool w2_stored = as_stored(down);
+    return w1_stored;
+  }
+
+  // Fills expert slot `slot`'s W2 from `down`; returns whether the codes were moved as stored.
+  static bool put_w2(HostExpertWeights& out, std::int64_t slot, const Matrix& down, std::vector<float>& scratch) {
+    const MoeProblem& p = out.problem;
+    const std::int64_t K = p.K, I = p.I();
+    const std::int64_t s2 = numerics::weight_scale_count(p.quant, K, I);
+    std::uint8_t* w2 = out.w2.data() + slot * K * I;
+    float* sc2 = out.w2_scale.data() + slot * s2;
+    const bool w2_stored = as_stored(p, down);
     if (w2_stored) {
-      for (std::int64_t r = 0; r < K; ++r)
-        for (std::int64_t c = 0; c < I; ++c) w2[r * I + c] = down.code(r, c);
+      for (std::int64_t r = 0; r < K; ++r) down.codes_row(r, w2 + r * I);
       for (std::int64_t i = 0; i < s2; ++i)
         sc2[i] = p.quant == QuantScheme::kPerTensor ? down.scale_of(0, 0)
                  : p.quant == QuantScheme::kPerTokenPerChannel
                      ? down.scale_of(i, 0)
                      : down.scale_of((i / down.scale_cols) * kQuantBlock, (i % down.scale_cols) * kQuantBlock);
     } else {
-      std::vector<float> w(static_cast<std::size_t>(K * I));
-      for (std::int64_t r = 0; r < K; ++r)
-        for (std::int64_t c = 0; c < I; ++c) w[static_cast<std::size_t>(r * I + c)] = down.at(r, c);
+      std::vector<float>& w = scratch;
+      w.resize(std::max(w.size(), static_cast<std::size_t>(K * I)));
+      for (std::int64_t r = 0; r < K; ++r) down.floats_row(r, w.data() + r * I);
       cpu::quantize_weight(p.quant, w.data(), K, I, reinterpret_cast<numerics::fp8_t*>(w2), sc2);
     }
-    return w1_stored && w2_stored;
+    return w2_stored;
   }
 
   static HostExpertWeights empty_experts(const MoeProblem& p, std::int64_t first_expert) {
@@ -444,7 +493,10 @@ struct Checkpoint::Impl {
   void check_region(const std::string& file, const std::string& name, const std::byte* data, TensorDType dtype,
                     const std::vector<std::int64_t>& shape, std::int64_t begin, std::int64_t end,
                     checkpoint::ValueRule rule) {
-    if (!checked.insert({data, begin}).second) return;
+    {
+      const std::lock_guard<std::mutex> lock(checked_mutex);  // loads check their experts in parallel
+      if (!checked.insert({data, begin}).second) return;
+    }
     const std::int64_t bad = checkpoint::first_bad_value(data, dtype, begin, end, rule);
     if (bad < 0) return;
     const bool scale = rule == checkpoint::ValueRule::kFinitePositive;
@@ -453,6 +505,11 @@ struct Checkpoint::Impl {
         "download or convert it again",
         file, name, checkpoint::coordinates(shape, bad), bad, checkpoint::value_text(data, dtype, bad),
         scale ? "a scale" : "a weight", scale ? " and > 0" : "");
+  }
+  // Maps a matrix's region (and its scales) in at once before it is read (checkpoint::populate_read).
+  static void populate(const Matrix& m) {
+    const std::int64_t elem = checkpoint::dtype_bytes(m.dtype);
+    checkpoint::populate_read(m.data + elem * m.region_begin, elem * (m.region_end - m.region_begin));
   }
   void check_matrix(const Matrix& m) {
     check_region(m.file, m.name, m.data, m.dtype, m.shape, m.region_begin, m.region_end,
@@ -474,12 +531,27 @@ struct Checkpoint::Impl {
   std::string load_routed(const Names& nm, const LayerReads& r, const std::vector<std::int64_t>& experts,
                           HostExpertWeights& out) {
     const MoeProblem& p = out.problem;
-    bool all_stored = true;
-    for (std::size_t e = 0; e < r.routed.size(); ++e) {
-      const ExpertMatrices& x = r.routed[e];
-      for (const Matrix* m : {&x.gate, &x.up, &x.down}) check_matrix(*m);
-      all_stored = put_expert(out, static_cast<std::int64_t>(e), x.gate, &x.up, x.down) && all_stored;
-    }
+    // Two tasks a slot (its W1, its W2), spread over the load's threads; each checks the values it
+    // reads, then writes its slot's codes and scales.
+    std::vector<char> stored(2 * r.routed.size(), 0);
+    pool().parallel_for(static_cast<std::int64_t>(stored.size()), [&](std::int64_t begin, std::int64_t end) {
+      std::vector<float> scratch;
+      for (std::int64_t t = begin; t < end; ++t) {
+        const ExpertMatrices& x = r.routed[static_cast<std::size_t>(t / 2)];
+        if (t % 2 == 0) {
+          populate(x.gate);
+          populate(x.up);
+          check_matrix(x.gate);
+          check_matrix(x.up);
+          stored[static_cast<std::size_t>(t)] = put_w1(out, t / 2, x.gate, &x.up, scratch);
+        } else {
+          populate(x.down);
+          check_matrix(x.down);
+          stored[static_cast<std::size_t>(t)] = put_w2(out, t / 2, x.down, scratch);
+        }
+      }
+    });
+    const bool all_stored = std::all_of(stored.begin(), stored.end(), [](char c) { return c != 0; });
     if (p.expert_bias) load_expert_biases(nm, experts, out);
     const std::string which = out.first_expert >= 0
                                   ? fmt::format("experts {}-{}", out.first_expert, out.first_expert + p.E_local - 1)
@@ -525,15 +597,16 @@ struct Checkpoint::Impl {
   }
 
   // The host bytes a load allocates: the local experts' codes and scales (and the shared experts'),
-  // the router's tensors as fp32, and one expert's fp32 matrix while it is quantized.
-  static std::int64_t load_bytes(const MoeProblem& p, const std::optional<MoeProblem>& shared) {
+  // the router's tensors as fp32, and one expert's fp32 matrix per thread while it is quantized.
+  static std::int64_t load_bytes(const MoeProblem& p, const std::optional<MoeProblem>& shared, int threads) {
     using limits::checked_add;
     using limits::checked_mul;
     std::int64_t bytes = expert_weight_bytes(p);
     if (shared) bytes = checked_add(bytes, expert_weight_bytes(*shared), "load bytes");
     bytes = checked_add(bytes, checked_mul(4 * (p.E + 2), p.K, "router bytes"), "load bytes");
     const std::int64_t widest = std::max(p.N, shared ? shared->N : 0);
-    return checked_add(bytes, checked_mul(4 * widest, p.K, "one expert's fp32 W1"), "load bytes");
+    return checked_add(bytes, checked_mul(checked_mul(4 * widest, p.K, "one expert's fp32 W1"), threads, "fp32 W1s"),
+                       "load bytes");
   }
 
   // experts: the model's expert of each local slot; first_expert: experts[0] when they are a
@@ -553,7 +626,7 @@ struct Checkpoint::Impl {
     const Names nm = names(L);
     // Every header first; then the bytes, against the host's memory; then the buffers.
     const LayerReads reads = plan_reads(nm, p, experts, want_shared);
-    limits::require_memory(load_bytes(p, reads.shared_problem), limits::host_memory_bytes(),
+    limits::require_memory(load_bytes(p, reads.shared_problem, num_threads), limits::host_memory_bytes(),
                            fmt::format("loading layer {} ({} local experts of {})", L, p.E_local, p.describe()),
                            "host memory", "load fewer experts per rank (a larger ep) or run on a larger machine");
     CheckpointLayer out;
@@ -567,7 +640,9 @@ struct Checkpoint::Impl {
     if (reads.shared) {
       out.shared_experts = empty_experts(*reads.shared_problem, 0);
       for (const Matrix* m : {&reads.shared->gate, &reads.shared->up, &reads.shared->down}) check_matrix(*m);
-      put_expert(*out.shared_experts, 0, reads.shared->gate, &reads.shared->up, reads.shared->down);
+      std::vector<float> scratch;
+      put_w1(*out.shared_experts, 0, reads.shared->gate, &reads.shared->up, scratch);
+      put_w2(*out.shared_experts, 0, reads.shared->down, scratch);
       if (model.shared_expert_gate) {
         const std::vector<float> g = floats(nm.prefix + "shared_expert_gate.weight");
         out.shared_expert_gate.resize(g.size());
@@ -593,6 +668,14 @@ struct Checkpoint::Impl {
   }
 
   std::set<std::pair<const std::byte*, std::int64_t>> checked;  // regions whose values were checked
+  std::mutex checked_mutex;
+  // The loads' threads (Checkpoint's num_threads), started at the first load.
+  int num_threads = 1;
+  std::optional<cpu::ThreadPool> threads;
+  cpu::ThreadPool& pool() {
+    if (!threads) threads.emplace(num_threads);
+    return *threads;
+  }
 };
 
 LayerWeights CheckpointLayer::view(DeviceCopies& copies) const {
@@ -621,7 +704,13 @@ std::vector<float> CheckpointLayer::router_logits(const std::uint16_t* hidden, s
   return logits;
 }
 
-Checkpoint::Checkpoint(const std::string& dir) : impl_(std::make_unique<Impl>(dir)) {}
+Checkpoint::Checkpoint(const std::string& dir, int num_threads) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  MOEKIT_CHECK(num_threads >= 0 && num_threads <= limits::kMaxThreads,
+               "Checkpoint: num_threads = {} is outside [0, {}] (0: the machine's {} hardware threads)", num_threads,
+               limits::kMaxThreads, hw);
+  impl_ = std::make_unique<Impl>(dir, num_threads == 0 ? std::min(hw, limits::kMaxThreads) : num_threads);
+}
 void Checkpoint::check_headers(bool shared_experts) {
   impl_->check_headers(shared_experts);
 }

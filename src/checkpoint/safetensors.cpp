@@ -252,6 +252,17 @@ std::int64_t TensorInfo::numel() const {
   return n;
 }
 
+void populate_read(const std::byte* data, std::int64_t bytes) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (older headers lack the name)
+#endif
+  if (data == nullptr || bytes <= 0) return;
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data) & ~(page - 1);
+  const auto end = reinterpret_cast<std::uintptr_t>(data) + static_cast<std::uintptr_t>(bytes);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);  // a hint: errors ignored
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const plan::OpenFile file = plan::open_regular_file(path, "safetensors file");
   const int fd = file.fd;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -260,7 +261,7 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   std::unique_ptr<Checkpoint> ck;
   std::vector<std::int64_t> wanted;
   if (!req.checkpoint.empty()) {
-    ck = std::make_unique<Checkpoint>(req.checkpoint);
+    ck = std::make_unique<Checkpoint>(req.checkpoint, threads_per_rank);
     wanted = selected_layers(req, *ck);
   }
   // Every byte the run will allocate, against the machine's memory, before any is (every rank
@@ -278,13 +279,25 @@ int run_rank(const RunRequest& req, const ModelConfig& model, Communicator& comm
   } else {
     if (root)
       std::cerr << fmt::format("moekit run: loading {} MoE layer(s) from {}...\n", wanted.size(), req.checkpoint);
-    for (const std::int64_t L : wanted)
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t loaded = 0;  // the weights' bytes a load produced (codes, scales, biases)
+    for (const std::int64_t L : wanted) {
       layers.push_back(
           placement ? ck->load_layer(L, p,
                                      std::span(placement->physical_to_logical)
                                          .subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(p.E_local)),
                                      req.shared_experts)
                     : ck->load_layer(L, p, first, req.shared_experts));
+      loaded += expert_weight_bytes(p) +
+                (layers.back().shared_experts ? expert_weight_bytes(layers.back().shared_experts->problem) : 0);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (root)
+      std::cerr << fmt::format(
+          "moekit run: loaded {:.2f} GiB of expert weights in {:.2f} s ({:.2f} GiB/s, {} threads; "
+          "{})\n",
+          static_cast<double>(loaded) / (1 << 30), s, static_cast<double>(loaded) / (1 << 30) / std::max(s, 1e-9),
+          threads_per_rank, layers.front().note);
   }
   // This rank's tokens are global tokens [rank * T, (rank + 1) * T); a checkpoint's layers route them
   // with their own router weights.

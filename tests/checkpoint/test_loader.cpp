@@ -23,6 +23,7 @@
 #include "layer/layer_test_util.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
+#include "moekit/limits.h"
 #include "moekit/placement.h"
 #include "moekit/runtime.h"
 #include "numerics/fp8.h"
@@ -144,7 +145,7 @@ std::map<std::int64_t, DeepseekLayer> write_deepseek(const fs::path& dir,
 
 TEST_F(LoaderTest, DeepseekFp8BlocksLoadAsStoredAndOnlyTheRanksShards) {
   const auto layers = write_deepseek(dir_);
-  Checkpoint ck(dir_.string());
+  Checkpoint ck(dir_.string(), 3);  // three threads over a rank's 8 experts
   EXPECT_EQ(ck.moe_layers(), (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(ck.model().checkpoint_quant, QuantScheme::kBlock128);
   const ParallelConfig par{2, 2, 8, 0};  // rank r holds experts [8r, 8r + 8)
@@ -391,18 +392,22 @@ TEST_F(LoaderTest, Qwen3Bf16PerExpertAndFusedLoadQuantizedByTheOneQuantizer) {
     }
     t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, router));
     write_tensors(dir_ / "model.safetensors", t);
-    Checkpoint ck(dir_.string());
-    EXPECT_EQ(ck.moe_layers(), std::vector<std::int64_t>{0});
-    for (QuantScheme q : {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128, QuantScheme::kPerTensor}) {
-      const MoeProblem p = make_problem(ck.model(), {2, 2, 8, 0}, ActivationFormat::kBatchedExperts, q);
-      const CheckpointLayer got = ck.load_layer(0, p, 8);  // rank 1: experts 8-15
-      EXPECT_NE(got.note.find("quantized to"), std::string::npos) << got.note;
-      EXPECT_NE(got.note.find(fused ? "fused tensors" : "one tensor per expert"), std::string::npos) << got.note;
-      for (std::int64_t e = 0; e < 8; ++e)
-        expect_expert(got.experts, e, x[static_cast<std::size_t>(8 + e)], false,
-                      std::string(fused ? "fused " : "per-expert ") + std::string(quant_name(q)));
-      EXPECT_EQ(got.router_weight, router);
-      EXPECT_FALSE(got.shared_experts.has_value());
+    // One thread, and more threads than the load's 16 tasks: the same bytes.
+    for (const int threads : {1, 5, 19}) {
+      Checkpoint ck(dir_.string(), threads);
+      EXPECT_EQ(ck.moe_layers(), std::vector<std::int64_t>{0});
+      for (QuantScheme q : {QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128, QuantScheme::kPerTensor}) {
+        const MoeProblem p = make_problem(ck.model(), {2, 2, 8, 0}, ActivationFormat::kBatchedExperts, q);
+        const CheckpointLayer got = ck.load_layer(0, p, 8);  // rank 1: experts 8-15
+        EXPECT_NE(got.note.find("quantized to"), std::string::npos) << got.note;
+        EXPECT_NE(got.note.find(fused ? "fused tensors" : "one tensor per expert"), std::string::npos) << got.note;
+        for (std::int64_t e = 0; e < 8; ++e)
+          expect_expert(got.experts, e, x[static_cast<std::size_t>(8 + e)], false,
+                        std::string(fused ? "fused " : "per-expert ") + std::string(quant_name(q)) + ", " +
+                            std::to_string(threads) + " threads");
+        EXPECT_EQ(got.router_weight, router);
+        EXPECT_FALSE(got.shared_experts.has_value());
+      }
     }
   }
 }
@@ -498,6 +503,12 @@ TEST_F(LoaderTest, GptOssFusedTransposedWithBiases) {
     want += static_cast<double>(numerics::bf16_decode(tokens.hidden[static_cast<std::size_t>(K + k)])) *
             router[static_cast<std::size_t>(5 * K + k)];
   EXPECT_NEAR(logits[static_cast<std::size_t>(E + 5)], want, 1e-4);
+}
+
+TEST_F(LoaderTest, ThreadCountsOutsideTheirRangeAreRefused) {
+  write_deepseek(dir_);
+  EXPECT_THROW(Checkpoint(dir_.string(), -1), Error);
+  EXPECT_THROW(Checkpoint(dir_.string(), limits::kMaxThreads + 1), Error);
 }
 
 TEST_F(LoaderTest, MalformedCheckpointsAreErrorsNamingTheTensor) {
