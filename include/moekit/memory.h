@@ -96,8 +96,8 @@ class DeviceCopies {
     memory_->from_host(buffers_.back().get(), host, bytes, nullptr);
     return buffers_.back().get();
   }
-  template <class T>
-  const T* put(const std::vector<T>& host, std::string_view what) {
+  template <class T, class Alloc>
+  const T* put(const std::vector<T, Alloc>& host, std::string_view what) {
     return static_cast<const T*>(put(host.data(), static_cast<std::int64_t>(host.size() * sizeof(T)), what));
   }
 

@@ -18,8 +18,13 @@
 //             ulp: docs/DESIGN.md); null for the others.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "moekit/memory.h"
@@ -51,13 +56,51 @@ struct ExpertWeightsView {
 };
 
 // Host-owned expert weights in the layout above (seeded synthetic ones, or loaded from a checkpoint).
+// Host memory for weights (moekit/memory.h's host side): a block of >= 32 MiB is 2 MiB-aligned and
+// asks for transparent huge pages, so that the first touch of a layer's gigabytes faults once every
+// 2 MiB, not every 4 KiB (where the kernel grants them: its "madvise" or "always" setting).
+void* host_weights_allocate(std::size_t bytes);
+void host_weights_free(void* p, std::size_t bytes) noexcept;
+
+// An allocator that leaves what a vector grows by unset (default-initialized, not zeroed), on
+// host_weights_allocate: the weights' producers (the checkpoint loader, the synthetic weights) write
+// every element, in parallel, and zeroing first, on one thread and a page fault every 4 KiB, cost a
+// load more than its copy.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    if (n > std::allocator_traits<std::allocator<T>>::max_size(*this)) throw std::bad_array_new_length();
+    return static_cast<T*>(host_weights_allocate(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept { host_weights_free(p, n * sizeof(T)); }
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <class T>
+using HostBuffer = std::vector<T, UninitializedAllocator<T>>;
+
 struct HostExpertWeights {
   MoeProblem problem;
   std::int64_t first_expert = 0;  // global index of expert 0 here
-  std::vector<std::uint8_t> w1, w2;
-  std::vector<float> w1_scale, w2_scale;
-  std::vector<float> w1_bias, w2_bias;  // problem.expert_bias: (E_local, N), (E_local, K); else empty
-  ExpertWeightsView view() const;       // on the host
+  // Every element written by whoever sizes them (HostBuffer does not zero).
+  HostBuffer<std::uint8_t> w1, w2;
+  HostBuffer<float> w1_scale, w2_scale;
+  HostBuffer<float> w1_bias, w2_bias;  // problem.expert_bias: (E_local, N), (E_local, K); else empty
+  ExpertWeightsView view() const;      // on the host
   // On the device of `copies`, which holds them (the host weights themselves on the CPU).
   ExpertWeightsView view(DeviceCopies& copies) const;
 };

@@ -1128,10 +1128,10 @@ nb::ndarray<nb::numpy, T> owned_array(const Holder& holder, T* data, std::initia
 
 // W1 in block pairs back to gate-then-up rows (the order Python callers pass, and MoeLayer
 // arranges itself), in place.
-void w1_to_halves(const MoeProblem& q, std::vector<std::uint8_t>& w1, std::vector<float>& w1_scale) {
+void w1_to_halves(const MoeProblem& q, HostBuffer<std::uint8_t>& w1, HostBuffer<float>& w1_scale) {
   if (numerics::w1_rows(q.activation, q.quant) != numerics::W1Rows::kBlockPairs) return;
-  const std::vector<std::uint8_t> pairs = w1;
-  const std::vector<float> pairs_scale = w1_scale;
+  const HostBuffer<std::uint8_t> pairs = w1;
+  const HostBuffer<float> pairs_scale = w1_scale;
   const std::int64_t s1 = numerics::weight_scale_count(q.quant, q.N, q.K);
   for (std::int64_t e = 0; e < q.E_local; ++e)
     arrange_w1_halves(q.I(), q.K, pairs.data() + e * q.N * q.K, pairs_scale.data() + e * s1, w1.data() + e * q.N * q.K,

@@ -66,6 +66,17 @@ float float_at(const std::byte* data, TensorDType d, std::int64_t i) {
   return d == TensorDType::kBF16 ? numerics::bf16_decode(h) : f16_decode(h);
 }
 
+// The Error for element `bad` of a tensor's bytes that breaks `rule`: the shard, the tensor, the element.
+[[noreturn]] void fail_value(const std::string& file, const std::string& name, const std::byte* data, TensorDType dtype,
+                             const std::vector<std::int64_t>& shape, std::int64_t bad, checkpoint::ValueRule rule) {
+  const bool scale = rule == checkpoint::ValueRule::kFinitePositive;
+  MOEKIT_FAIL(
+      "{}: tensor '{}' element {} (flat index {}) is {}: {} must be finite{}; the checkpoint is corrupt: "
+      "download or convert it again",
+      file, name, checkpoint::coordinates(shape, bad), bad, checkpoint::value_text(data, dtype, bad),
+      scale ? "a scale" : "a weight", scale ? " and > 0" : "");
+}
+
 enum class Granularity : std::uint8_t { kTensor, kChannel, kBlock };
 
 // One (n, k) weight matrix inside a checkpoint tensor: element (r, c) at offset + r * stride_r + c *
@@ -95,14 +106,20 @@ struct Matrix {
                                                                   : (r / kQuantBlock) * scale_cols + c / kQuantBlock;
     return float_at(scale, scale_dtype, i);
   }
-  // Row r's k FP8 codes into dst: one copy where the row is contiguous.
+  // Row r's k FP8 codes into dst (one copy where the row is contiguous), checked there for NaN codes
+  // while the row is in cache: the value check of codes that move as stored, in the copy's one pass.
   void codes_row(std::int64_t r, std::uint8_t* dst) const {
     const std::byte* src = data + offset + r * stride_r;
     if (stride_c == 1) {
       std::memcpy(dst, src, static_cast<std::size_t>(k));
-      return;
+    } else {
+      for (std::int64_t c = 0; c < k; ++c) dst[c] = static_cast<std::uint8_t>(src[c * stride_c]);
     }
-    for (std::int64_t c = 0; c < k; ++c) dst[c] = static_cast<std::uint8_t>(src[c * stride_c]);
+    const std::int64_t bad = checkpoint::first_bad_value(reinterpret_cast<const std::byte*>(dst), TensorDType::kF8E4M3,
+                                                         0, k, checkpoint::ValueRule::kFinite);
+    if (bad >= 0)
+      fail_value(file, name, data, dtype, shape, offset + r * stride_r + bad * stride_c,
+                 checkpoint::ValueRule::kFinite);
   }
   // Row r's k values as floats (FP8 dequantized by its scales): the dtype chosen once a row, the
   // inner loops plain loads and shifts (a slice of a fused tensor strided, a transposed one across rows).
@@ -313,6 +330,16 @@ struct Checkpoint::Impl {
     return m.dtype == TensorDType::kF8E4M3 && m.granularity == *granularity_of(p.quant);
   }
 
+  // Whether W1 moves as stored from gate and up: both FP8 of the problem's granularity; per-tensor
+  // only when both carry one and the same scale; block scales move with whole 128-row blocks, not
+  // into interleaved rows.
+  static bool w1_as_stored(const MoeProblem& p, const Matrix& gate, const Matrix* up) {
+    return as_stored(p, gate) && (up == nullptr || as_stored(p, *up)) &&
+           (p.quant != QuantScheme::kBlock128 ||
+            numerics::w1_rows(p.activation, p.quant) != numerics::W1Rows::kInterleaved) &&
+           (p.quant != QuantScheme::kPerTensor || up == nullptr || gate.scale_of(0, 0) == up->scale_of(0, 0));
+  }
+
   // Fills expert slot `slot` of `out` from its gate and up matrices (W1; up is null for single-row
   // activations); returns whether the codes were moved as stored. Slots and the two GEMMs' weights
   // of one slot are filled in parallel: each writes only its own codes and scales.
@@ -326,12 +353,7 @@ struct Checkpoint::Impl {
     const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K);
     std::uint8_t* w1 = out.w1.data() + slot * N * K;
     float* sc1 = out.w1_scale.data() + slot * s1;
-    // Per-tensor W1 from two matrices moves as stored only when both carry one and the same scale.
-    // Block scales move with whole 128-row blocks: not into interleaved rows.
-    const bool w1_stored =
-        as_stored(p, gate) && (up == nullptr || as_stored(p, *up)) &&
-        (p.quant != QuantScheme::kBlock128 || rows != numerics::W1Rows::kInterleaved) &&
-        (p.quant != QuantScheme::kPerTensor || up == nullptr || gate.scale_of(0, 0) == up->scale_of(0, 0));
+    const bool w1_stored = w1_as_stored(p, gate, up);
     auto dest_row = [&](bool is_up, std::int64_t c) {
       return is_up ? numerics::up_column(rows, I, c) : numerics::gate_column(rows, I, c);
     };
@@ -498,22 +520,18 @@ struct Checkpoint::Impl {
       if (!checked.insert({data, begin}).second) return;
     }
     const std::int64_t bad = checkpoint::first_bad_value(data, dtype, begin, end, rule);
-    if (bad < 0) return;
-    const bool scale = rule == checkpoint::ValueRule::kFinitePositive;
-    MOEKIT_FAIL(
-        "{}: tensor '{}' element {} (flat index {}) is {}: {} must be finite{}; the checkpoint is corrupt: "
-        "download or convert it again",
-        file, name, checkpoint::coordinates(shape, bad), bad, checkpoint::value_text(data, dtype, bad),
-        scale ? "a scale" : "a weight", scale ? " and > 0" : "");
+    if (bad >= 0) fail_value(file, name, data, dtype, shape, bad, rule);
   }
   // Maps a matrix's region (and its scales) in at once before it is read (checkpoint::populate_read).
   static void populate(const Matrix& m) {
     const std::int64_t elem = checkpoint::dtype_bytes(m.dtype);
     checkpoint::populate_read(m.data + elem * m.region_begin, elem * (m.region_end - m.region_begin));
   }
-  void check_matrix(const Matrix& m) {
-    check_region(m.file, m.name, m.data, m.dtype, m.shape, m.region_begin, m.region_end,
-                 checkpoint::ValueRule::kFinite);
+  // codes_checked_at_copy: the matrix moves as stored, so codes_row checks its codes as it copies them.
+  void check_matrix(const Matrix& m, bool codes_checked_at_copy = false) {
+    if (!codes_checked_at_copy)
+      check_region(m.file, m.name, m.data, m.dtype, m.shape, m.region_begin, m.region_end,
+                   checkpoint::ValueRule::kFinite);
     if (m.scale != nullptr) {
       std::int64_t numel = 1;
       for (const std::int64_t d : m.scale_shape) numel *= d;
@@ -541,12 +559,13 @@ struct Checkpoint::Impl {
         if (t % 2 == 0) {
           populate(x.gate);
           populate(x.up);
-          check_matrix(x.gate);
-          check_matrix(x.up);
+          const bool moved = w1_as_stored(out.problem, x.gate, &x.up);
+          check_matrix(x.gate, moved);
+          check_matrix(x.up, moved);
           stored[static_cast<std::size_t>(t)] = put_w1(out, t / 2, x.gate, &x.up, scratch);
         } else {
           populate(x.down);
-          check_matrix(x.down);
+          check_matrix(x.down, as_stored(out.problem, x.down));
           stored[static_cast<std::size_t>(t)] = put_w2(out, t / 2, x.down, scratch);
         }
       }

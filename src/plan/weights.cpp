@@ -1,7 +1,11 @@
 // The weights view: strides, per-expert views, validation against the problem, bytes.
 #include "moekit/weights.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 
 #include "moekit/check.h"
 #include "moekit/workspace.h"
@@ -154,6 +158,28 @@ std::int64_t expert_weight_bytes(const MoeProblem& p) {
       numerics::weight_scale_count(p.quant, p.N, p.K) + numerics::weight_scale_count(p.quant, p.K, I);
   const std::int64_t biases = p.expert_bias ? p.N + p.K : 0;
   return fp8 + shape_bytes({p.E_local, scales + biases}, DType::kFp32, "expert weight scales and biases");
+}
+
+namespace {
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+constexpr std::size_t kHugeFrom = std::size_t{32} << 20;  // smaller blocks: the allocator's own
+}  // namespace
+
+void* host_weights_allocate(std::size_t bytes) {
+  if (bytes < kHugeFrom) {
+    void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  ::madvise(p, rounded, MADV_HUGEPAGE);  // a hint: where the kernel never grants them, 4 KiB pages
+  return p;
+}
+
+void host_weights_free(void* p, std::size_t) noexcept {
+  std::free(p);
 }
 
 ExpertWeightsView HostExpertWeights::view() const {

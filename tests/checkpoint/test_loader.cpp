@@ -491,9 +491,9 @@ TEST_F(LoaderTest, GptOssFusedTransposedWithBiases) {
       make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
   const CheckpointLayer got = ck.load_layer(0, p, 0);
   for (std::int64_t e = 0; e < E; ++e) expect_expert(got.experts, e, x[static_cast<std::size_t>(e)], true, "gpt-oss");
-  std::vector<float> want_b1(b1.begin(), b1.end());  // interleaved, the stored order, is W1's row order
-  EXPECT_EQ(got.experts.w1_bias, want_b1);
-  EXPECT_EQ(got.experts.w2_bias, b2);
+  // Interleaved, the stored order, is W1's row order.
+  EXPECT_EQ(std::vector<float>(got.experts.w1_bias.begin(), got.experts.w1_bias.end()), b1);
+  EXPECT_EQ(std::vector<float>(got.experts.w2_bias.begin(), got.experts.w2_bias.end()), b2);
   EXPECT_EQ(got.router_bias, router_bias);
   // The router's logits include its bias.
   const auto tokens = synthetic::make_tokens(K, E, 0, 2, 3);
