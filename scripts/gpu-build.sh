@@ -12,12 +12,11 @@
 # is not the tree's): `bash scripts/gpu-build.sh --fingerprint` here prints the same for this tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# A fingerprint of the sources the build reads (tracked or not, present, not ignored), the same here
-# and on the device for the same files (the device's git index may be older than the tree).
+# A fingerprint of the sources the build reads: every file under them (no git: the device's copy of
+# the repository's index may be older than its tree), the same here and there for the same files.
 fingerprint() {
-  git ls-files -co --exclude-standard -z -- CMakeLists.txt pyproject.toml cmake include src tests bench python models |
-    sort -zu | while IFS= read -r -d '' f; do [[ -f $f ]] && printf '%s\0' "$f"; done | xargs -0 sha1sum | sha1sum |
-    cut -c1-12
+  find CMakeLists.txt pyproject.toml cmake include src tests bench python models -type f ! -path '*/__pycache__/*' \
+    ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha1sum | sha1sum | cut -c1-12
 }
 [[ ${1:-} == --fingerprint ]] && { fingerprint; exit 0; }
 
