@@ -36,9 +36,11 @@ bool is_gated(Activation act);
 std::int64_t activation_out_dim(Activation act, std::int64_t N);
 const std::vector<Activation>& all_activations();
 // swigluoai's clamp (gpt-oss's config.swiglu_limit; transformers' GptOssConfig default): the gate is
-// clamped above at the limit, the up projection to [-limit, limit]. Its alpha (1.702) is a constant
-// of the block's code, not of the config.
+// clamped above at the limit, the up projection to [-limit, limit].
 inline constexpr float kDefaultSwigluLimit = 7.0f;
+// swigluoai's alpha, gate * sigmoid(alpha * gate): gpt-oss's released models' (GptOssConfig's
+// swiglu_alpha default); a config asking for another is refused (plan/architectures.cpp).
+inline constexpr double kSwigluOaiAlpha = 1.702;
 
 // Quantization of the FP8 operands (activations x weights); fp32 scales everywhere.
 //   kPerTensor:          one scale per activation tensor (per expert) x one per weight tensor.

@@ -412,6 +412,13 @@ void read_gpt_oss(const Reader& r, ModelConfig& m) {
                "{}: field 'swiglu_limit' = {} must be a finite number in (0, 65504] (the clamp of the SwiGLU)",
                r.source, limit);
   m.swiglu_limit = static_cast<float>(limit);
+  // transformers' GptOssConfig.swiglu_alpha (gate * sigmoid(alpha * gate)); moekit's swigluoai runs
+  // the released models' 1.702 only: another value would compute something else, so it is refused.
+  const double alpha = r.number_or("swiglu_alpha", kSwigluOaiAlpha);
+  MOEKIT_CHECK(alpha == kSwigluOaiAlpha,
+               "{}: field 'swiglu_alpha' = {}: moekit's swigluoai runs alpha {} only (gpt-oss's released models); "
+               "a model with another alpha is not supported yet",
+               r.source, alpha, kSwigluOaiAlpha);
   m.expert_bias = true;
   m.num_moe_layers = m.num_layers;
 }

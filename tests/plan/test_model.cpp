@@ -327,6 +327,12 @@ TEST(Model, ArchitectureTableRefusesWhatItCannotHonor) {
   EXPECT_NE(e.find("'swiglu_limit' = 0"), std::string::npos) << e;
   e = refused("gpt_oss", R"(, "swiglu_limit": -7.0)");
   EXPECT_NE(e.find("'swiglu_limit' = -7"), std::string::npos) << e;
+  // transformers' GptOssConfig.swiglu_alpha: its default (gpt-oss's released value) runs; another
+  // would compute a different SwiGLU, so it is refused by name, never ignored.
+  EXPECT_NO_THROW(parse_model_config(config("gpt_oss", R"(, "swiglu_alpha": 1.702)"), "o"));
+  e = refused("gpt_oss", R"(, "swiglu_alpha": 1.0)");
+  EXPECT_NE(e.find("'swiglu_alpha' = 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("alpha 1.702 only"), std::string::npos) << e;
   e = refused("deepseek_v3", R"(, "moe_layer_freq": 2)");
   EXPECT_NE(e.find("'moe_layer_freq' = 2"), std::string::npos) << e;
   e = refused("dots1", "");
