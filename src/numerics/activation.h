@@ -3,7 +3,8 @@
 //   silu:      silu(g) * u           gelu: gelu_erf(g) * u       gelu_tanh: gelu_tanh(g) * u
 //   with g = x[c] (gate half) and u = x[I + c] (up half);
 //   swigluoai (gpt-oss): g = x[2c], u = x[2c+1] (interleaved); g = min(g, L), u = clamp(u, -L, L)
-//              with L the problem's swiglu_limit (the config's); out = (u + 1) * (g * sigmoid(alpha * g)), alpha 1.702 (kSwigluOaiAlpha)
+//              with L the problem's swiglu_limit (the config's); out = (u + 1) * (g * sigmoid(a * g)),
+//              a = 1.702 (kSwigluOaiAlpha)
 // Non-gated ones map N columns to N: relu2: max(x, 0)^2; silu_no_mul: silu(x); gelu_no_mul: gelu_erf(x).
 // `Math` supplies exp, erf, tanh, division, min and max: HostMath (std::, IEEE division) on the CPU
 // and in the float64 reference, DeviceMath (expf, __fdividef, ...) in kernels. The float kernel and
