@@ -64,7 +64,8 @@ struct ModelConfig {
   // How the checkpoint stores its weights (config.json "quantization_config"; empty: unquantized).
   // checkpoint_quant is the FP8 scheme moekit runs those weights with: `fp8` with weight_block_size
   // [128, 128] is block128 (DeepSeek-V3, Kimi-K2), `fp8` without blocks per-token (per-tensor for a
-  // static activation scheme); none for a format moekit does not run (mxfp4, int4, ...).
+  // static activation scheme), `mxfp4` (gpt-oss) per-token, converted exactly at load; none for a
+  // format moekit does not run (int4, ...).
   std::string checkpoint_format;
   std::optional<QuantScheme> checkpoint_quant;
   WeightNames weight_names = WeightNames::kNone;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/mxfp4.h"
 #include "checkpoint/weight_values.h"
 #include "cpu/quant.h"
 #include "cpu/thread_pool.h"
@@ -22,6 +23,7 @@
 #include "moekit/limits.h"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
+#include "numerics/mxfp4.h"
 #include "numerics/scales.h"
 
 namespace moekit {
@@ -440,8 +442,15 @@ struct Checkpoint::Impl {
   struct ExpertMatrices {
     Matrix gate, up, down;
   };
+  // gpt-oss's released experts: MXFP4 packed codes and e8m0 exponents, converted exactly at load.
+  struct Mxfp4Reads {
+    std::string w1_name, w2_name;  // the *_blocks tensors (their *_scales beside them)
+    std::string w1_file, w2_file;
+    const std::uint8_t *w1_blocks = nullptr, *w1_exponents = nullptr, *w2_blocks = nullptr, *w2_exponents = nullptr;
+  };
   struct LayerReads {
-    std::vector<ExpertMatrices> routed;  // one per local slot
+    std::vector<ExpertMatrices> routed;  // one per local slot (not for MXFP4)
+    std::optional<Mxfp4Reads> mxfp4;     // gpt-oss's MXFP4 experts instead
     bool per_expert = true;              // one tensor per expert (else fused tensors)
     std::string stored_as;
     std::optional<ExpertMatrices> shared;
@@ -456,11 +465,7 @@ struct Checkpoint::Impl {
     MOEKIT_CHECK(gated, "{}: loading non-gated experts ({}) is not supported: the families moekit loads are gated",
                  dir.dir(), activation_name(p.activation));
     const std::string fused_w1 = nm.prefix + "experts.gate_up_proj", fused_w2 = nm.prefix + "experts.down_proj";
-    for (const char* packed : {"_blocks", "_scales"})
-      MOEKIT_CHECK(!dir.contains(fused_w1 + packed),
-                   "{}: '{}{}' is MXFP4 (gpt-oss's released format), which moekit does not dequantize: convert the "
-                   "checkpoint to bf16 first (transformers: Mxfp4Config(dequantize=True), then save_pretrained)",
-                   dir.dir(), fused_w1, packed);
+    if (dir.contains(fused_w1 + "_blocks") || dir.contains(fused_w1 + "_scales")) return plan_mxfp4(nm, p, want_shared);
     const std::string first = nm.expert(experts.front(), "gate");
     MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
                  "{}: '{}' is packed int4 (compressed-tensors), which moekit does not read", dir.dir(),
@@ -510,6 +515,65 @@ struct Checkpoint::Impl {
     return r;
   }
 
+  // gpt-oss's MXFP4 experts as released: gate_up_proj_blocks (E, 2I, K / 32, 16) and _scales (E, 2I,
+  // K / 32) (rows the interleaved gate/up outputs, as moekit's swigluoai W1 reads them), down_proj's
+  // (E, K, I / 32, 16) and (E, K, I / 32), all U8; converted at load (checkpoint/mxfp4.h).
+  LayerReads plan_mxfp4(const Names& nm, const MoeProblem& p, bool want_shared) {
+    const std::int64_t K = p.K, I = p.I(), E = p.E, mx = numerics::kMxBlock;
+    MOEKIT_CHECK(nm.naming == WeightNames::kGptOss && p.activation == Activation::kSwigluOai,
+                 "{}: MXFP4 experts are read in gpt-oss's layout only (model_type '{}')", dir.dir(), model.model_type);
+    MOEKIT_CHECK(K % mx == 0 && I % mx == 0, "{}: MXFP4 experts need K = {} and I = {} in whole blocks of {}",
+                 dir.dir(), K, I, mx);
+    const std::string w1 = nm.prefix + "experts.gate_up_proj", w2 = nm.prefix + "experts.down_proj";
+    const auto u8 = {TensorDType::kU8};
+    tensor(w1 + "_blocks", {E, 2 * I, K / mx, numerics::kMxBlockBytes}, u8, "MXFP4 W1 codes");
+    tensor(w1 + "_scales", {E, 2 * I, K / mx}, u8, "MXFP4 W1 exponents");
+    tensor(w2 + "_blocks", {E, K, I / mx, numerics::kMxBlockBytes}, u8, "MXFP4 W2 codes");
+    tensor(w2 + "_scales", {E, K, I / mx}, u8, "MXFP4 W2 exponents");
+    LayerReads r;
+    r.per_expert = false;
+    r.stored_as = "MXFP4";
+    auto at = [&](const std::string& name) { return reinterpret_cast<const std::uint8_t*>(bytes(name)); };
+    r.mxfp4 = Mxfp4Reads{w1 + "_blocks",
+                         w2 + "_blocks",
+                         dir.shard_path(w1 + "_blocks"),
+                         dir.shard_path(w2 + "_blocks"),
+                         at(w1 + "_blocks"),
+                         at(w1 + "_scales"),
+                         at(w2 + "_blocks"),
+                         at(w2 + "_scales")};
+    const auto float_types = {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32};
+    if (p.expert_bias) {
+      tensor(nm.prefix + "experts.gate_up_proj_bias", {E, 2 * I}, float_types, "W1 biases");
+      tensor(nm.prefix + "experts.down_proj_bias", {E, K}, float_types, "W2 biases");
+    }
+    tensor(nm.router(), {E, K}, float_types, "the router's weight");
+    tensor(nm.prefix + "router.bias", {E}, float_types, "the router's bias");
+    (void)want_shared;  // gpt-oss has no shared experts
+    return r;
+  }
+
+  // Slot `slot`'s W1 or W2 from expert g's MXFP4 matrix, exact or an Error naming the value that is not.
+  static void put_mxfp4(HostExpertWeights& out, std::int64_t slot, std::int64_t g, const Mxfp4Reads& m, bool w2) {
+    const MoeProblem& p = out.problem;
+    const std::int64_t rows = w2 ? p.K : p.N, cols = w2 ? p.I() : p.K, groups = cols / numerics::kMxBlock;
+    const std::int64_t scales = numerics::weight_scale_count(p.quant, rows, cols);
+    const checkpoint::Mxfp4Matrix mat{(w2 ? m.w2_blocks : m.w1_blocks) + g * rows * groups * numerics::kMxBlockBytes,
+                                      (w2 ? m.w2_exponents : m.w1_exponents) + g * rows * groups, rows, cols};
+    const std::string& name = w2 ? m.w2_name : m.w1_name;
+    const std::string& file = w2 ? m.w2_file : m.w1_file;
+    const std::string what = fmt::format("{}: tensor '{}' expert {}", file, name, g);
+    const checkpoint::Mxfp4Conversion c =
+        checkpoint::mxfp4_to_fp8(mat, p.quant, (w2 ? out.w2.data() : out.w1.data()) + slot * rows * cols,
+                                 (w2 ? out.w2_scale.data() : out.w1_scale.data()) + slot * scales, what);
+    MOEKIT_CHECK(
+        c.inexact == 0,
+        "{}: {} of its values cannot be held exactly in FP8 under {}'s scales, first {}; load it with "
+        "--quant {} (finer scale groups), or convert the checkpoint to bf16 and let moekit quantize it",
+        what, c.inexact, quant_name(p.quant), c.describe(),
+        p.quant == QuantScheme::kBlock128 ? "block128 is the finest there is" : "block128 where K and I allow it");
+  }
+
   // ---- Values: the first element that is not finite, or a scale that is not finite
   // and > 0, is an Error naming the shard, the tensor and the element.
   void check_region(const std::string& file, const std::string& name, const std::byte* data, TensorDType dtype,
@@ -549,6 +613,19 @@ struct Checkpoint::Impl {
   std::string load_routed(const Names& nm, const LayerReads& r, const std::vector<std::int64_t>& experts,
                           HostExpertWeights& out) {
     const MoeProblem& p = out.problem;
+    if (r.mxfp4) {
+      // W1's rows are the stored interleaved gate/up outputs, swigluoai's own order: moved row for row.
+      MOEKIT_CHECK(numerics::w1_rows(p.activation, p.quant) == numerics::W1Rows::kInterleaved,
+                   "{}: MXFP4 W1 rows are interleaved gate/up pairs; {} reads another order", dir.dir(),
+                   activation_name(p.activation));
+      pool().parallel_for(2 * p.E_local, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t t = begin; t < end; ++t)
+          put_mxfp4(out, t / 2, experts[static_cast<std::size_t>(t / 2)], *r.mxfp4, t % 2 == 1);
+      });
+      if (p.expert_bias) load_expert_biases(nm, experts, out);
+      return fmt::format("{}experts: MXFP4 (fused tensors), converted exactly to {} FP8 at load", nm.prefix,
+                         quant_name(p.quant));
+    }
     // Two tasks a slot (its W1, its W2), spread over the load's threads; each checks the values it
     // reads, then writes its slot's codes and scales.
     std::vector<char> stored(2 * r.routed.size(), 0);

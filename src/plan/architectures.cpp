@@ -150,6 +150,13 @@ void read_quantization(const Reader& r, ModelConfig& m) {
     m.checkpoint_quant = is_static ? QuantScheme::kPerTensor : QuantScheme::kPerTokenPerChannel;
     return;
   }
+  if (method == "mxfp4") {
+    // gpt-oss's release: e2m1 values with an e8m0 exponent per 32, converted to FP8 at load, exactly
+    // (checkpoint/mxfp4.h); one scale a row runs every shape (gpt-oss's 2880 is no multiple of 128).
+    m.checkpoint_format = "mxfp4 (e2m1 values, an e8m0 exponent per 32; converted exactly to FP8 at load)";
+    m.checkpoint_quant = QuantScheme::kPerTokenPerChannel;
+    return;
+  }
   if (method == "compressed-tensors") {
     // Name the weights' type from the first config group (e.g. "int4"): moekit runs none of them.
     if (const json* groups = qr.find({"config_groups"}); groups && groups->is_object() && !groups->empty()) {

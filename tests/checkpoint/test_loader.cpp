@@ -27,6 +27,7 @@
 #include "moekit/placement.h"
 #include "moekit/runtime.h"
 #include "numerics/fp8.h"
+#include "numerics/mxfp4.h"
 #include "numerics/scales.h"
 #include "synthetic/random.h"
 #include "write_safetensors.h"
@@ -622,7 +623,100 @@ TEST_F(LoaderTest, ValuesAreCheckedAtLoadAndHeadersWithoutLoading) {
       << err;
 }
 
-TEST_F(LoaderTest, MxFp4AndUnnamedFamiliesAreRefusedByName) {
+// gpt-oss as released: MXFP4 experts (packed e2m1 codes and e8m0 exponents, U8), converted to FP8 at
+// load exactly: every value code * scale equals its MXFP4 value in float64; a row whose exponents span
+// more than FP8 holds under one scale is refused, naming the tensor, the expert and the value.
+struct MxLayer {
+  std::vector<std::uint8_t> w1_blocks, w1_exp, w2_blocks, w2_exp;
+};
+double mx_value(const std::vector<std::uint8_t>& blocks, const std::vector<std::uint8_t>& exps, std::int64_t row,
+                std::int64_t col, std::int64_t cols) {
+  const std::int64_t g = col / 32, groups = cols / 32;
+  const std::uint8_t* packed = blocks.data() + (row * groups + g) * 16;
+  return std::ldexp(static_cast<double>(numerics::e2m1_value(numerics::e2m1_nibble(packed, col % 32))),
+                    static_cast<int>(exps[static_cast<std::size_t>(row * groups + g)]) - 127);
+}
+MxLayer write_gpt_oss_mxfp4(const fs::path& dir, const std::function<void(MxLayer&)>& edit = {}) {
+  write_text(dir / "config.json", R"({"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 128,
+    "num_hidden_layers": 1, "num_local_experts": 16, "num_experts_per_tok": 4, "swiglu_limit": 7.0,
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}})");
+  MxLayer m{std::vector<std::uint8_t>(static_cast<std::size_t>(E * 2 * I * (K / 32) * 16)),
+            std::vector<std::uint8_t>(static_cast<std::size_t>(E * 2 * I * (K / 32))),
+            std::vector<std::uint8_t>(static_cast<std::size_t>(E * K * (I / 32) * 16)),
+            std::vector<std::uint8_t>(static_cast<std::size_t>(E * K * (I / 32)))};
+  synthetic::SplitMix rng = synthetic::stream(21, synthetic::Purpose::kW1, 0);
+  for (auto* v : {&m.w1_blocks, &m.w2_blocks})
+    for (auto& b : *v) b = static_cast<std::uint8_t>(rng.next());
+  for (auto* v : {&m.w1_exp, &m.w2_exp})  // 2^-9 .. 2^-1: weights' range, a span of 8 binades
+    for (auto& e : *v) e = static_cast<std::uint8_t>(118 + rng.next() % 9);
+  if (edit) edit(m);
+  const std::vector<float> b1 = bf16_exact(seeded(E * 2 * I, 3, 0.1f)), b2 = bf16_exact(seeded(E * K, 4, 0.1f));
+  const std::vector<float> router = bf16_exact(seeded(E * K, 9, 0.05f)), router_bias = bf16_exact(seeded(E, 10, 0.5f));
+  const std::string pre = "model.layers.0.mlp.";
+  write_tensors(
+      dir / "model.safetensors",
+      {tensor_of(pre + "experts.gate_up_proj_blocks", "U8", {E, 2 * I, K / 32, 16}, m.w1_blocks.data(),
+                 m.w1_blocks.size()),
+       tensor_of(pre + "experts.gate_up_proj_scales", "U8", {E, 2 * I, K / 32}, m.w1_exp.data(), m.w1_exp.size()),
+       tensor_of(pre + "experts.down_proj_blocks", "U8", {E, K, I / 32, 16}, m.w2_blocks.data(), m.w2_blocks.size()),
+       tensor_of(pre + "experts.down_proj_scales", "U8", {E, K, I / 32}, m.w2_exp.data(), m.w2_exp.size()),
+       bf16_tensor(pre + "experts.gate_up_proj_bias", {E, 2 * I}, b1),
+       bf16_tensor(pre + "experts.down_proj_bias", {E, K}, b2), bf16_tensor(pre + "router.weight", {E, K}, router),
+       bf16_tensor(pre + "router.bias", {E}, router_bias)});
+  return m;
+}
+
+TEST_F(LoaderTest, GptOssMxfp4ConvertsExactly) {
+  const MxLayer m = write_gpt_oss_mxfp4(dir_);
+  Checkpoint ck(dir_.string(), 3);
+  EXPECT_EQ(ck.model().checkpoint_quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_NO_THROW(ck.check_headers());
+  const MoeProblem p =
+      make_problem(ck.model(), {2, 2, 8, 0}, ActivationFormat::kBatchedExperts, choose_quant(ck.model(), "auto").quant);
+  const CheckpointLayer got = ck.load_layer(0, p, 8);  // rank 1: experts 8-15
+  EXPECT_NE(got.note.find("MXFP4 (fused tensors), converted exactly to per-token FP8"), std::string::npos) << got.note;
+  const ExpertWeightsView v = got.experts.view();
+  for (std::int64_t e = 0; e < 8; ++e) {
+    const ExpertWeightsView x = v.expert(e);
+    const std::int64_t g = 8 + e;
+    for (std::int64_t r = 0; r < 2 * I; ++r)  // the stored interleaved rows are W1's rows
+      for (std::int64_t c = 0; c < K; ++c)
+        ASSERT_EQ(numerics::fp8_decode(x.w1[r * K + c]) * static_cast<double>(x.w1_scale[r]),
+                  mx_value(m.w1_blocks, m.w1_exp, g * 2 * I + r, c, K))
+            << "expert " << g << " W1 (" << r << ", " << c << ")";
+    for (std::int64_t r = 0; r < K; ++r)
+      for (std::int64_t c = 0; c < I; ++c)
+        ASSERT_EQ(numerics::fp8_decode(x.w2[r * I + c]) * static_cast<double>(x.w2_scale[r]),
+                  mx_value(m.w2_blocks, m.w2_exp, g * K + r, c, I))
+            << "expert " << g << " W2 (" << r << ", " << c << ")";
+  }
+  EXPECT_EQ(got.experts.w1_bias.size(), static_cast<std::size_t>(8 * 2 * I));
+}
+
+TEST_F(LoaderTest, GptOssMxfp4RowsFp8CannotHoldAreRefusedByName) {
+  // Expert 9's W2 row 5: its first group 20 binades below the row's others, its values 0.5 and 1.5.
+  write_gpt_oss_mxfp4(dir_, [](MxLayer& m) {
+    const std::int64_t row = 9 * K + 5;
+    m.w2_exp[static_cast<std::size_t>(row * (I / 32))] = 100;
+    for (int b = 0; b < 16; ++b) m.w2_blocks[static_cast<std::size_t>(row * (I / 32) * 16 + b)] = 0x31;
+  });
+  Checkpoint ck(dir_.string());
+  const MoeProblem p =
+      make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
+  const std::string err = error_of([&] { ck.load_layer(0, p, 0); });
+  EXPECT_NE(err.find("tensor 'model.layers.0.mlp.experts.down_proj_blocks' expert 9"), std::string::npos) << err;
+  EXPECT_NE(err.find("row 5, column 0"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot be held exactly in FP8"), std::string::npos) << err;
+  // A NaN exponent (255) is a damaged checkpoint, named.
+  write_gpt_oss_mxfp4(dir_, [](MxLayer& m) { m.w1_exp[static_cast<std::size_t>(3 * 2 * I * (K / 32) + 7)] = 255; });
+  Checkpoint ck2(dir_.string());
+  const std::string nan = error_of([&] { ck2.load_layer(0, p, 0); });
+  EXPECT_NE(nan.find("gate_up_proj_blocks' expert 3: row 0, columns 224..255: MXFP4 exponent 255 is NaN"),
+            std::string::npos)
+      << nan;
+}
+
+TEST_F(LoaderTest, IncompleteMxfp4AndUnnamedFamiliesAreRefusedByName) {
   write_text(dir_ / "config.json", R"({"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 128,
     "num_hidden_layers": 1, "num_local_experts": 16, "num_experts_per_tok": 4, "quantization_config": {"quant_method": "mxfp4"}})");
   const std::vector<std::uint8_t> blocks(static_cast<std::size_t>(E * 2 * I * (K / 32) * 16), 0);
@@ -636,7 +730,9 @@ TEST_F(LoaderTest, MxFp4AndUnnamedFamiliesAreRefusedByName) {
   const MoeProblem p =
       make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kPerTokenPerChannel);
   const std::string err = error_of([&] { ck.load_layer(0, p, 0); });
-  EXPECT_NE(err.find("is MXFP4"), std::string::npos) << err;
+  EXPECT_NE(err.find("no tensor 'model.layers.0.mlp.experts.gate_up_proj_scales' (MXFP4 W1 exponents)"),
+            std::string::npos)
+      << err;
   write_text(dir_ / "config.json", R"({"model_type": "jamba", "hidden_size": 256, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_experts": 16, "num_experts_per_tok": 2})");
   const std::string jamba = error_of([&] { Checkpoint c(dir_.string()); });
