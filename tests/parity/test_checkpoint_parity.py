@@ -142,6 +142,85 @@ def write_fp8_blocks(src, dst):
     (dst / "config.json").write_text(json.dumps(config))
 
 
+def to_mxfp4(w):
+    """(E, R, C) float -> gpt-oss's MXFP4: (E, R, C / 32, 16) packed e2m1 codes (the lower nibble the
+    first) and (E, R, C / 32) e8m0 exponents, each group's exponent the smallest putting it within 6."""
+    from transformers.integrations.mxfp4 import FP4_VALUES
+
+    E_, R, C = w.shape
+    g = w.float().reshape(E_, R, C // 32, 32)
+    amax = g.abs().amax(-1).clamp_min(2.0 ** -100)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    scaled = g / torch.exp2(exp)[..., None]
+    lut = torch.tensor(FP4_VALUES[:8])
+    idx = (scaled.abs()[..., None] - lut).abs().argmin(-1)
+    nib = (idx | ((scaled < 0).long() << 3)).to(torch.uint8)
+    packed = nib[..., 0::2] | (nib[..., 1::2] << 4)
+    return packed.contiguous(), (exp + 127).to(torch.uint8).contiguous()
+
+
+def write_mxfp4(src, dst):
+    """`src` (a gpt-oss checkpoint transformers saved) as gpt-oss is released: every expert tensor
+    MXFP4 (gate_up_proj_blocks / _scales, down_proj_blocks / _scales: rows the output features),
+    quantization_config mxfp4. Returns {layer: (w1 blocks, w1 scales, w2 blocks, w2 scales)}."""
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(dst, exist_ok=True)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    weight_map, packed = {}, {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out = {}
+        for name, t in load_file(str(src / shard)).items():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                blocks, scales = to_mxfp4(t.transpose(1, 2))  # HF's (E, in, out) -> rows the outputs
+                out[name + "_blocks"], out[name + "_scales"] = blocks, scales
+                packed[name] = (blocks, scales)
+                weight_map[name + "_blocks"] = weight_map[name + "_scales"] = shard
+            else:
+                out[name] = t
+                weight_map[name] = shard
+        save_file(out, str(dst / shard), metadata={"format": "pt"})
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (dst / "config.json").write_text(json.dumps(config))
+    return packed
+
+
+def test_gpt_oss_mxfp4_release_matches_transformers(tmp_path):
+    """gpt-oss as released (MXFP4 experts): moekit converts them exactly to FP8 at load; the reference
+    is transformers' block with the weights its Mxfp4 integration dequantizes (convert_moe_packed_tensors),
+    moekit's activation quantization emulated: the in-memory parity's tolerance, on this module's device."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    layers = save_checkpoint("gpt_oss", "per-token", tmp_path / "fp32", fp8_exact=False)
+    packed = write_mxfp4(tmp_path / "fp32", tmp_path / "mxfp4")
+    ck = moekit.Checkpoint(str(tmp_path / "mxfp4"))
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "fp32"), dtype=torch.float32,
+                                                                  experts_implementation="eager").eval()
+    T = 29
+    x = parity.bf16(torch.randn(T, parity.K, generator=torch.Generator().manual_seed(6)))
+    rt = moekit.Runtime(ck.config_path, max_tokens_per_rank=T, device=parity.DEVICE)  # quant auto: per-token
+    for L in layers:
+        lw = ck.load_layer(L, device=parity.DEVICE)
+        assert lw.quant == "per-token" and "MXFP4 (fused tensors), converted exactly" in lw.note, lw.note
+        rt.add_layer(lw)
+    for index, L in enumerate(layers):
+        experts = ref_model.model.layers[L].mlp.experts
+        with torch.no_grad():
+            for proj in ("gate_up_proj", "down_proj"):
+                blocks, scales = packed[f"model.layers.{L}.mlp.experts.{proj}"]
+                getattr(experts, proj).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+        ref, logits = reference(ref_model.model.layers[L].mlp, "gpt_oss", "per-token", x)
+        if parity.DEVICE == "cuda":
+            got = rt.forward(index, x.to(torch.bfloat16).cuda(), logits.cuda()).float().cpu()
+        else:
+            got = from_bits(rt.forward(index, to_bits(x), logits.numpy()))
+        err = float((got - ref).norm() / ref.norm())
+        assert err < parity.tolerance("per-token"), f"gpt-oss MXFP4 layer {L}: relative error {err:.3e}"
+        print(f"gpt_oss MXFP4 layer {L}: relative error from the released layout {err:.2e}")
+
+
 def test_deepseek_fp8_blocks_load_as_stored_and_run_as_in_memory(tmp_path):
     layers = save_checkpoint("deepseek_v3", "block128", tmp_path / "bf16", fp8_exact=False)
     write_fp8_blocks(tmp_path / "bf16", tmp_path / "fp8")
