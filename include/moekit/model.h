@@ -31,7 +31,7 @@ std::string_view group_score_name(GroupScore rule);
 //   kNone      not read by moekit's checkpoint loader (the family's names are not in the table)
 // The first three also load transformers' fused in-memory form, mlp.experts.gate_up_proj (E, 2I, K)
 // and mlp.experts.down_proj (E, K, I).
-enum class WeightNames : std::uint8_t { kNone, kDeepseek, kQwen, kMixtral, kGptOss };
+enum class WeightNames : std::uint8_t { kNone, kDeepseek, kQwen, kMixtral, kGptOss, kGranite, kJamba };
 
 struct ModelConfig {
   std::string name;                        // preset name or file path it was read from

@@ -177,17 +177,38 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
   return fmt::format("({})", fmt::join(s, ", "));
 }
 
+// Where a family keeps its MoE block inside a layer and its router inside the block, as its
+// checkpoints name them (transformers' save_pretrained writes the same names).
+std::string_view block_of(WeightNames n) {
+  return n == WeightNames::kMixtral || n == WeightNames::kGranite ? "block_sparse_moe."
+         : n == WeightNames::kJamba                               ? "feed_forward."
+                                                                  : "mlp.";
+}
+std::string_view router_of(WeightNames n) {
+  return n == WeightNames::kGptOss || n == WeightNames::kJamba ? "router.weight"
+         : n == WeightNames::kGranite                          ? "router.layer.weight"
+                                                               : "gate.weight";
+}
+
 // The tensor names of one family's MoE block of layer L.
 struct Names {
   WeightNames naming;
-  std::string prefix;  // "model.layers.L.mlp." or "...block_sparse_moe."
+  std::string prefix;  // "model.layers.L." and block_of(naming)
 
   std::string expert(std::int64_t e, std::string_view which) const {  // which: gate, up, down
     if (naming == WeightNames::kMixtral)
       return fmt::format("{}experts.{}.{}.weight", prefix, e, which == "gate" ? "w1" : which == "up" ? "w3" : "w2");
     return fmt::format("{}experts.{}.{}_proj.weight", prefix, e, which);
   }
-  std::string router() const { return prefix + (naming == WeightNames::kGptOss ? "router.weight" : "gate.weight"); }
+  std::string router() const { return prefix + std::string(router_of(naming)); }
+  // The experts in two fused tensors: W1 (E, 2I, K) gate rows then up rows (gpt-oss: (E, K, 2I)
+  // interleaved), W2 (E, K, I) (gpt-oss: (E, I, K)); granite's input_linear and output_linear.
+  std::string fused_w1() const {
+    return prefix + (naming == WeightNames::kGranite ? "input_linear.weight" : "experts.gate_up_proj");
+  }
+  std::string fused_w2() const {
+    return prefix + (naming == WeightNames::kGranite ? "output_linear.weight" : "experts.down_proj");
+  }
   std::string shared(std::string_view which) const {
     return fmt::format("{}{}.{}_proj.weight", prefix, naming == WeightNames::kQwen ? "shared_expert" : "shared_experts",
                        which);
@@ -205,11 +226,11 @@ struct Checkpoint::Impl {
       : dir(path), model(load_model_config_file(dir.config_path())), num_threads(load_threads) {
     MOEKIT_CHECK(model.weight_names != WeightNames::kNone,
                  "{}: moekit's checkpoint loader does not know how model_type '{}' names its MoE tensors (it reads "
-                 "the deepseek, qwen, mixtral and gpt_oss families' names); pass the weights in memory instead",
+                 "the deepseek, qwen, mixtral, gpt_oss, granitemoe and jamba families' names); pass the weights in "
+                 "memory instead",
                  dir.config_path(), model.model_type);
-    const std::string router_leaf = model.weight_names == WeightNames::kGptOss    ? "mlp.router.weight"
-                                    : model.weight_names == WeightNames::kMixtral ? "block_sparse_moe.gate.weight"
-                                                                                  : "mlp.gate.weight";
+    const std::string router_leaf =
+        std::string(block_of(model.weight_names)) + std::string(router_of(model.weight_names));
     std::set<std::int64_t> found;
     for (const std::string& name : dir.tensor_names()) {
       constexpr std::string_view head = "model.layers.";
@@ -224,9 +245,7 @@ struct Checkpoint::Impl {
   }
 
   Names names(std::int64_t L) const {
-    return {model.weight_names,
-            fmt::format("model.layers.{}.{}", L,
-                        model.weight_names == WeightNames::kMixtral ? "block_sparse_moe." : "mlp.")};
+    return {model.weight_names, fmt::format("model.layers.{}.{}", L, block_of(model.weight_names))};
   }
 
   // The tensor, checked to have `shape` (when given) and a dtype of `dtypes`.
@@ -464,7 +483,7 @@ struct Checkpoint::Impl {
     const bool gated = numerics::w1_rows(p.activation, p.quant) != numerics::W1Rows::kSingle;
     MOEKIT_CHECK(gated, "{}: loading non-gated experts ({}) is not supported: the families moekit loads are gated",
                  dir.dir(), activation_name(p.activation));
-    const std::string fused_w1 = nm.prefix + "experts.gate_up_proj", fused_w2 = nm.prefix + "experts.down_proj";
+    const std::string fused_w1 = nm.fused_w1(), fused_w2 = nm.fused_w2();
     if (dir.contains(fused_w1 + "_blocks") || dir.contains(fused_w1 + "_scales")) return plan_mxfp4(nm, p, want_shared);
     const std::string first = nm.expert(experts.front(), "gate");
     MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
@@ -524,7 +543,7 @@ struct Checkpoint::Impl {
                  "{}: MXFP4 experts are read in gpt-oss's layout only (model_type '{}')", dir.dir(), model.model_type);
     MOEKIT_CHECK(K % mx == 0 && I % mx == 0, "{}: MXFP4 experts need K = {} and I = {} in whole blocks of {}",
                  dir.dir(), K, I, mx);
-    const std::string w1 = nm.prefix + "experts.gate_up_proj", w2 = nm.prefix + "experts.down_proj";
+    const std::string w1 = nm.fused_w1(), w2 = nm.fused_w2();
     const auto u8 = {TensorDType::kU8};
     tensor(w1 + "_blocks", {E, 2 * I, K / mx, numerics::kMxBlockBytes}, u8, "MXFP4 W1 codes");
     tensor(w1 + "_scales", {E, 2 * I, K / mx}, u8, "MXFP4 W1 exponents");

@@ -23,10 +23,18 @@ transformers = pytest.importorskip("transformers")
 import moekit  # noqa: E402
 import test_transformers_parity as parity  # noqa: E402
 
-FAMILIES = ["deepseek_v3", "qwen2_moe", "qwen3_moe_norm", "mixtral", "gpt_oss"]
+FAMILIES = ["deepseek_v3", "qwen2_moe", "qwen3_moe_norm", "mixtral", "gpt_oss", "granitemoe", "jamba"]
 # Small attention for the saved model (the MoE block is what is tested).
 ATTENTION = {"num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64, "head_dim": 32,
              "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
+
+
+def moe_block(layer):
+    """A decoder layer's MoE block, wherever its family keeps it (mlp, block_sparse_moe, feed_forward)."""
+    for attr in ("mlp", "block_sparse_moe", "feed_forward"):
+        if hasattr(layer, attr):
+            return getattr(layer, attr)
+    return None
 
 
 def save_checkpoint(case, scheme, path, seed=1, fp8_exact=True):
@@ -38,7 +46,7 @@ def save_checkpoint(case, scheme, path, seed=1, fp8_exact=True):
     model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
     layers = []
     for i, layer in enumerate(model.model.layers):
-        mlp = getattr(layer, "mlp", None)
+        mlp = moe_block(layer)
         if type(mlp).__name__ != block_cls:
             continue
         block, _ = parity.build_block(case, seed + i)
@@ -97,7 +105,7 @@ def test_checkpoint_matches_transformers(tmp_path, case, scheme):
     for lw in loaded:
         rt.add_layer(lw)
     for index, L in enumerate(layers):
-        ref, logits = reference(ref_model.model.layers[L].mlp, case, scheme, x)
+        ref, logits = reference(moe_block(ref_model.model.layers[L]), case, scheme, x)
         xin = to_bits(x) if parity.DEVICE == "cpu" else x.to(torch.bfloat16).cuda()
         mine = loaded[index].router_logits(xin)
         mine = mine if parity.DEVICE == "cpu" else mine.cpu().numpy()
@@ -315,7 +323,7 @@ def test_cli_runs_and_plans_a_checkpoint(tmp_path):
     assert bad.returncode != 0 and "no MoE layer of the checkpoint lies there" in bad.stderr, bad.stderr
 
 
-@pytest.mark.parametrize("case", ["qwen2_moe", "qwen3_moe_norm", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("case", ["qwen2_moe", "qwen3_moe_norm", "mixtral", "gpt_oss", "granitemoe", "jamba"])
 def test_cli_runs_each_family(tmp_path, case):
     """`moekit run --checkpoint --check` on transformers' own directory of each family: two ranks, every
     MoE layer, the float64 reference of the loaded weights."""
