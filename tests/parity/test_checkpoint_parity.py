@@ -119,35 +119,42 @@ def test_checkpoint_matches_transformers(tmp_path, case, scheme):
         print(f"{case:16s} {scheme:10s} layer {L}: relative error from the checkpoint {err:.2e}")
 
 
-def write_fp8_blocks(src, dst):
-    """`src` (a bf16/fp32 DeepSeek-style checkpoint) as DeepSeek-V3 publishes its FP8 release: every
-    expert and shared-expert projection float8_e4m3fn with float32 weight_scale_inv in 128x128 blocks
-    (w = code * scale), quantization_config fp8 with weight_block_size [128, 128]."""
+def rewrite_checkpoint(src, dst, convert, quantization_config):
+    """`src` (a checkpoint transformers saved, sharded) rewritten into `dst` as a release stores it:
+    convert(name, tensor) gives the tensors that replace it (None: kept as it is), shard by shard, the
+    index following; config.json with `quantization_config`."""
     from safetensors.torch import load_file, save_file
 
     os.makedirs(dst, exist_ok=True)
     index = json.loads((src / "model.safetensors.index.json").read_text())
     weight_map = {}
     for shard in sorted(set(index["weight_map"].values())):
-        tensors = load_file(str(src / shard))
         out = {}
-        for name, t in tensors.items():
-            if ".mlp." in name and "_proj.weight" in name and ("experts" in name):
-                n, k = t.shape
-                blocks = t.float().reshape(n // 128, 128, k // 128, 128)
-                scale = blocks.abs().amax(dim=(1, 3), keepdim=True) / parity.FP8_MAX
-                out[name] = (blocks / scale).clamp(-448, 448).to(torch.float8_e4m3fn).reshape(n, k)
-                out[name + "_scale_inv"] = scale.reshape(n // 128, k // 128).contiguous()
-                weight_map[name + "_scale_inv"] = shard
-            else:
-                out[name] = t
-            weight_map[name] = shard
+        for name, t in load_file(str(src / shard)).items():
+            out.update(convert(name, t) or {name: t})
         save_file(out, str(dst / shard), metadata={"format": "pt"})
+        weight_map.update({name: shard for name in out})
     (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                     "weight_block_size": [128, 128]}
+    config["quantization_config"] = quantization_config
     (dst / "config.json").write_text(json.dumps(config))
+
+
+def write_fp8_blocks(src, dst):
+    """`src` (a bf16/fp32 DeepSeek-style checkpoint) as DeepSeek-V3 publishes its FP8 release: every
+    expert and shared-expert projection float8_e4m3fn with float32 weight_scale_inv in 128x128 blocks
+    (w = code * scale), quantization_config fp8 with weight_block_size [128, 128]."""
+    def convert(name, t):
+        if not (".mlp." in name and "_proj.weight" in name and "experts" in name):
+            return None
+        n, k = t.shape
+        blocks = t.float().reshape(n // 128, 128, k // 128, 128)
+        scale = blocks.abs().amax(dim=(1, 3), keepdim=True) / parity.FP8_MAX
+        return {name: (blocks / scale).clamp(-448, 448).to(torch.float8_e4m3fn).reshape(n, k),
+                name + "_scale_inv": scale.reshape(n // 128, k // 128).contiguous()}
+
+    rewrite_checkpoint(src, dst, convert, {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                           "weight_block_size": [128, 128]})
 
 
 def to_mxfp4(w):
@@ -170,28 +177,16 @@ def to_mxfp4(w):
 def write_mxfp4(src, dst):
     """`src` (a gpt-oss checkpoint transformers saved) as gpt-oss is released: every expert tensor
     MXFP4 (gate_up_proj_blocks / _scales, down_proj_blocks / _scales: rows the output features),
-    quantization_config mxfp4. Returns {layer: (w1 blocks, w1 scales, w2 blocks, w2 scales)}."""
-    from safetensors.torch import load_file, save_file
+    quantization_config mxfp4. Returns {tensor name: (blocks, scales)}."""
+    packed = {}
 
-    os.makedirs(dst, exist_ok=True)
-    index = json.loads((src / "model.safetensors.index.json").read_text())
-    weight_map, packed = {}, {}
-    for shard in sorted(set(index["weight_map"].values())):
-        out = {}
-        for name, t in load_file(str(src / shard)).items():
-            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-                blocks, scales = to_mxfp4(t.transpose(1, 2))  # HF's (E, in, out) -> rows the outputs
-                out[name + "_blocks"], out[name + "_scales"] = blocks, scales
-                packed[name] = (blocks, scales)
-                weight_map[name + "_blocks"] = weight_map[name + "_scales"] = shard
-            else:
-                out[name] = t
-                weight_map[name] = shard
-        save_file(out, str(dst / shard), metadata={"format": "pt"})
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
-    (dst / "config.json").write_text(json.dumps(config))
+    def convert(name, t):
+        if not (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+            return None
+        packed[name] = to_mxfp4(t.transpose(1, 2))  # HF's (E, in, out) -> rows the outputs
+        return {name + "_blocks": packed[name][0], name + "_scales": packed[name][1]}
+
+    rewrite_checkpoint(src, dst, convert, {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]})
     return packed
 
 
