@@ -67,10 +67,15 @@ TEST(Model, CheckpointQuantizationPicksTheDefaultScheme) {
   EXPECT_FALSE(qwen.checkpoint_quant.has_value());
   EXPECT_EQ(choose_quant(qwen, "auto").quant, QuantScheme::kPerTokenPerChannel);
   EXPECT_NE(choose_quant(qwen, "auto").note.find("unquantized"), std::string::npos);
-  // gpt-oss ships MXFP4 experts: named, per-token FP8 planned instead.
-  const QuantChoice oss = choose_quant(load_model("gpt-oss-120b"), "auto");
+  // gpt-oss ships MXFP4 experts: converted exactly to per-token FP8 at load (its 2880 is no multiple
+  // of 128), and the note says so.
+  const ModelConfig oss_model = load_model("gpt-oss-120b");
+  EXPECT_EQ(oss_model.checkpoint_quant, QuantScheme::kPerTokenPerChannel);
+  const QuantChoice oss = choose_quant(oss_model, "auto");
   EXPECT_EQ(oss.quant, QuantScheme::kPerTokenPerChannel);
-  EXPECT_NE(oss.note.find("mxfp4, a format moekit does not run"), std::string::npos) << oss.note;
+  EXPECT_NE(oss.note.find("mxfp4 (e2m1 values, an e8m0 exponent per 32; converted exactly to FP8 at load)"),
+            std::string::npos)
+      << oss.note;
   // Hand-written configs: fp8 without blocks, static activations, other block sizes, int4.
   auto with = [](const std::string& q) {
     return parse_model_config(R"({"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 128,
