@@ -484,34 +484,36 @@ struct Checkpoint::Impl {
     MOEKIT_CHECK(gated, "{}: loading non-gated experts ({}) is not supported: the families moekit loads are gated",
                  dir.dir(), activation_name(p.activation));
     const std::string fused_w1 = nm.fused_w1(), fused_w2 = nm.fused_w2();
-    if (dir.contains(fused_w1 + "_blocks") || dir.contains(fused_w1 + "_scales")) return plan_mxfp4(nm, p, want_shared);
+    const bool mxfp4 = dir.contains(fused_w1 + "_blocks") || dir.contains(fused_w1 + "_scales");
     const std::string first = nm.expert(experts.front(), "gate");
     MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
                  "{}: '{}' is packed int4 (compressed-tensors), which moekit does not read", dir.dir(),
                  first.substr(0, first.size() - 7) + ".weight_packed");
-    LayerReads r;
-    r.per_expert = nm.naming != WeightNames::kGptOss && !dir.contains(fused_w1);
-    r.routed.reserve(experts.size());
-    for (const std::int64_t g : experts) {
-      if (r.per_expert) {
-        r.routed.push_back({stored(nm.expert(g, "gate"), I, K, "an expert's gate rows"),
-                            stored(nm.expert(g, "up"), I, K, "an expert's up rows"),
-                            stored(nm.expert(g, "down"), K, I, "an expert's W2")});
-      } else if (nm.naming == WeightNames::kGptOss) {
-        // (E, K, 2I) with gate/up interleaved along the last axis; down (E, I, K).
-        r.routed.push_back({fused(fused_w1, g, I, K, 0, 2, true, K, 2 * I),
-                            fused(fused_w1, g, I, K, 1, 2, true, K, 2 * I),
-                            fused(fused_w2, g, K, I, 0, 1, true, I, K)});
-      } else {
-        // transformers' in-memory form: (E, 2I, K) gate rows then up rows; down (E, K, I).
-        r.routed.push_back({fused(fused_w1, g, I, K, 0, 1, false, 2 * I, K),
-                            fused(fused_w1, g, I, K, I, 1, false, 2 * I, K),
-                            fused(fused_w2, g, K, I, 0, 1, false, K, I)});
+    LayerReads r = mxfp4 ? plan_mxfp4(nm, p) : LayerReads{};
+    if (!mxfp4) {
+      r.per_expert = nm.naming != WeightNames::kGptOss && !dir.contains(fused_w1);
+      r.routed.reserve(experts.size());
+      for (const std::int64_t g : experts) {
+        if (r.per_expert) {
+          r.routed.push_back({stored(nm.expert(g, "gate"), I, K, "an expert's gate rows"),
+                              stored(nm.expert(g, "up"), I, K, "an expert's up rows"),
+                              stored(nm.expert(g, "down"), K, I, "an expert's W2")});
+        } else if (nm.naming == WeightNames::kGptOss) {
+          // (E, K, 2I) with gate/up interleaved along the last axis; down (E, I, K).
+          r.routed.push_back({fused(fused_w1, g, I, K, 0, 2, true, K, 2 * I),
+                              fused(fused_w1, g, I, K, 1, 2, true, K, 2 * I),
+                              fused(fused_w2, g, K, I, 0, 1, true, I, K)});
+        } else {
+          // transformers' in-memory form: (E, 2I, K) gate rows then up rows; down (E, K, I).
+          r.routed.push_back({fused(fused_w1, g, I, K, 0, 1, false, 2 * I, K),
+                              fused(fused_w1, g, I, K, I, 1, false, 2 * I, K),
+                              fused(fused_w2, g, K, I, 0, 1, false, K, I)});
+        }
       }
+      const Matrix& g0 = r.routed.front().gate;
+      r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
+                                                     : std::string(checkpoint::dtype_name(g0.dtype));
     }
-    const Matrix& g0 = r.routed.front().gate;
-    r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
-                                                   : std::string(checkpoint::dtype_name(g0.dtype));
     const auto float_types = {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32};
     if (p.expert_bias) {
       MOEKIT_CHECK(nm.naming == WeightNames::kGptOss, "{}: expert biases are read for gpt_oss only", dir.dir());
@@ -537,7 +539,8 @@ struct Checkpoint::Impl {
   // gpt-oss's MXFP4 experts as released: gate_up_proj_blocks (E, 2I, K / 32, 16) and _scales (E, 2I,
   // K / 32) (rows the interleaved gate/up outputs, as moekit's swigluoai W1 reads them), down_proj's
   // (E, K, I / 32, 16) and (E, K, I / 32), all U8; converted at load (checkpoint/mxfp4.h).
-  LayerReads plan_mxfp4(const Names& nm, const MoeProblem& p, bool want_shared) {
+  // The experts only: plan_reads checks the biases, the router and the rest as for any family.
+  LayerReads plan_mxfp4(const Names& nm, const MoeProblem& p) {
     const std::int64_t K = p.K, I = p.I(), E = p.E, mx = numerics::kMxBlock;
     MOEKIT_CHECK(nm.naming == WeightNames::kGptOss && p.activation == Activation::kSwigluOai,
                  "{}: MXFP4 experts are read in gpt-oss's layout only (model_type '{}')", dir.dir(), model.model_type);
@@ -561,14 +564,6 @@ struct Checkpoint::Impl {
                          at(w1 + "_scales"),
                          at(w2 + "_blocks"),
                          at(w2 + "_scales")};
-    const auto float_types = {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32};
-    if (p.expert_bias) {
-      tensor(nm.prefix + "experts.gate_up_proj_bias", {E, 2 * I}, float_types, "W1 biases");
-      tensor(nm.prefix + "experts.down_proj_bias", {E, K}, float_types, "W2 biases");
-    }
-    tensor(nm.router(), {E, K}, float_types, "the router's weight");
-    tensor(nm.prefix + "router.bias", {E}, float_types, "the router's bias");
-    (void)want_shared;  // gpt-oss has no shared experts
     return r;
   }
 
