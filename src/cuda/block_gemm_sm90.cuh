@@ -25,6 +25,13 @@
 // in one kernel its consumers spilled inside the k-loop once it carried pairs (full tiles 14-18%
 // slower); with one they do not, and pairs took its W1 -19% / -11% at m_e = 150 / 300 (+5% at 1000,
 // where every tile is full).
+// Clusters (plan::GemmConfigInfo::cluster = 2): CTAs run in pairs whose rings carry the same
+// k-blocks; a stage is handed back to both CTAs' producers (16 arrivals), so either may multicast
+// into it. For two full token tiles of one weight tile (a shared item) each CTA loads its A and half
+// the weight tile, multicast into both: half the L2 reads of the weights. A group's odd last tile and
+// its half items run one a CTA with their own weights; the shorter of a pair's items pads its ring
+// (block_gemm_items.h). Measured (docs/PERF.md): the layer at T = 8192 2.41x -> 1.96x its floor,
+// the GEMMs alone at m_e 200-1024 within noise of unclustered.
 // Operands are addressed through one 2-D TMA descriptor each over the tensor every group lies in
 // (GroupedGemmLaunch::tensors): a group's first row is its pointer's offset in that tensor. Rows a
 // tile reads past its group are never written (the epilogue masks rows >= m and columns >= n).
@@ -38,8 +45,10 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +58,7 @@
 #include "cuda/grouped_gemm.h"
 #include "cuda/launch_cache.h"
 #include "cuda/pdl.cuh"
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
@@ -320,12 +330,42 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
   }
 }
 
-// kAct: the fused W1's activation (its epilogue's only one); unused without kFused.
-template <bool kFused, Activation kAct>
+// Item `item` of the kernel's table: a BlockGemmItem (its slots: its tiles), or, clustered
+// (kCluster > 1), CTA `rank`'s part of the cluster's (block_gemm_cluster_item).
+template <int kCluster>
+__device__ __forceinline__ BlockGemmClusterItem block_gemm_kernel_item(const int* tile_start, const int* shapes,
+                                                                       int groups, int n_tiles, int item, int rank) {
+  if constexpr (kCluster == 1) {
+    const BlockGemmItem it = block_gemm_item(tile_start, shapes, groups, n_tiles, item);
+    return {it, false, it.tiles};
+  } else {
+    const int g = block_gemm_group_of(tile_start, groups, item);
+    return block_gemm_cluster_item(g, shapes[3 * g], n_tiles, item - tile_start[g], rank);
+  }
+}
+
+// Hands a stage back `times` times (once a consumer warp, or for it): to this CTA's producer, or,
+// clustered, to every CTA's of the cluster (each one's multicast writes into every CTA's stage).
+template <int kCluster>
+__device__ __forceinline__ void block_gemm_release(std::uint64_t* empty, int times) {
+  for (int t = 0; t < times; ++t) {
+    if constexpr (kCluster == 1) {
+      cutlass::arch::ClusterBarrier::arrive(empty);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kCluster; ++c) cutlass::arch::ClusterBarrier::arrive(empty, c, 1u);
+    }
+  }
+}
+
+// kAct: the fused W1's activation (its epilogue's only one); unused without kFused. kCluster: CTAs a
+// cluster, sharing each weight tile (tma_b_share: 256 / kCluster rows a box, multicast); 1 plain.
+template <bool kFused, Activation kAct, int kCluster>
 __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     block_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a64,
-                      const __grid_constant__ CUtensorMap tma_b, const __grid_constant__ CUtensorMap tma_d,
-                      const __grid_constant__ CUtensorMap tma_d64, const BlockGemm::Params p) {
+                      const __grid_constant__ CUtensorMap tma_b, const __grid_constant__ CUtensorMap tma_b_share,
+                      const __grid_constant__ CUtensorMap tma_d, const __grid_constant__ CUtensorMap tma_d64,
+                      const BlockGemm::Params p) {
   pdl_wait();  // cuda/pdl.cuh: before any global memory access (the tile table reads the shapes)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using BG = BlockGemm;
@@ -336,14 +376,23 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   const int n_tiles = (p.n + BG::kTileN - 1) / BG::kTileN;
 
   // --- the tile table (warp 0) and the barriers (thread 0) ---
-  block_gemm_setup<BG::kStages, BG::kConsumerWarps>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
-    return block_gemm_items_of(p.args.shapes[3 * g], n_tiles);
+  static_assert(kCluster == 1 || kCluster == kBlockCluster, "block_gemm_cluster_item deals clusters of 2 CTAs");
+  const int rank = kCluster == 1 ? 0 : static_cast<int>(cute::block_rank_in_cluster());
+  const int first_item = static_cast<int>(blockIdx.x) / kCluster, items_stride = static_cast<int>(gridDim.x) / kCluster;
+  block_gemm_setup<BG::kStages, BG::kConsumerWarps * kCluster>(s.tile_start, s.full, s.empty, p.groups, [&](int g) {
+    if constexpr (kCluster == 1)
+      return block_gemm_items_of(p.args.shapes[3 * g], n_tiles);
+    else
+      return block_gemm_cluster_items_of(p.args.shapes[3 * g], n_tiles);
   });
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterBarrier::init(&s.staged, BG::kConsumerWarps);
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kCluster == 1)
+    __syncthreads();
+  else
+    cute::cluster_sync();  // every CTA's barriers are initialized before a multicast or remote arrival
   const int total = s.tile_start[p.groups];
   const int warp_group = static_cast<int>(threadIdx.x) / 128;
 
@@ -354,9 +403,11 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       // --- storer: the TMA stores of D (block_gemm_tma_rows), in item order ---
       int ring = 0;
       std::uint32_t staged_phase = 0;
-      for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-        const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
-        ring += it.tiles * p.k_blocks;
+      for (int item = first_item; item < total; item += items_stride) {
+        const BlockGemmClusterItem ci =
+            block_gemm_kernel_item<kCluster>(s.tile_start, p.args.shapes, p.groups, n_tiles, item, rank);
+        const BlockGemmItem& it = ci.it;
+        ring += ci.slots * p.k_blocks;  // its own k-blocks last (pad slots first)
         const int tma_rows = block_gemm_tma_rows(p, it, p.args.shapes[3 * it.g]);
         if (tma_rows == 0) continue;
         const int s_last = ring_slot<BG::kStages>(ring - 1).stage, s_prev = ring_slot<BG::kStages>(ring - 2).stage;
@@ -372,10 +423,8 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         }
         cute::tma_store_arrive();
         cute::tma_store_wait<0>();  // the boxes are read: the stages are free
-        for (int w = 0; w < BG::kConsumerWarps; ++w) {
-          Barrier::arrive(&s.empty[s_prev]);
-          Barrier::arrive(&s.empty[s_last]);
-        }
+        block_gemm_release<kCluster>(&s.empty[s_prev], BG::kConsumerWarps);
+        block_gemm_release<kCluster>(&s.empty[s_last], BG::kConsumerWarps);
       }
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // written before the CTA exits
       return;
@@ -384,8 +433,46 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     int stage = 0;
     std::uint32_t phase = 0;
-    for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-      const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+    for (int item = first_item; item < total; item += items_stride) {
+      const BlockGemmClusterItem ci =
+          block_gemm_kernel_item<kCluster>(s.tile_start, p.args.shapes, p.groups, n_tiles, item, rank);
+      const BlockGemmItem& it = ci.it;
+      if constexpr (kCluster > 1) {
+        // Pad slots (the partner's item is longer): a stage that carries nothing, handed over empty.
+#pragma unroll 1
+        for (int j = it.tiles * p.k_blocks; j < ci.slots * p.k_blocks; ++j) {
+          Barrier::wait(&s.empty[stage], phase ^ 1);
+          Barrier::arrive(&s.full[stage]);
+          if (++stage == BG::kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        if (it.tiles == 0) continue;
+      }
+      if (ci.shared) {
+        // Shared: this CTA's A and half the weight tile, multicast into both CTAs (each expects the
+        // whole tile).
+        constexpr int kShareRows = BG::kTileN / kCluster, kShareBytes = kShareRows * BG::kTileK;
+        constexpr auto kAll = static_cast<std::uint16_t>((1u << kCluster) - 1);
+        const int a_row = block_gemm_token_row(p, it);
+        const auto b_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[it.g]) - p.b_base) / p.k) +
+                           it.nt * BG::kTileN + rank * kShareRows;
+#pragma unroll 1
+        for (int kb = 0; kb < p.k_blocks; ++kb) {
+          const int col = kb * BG::kTileK;
+          Barrier::wait(&s.empty[stage], phase ^ 1);
+          TxBarrier::arrive_and_expect_tx(&s.full[stage], BG::kABytes + BG::kBBytes);
+          cute::SM90_TMA_LOAD_2D::copy(&tma_a, &s.full[stage], kHint, s.a[stage], col, a_row);
+          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&tma_b_share, &s.full[stage], kAll, kHint,
+                                                 s.b[stage] + rank * kShareBytes, col, b_row);
+          if (++stage == BG::kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        continue;
+      }
       const bool half = it.half;
       const int a_row = block_gemm_token_row(p, it);
       const auto b_row = static_cast<int>((static_cast<const std::uint8_t*>(p.args.ptr_B[it.g]) - p.b_base) / p.k) +
@@ -401,6 +488,17 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         TxBarrier::arrive_and_expect_tx(&s.full[stage], bytes);
         cute::SM90_TMA_LOAD_2D::copy(map_a, &s.full[stage], kHint, s.a[stage], col, a_row);
         cute::SM90_TMA_LOAD_2D::copy(&tma_b, &s.full[stage], kHint, s.b[stage], col, b_row + (j & pair) * BG::kTileN);
+        if (++stage == BG::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if constexpr (kCluster > 1) {
+      // The CTA stays until every CTA of the cluster has handed back each stage (their arrivals land
+      // in this CTA's barriers): a wait on each stage's last phase.
+      for (int i = 0; i < BG::kStages; ++i) {
+        Barrier::wait(&s.empty[stage], phase ^ 1);
         if (++stage == BG::kStages) {
           stage = 0;
           phase ^= 1;
@@ -423,24 +521,33 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
   float acc[2][64];
   float tmp[64];
   const std::uint32_t a_desc_base = block_gemm_desc_lo(s.a[0]), b_desc0 = block_gemm_desc_lo(s.b[0]);
-  for (int item = static_cast<int>(blockIdx.x); item < total; item += static_cast<int>(gridDim.x)) {
-    const BlockGemmItem it = block_gemm_item(s.tile_start, p.args.shapes, p.groups, n_tiles, item);
+  for (int item = first_item; item < total; item += items_stride) {
+    const BlockGemmClusterItem ci =
+        block_gemm_kernel_item<kCluster>(s.tile_start, p.args.shapes, p.groups, n_tiles, item, rank);
+    const BlockGemmItem& it = ci.it;
     const int m = p.args.shapes[3 * it.g];
     // A full tile: the warpgroup's 64 rows of it, every stage. A half pair: warpgroup wg runs the
     // half tile of weight tile nt + wg alone (the tile's 64 rows) on the item's stages wg, wg + 2,
     // ..., and hands each back for both warpgroups (step = 2 arrivals a warp). A lone half tile
     // (tiles = 1): warpgroup 1 only waits for each of its stages and hands it back.
     const bool half = __shfl_sync(0xFFFFFFFFu, static_cast<int>(it.half), 0) != 0;
-    const int base = ring, first = base + (half ? wg : 0), step = half ? it.tiles : 1;
+    // Clustered, the item's pad slots come first (block_gemm_cluster_item): each waited for and handed back.
+    const int pad = (ci.slots - it.tiles) * p.k_blocks;
+    const int base = ring + pad, first = base + (half ? wg : 0), step = half ? it.tiles : 1;
     const bool by_tma = !kFused && block_gemm_tma_rows(p, it, m) > 0;  // its last two stages kept
-    ring += it.tiles * p.k_blocks;
-    if (half && wg >= it.tiles) {
-      for (int q = base; q < base + p.k_blocks; ++q) {
+    const auto pass = [&](int from, int to) {
+      for (int q = from; q < to; ++q) {
         const auto [q_stage, q_phase] = ring_slot<BG::kStages>(q);
         TxBarrier::wait(&s.full[q_stage], q_phase);
         __syncwarp();
-        if (lane == 0) Barrier::arrive(&s.empty[q_stage]);
+        if (lane == 0) block_gemm_release<kCluster>(&s.empty[q_stage], 1);
       }
+    };
+    pass(ring, base);
+    ring += ci.slots * p.k_blocks;
+    if (it.tiles == 0) continue;
+    if (half && wg >= it.tiles) {
+      pass(base, base + p.k_blocks);
       continue;
     }
     const int nt = it.nt + (half ? wg : 0);
@@ -492,10 +599,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(tmp[i]);
         if (h == 1) {  // the stage is read: hand it back to the producer (for both warpgroups in a half pair)
           __syncwarp();
-          if (lane == 0 && !(by_tma && kb >= p.k_blocks - 2)) {
-            Barrier::arrive(&s.empty[stage]);
-            if (step == 2) Barrier::arrive(&s.empty[stage]);
-          }
+          if (lane == 0 && !(by_tma && kb >= p.k_blocks - 2)) block_gemm_release<kCluster>(&s.empty[stage], step);
         }
         const float sb = h == 0 ? b0 : b1;
         const float s0 = a0 * sb, s1 = a1 * sb;
@@ -688,8 +792,8 @@ struct BlockGemmMapsKey {
   std::int64_t token_rows, weight_rows, n, k;
 };
 struct BlockGemmMaps {
-  CUtensorMap a, a64, b, d, d64;
-  bool tma_store;  // BlockGemm::Params::tma_store
+  CUtensorMap a, a64, b, b_share, d, d64;  // b_share: half a weight tile a box (a 2-CTA cluster's share)
+  bool tma_store;                          // BlockGemm::Params::tma_store
 };
 
 // The descriptors of a launch, encoded on its key's first launch (a few us of host work each).
@@ -704,6 +808,7 @@ const BlockGemmMaps& block_gemm_maps(const GroupedGemmLaunch& l) {
   m.a = block_gemm_tensor_map(t.tokens, t.token_rows, l.k, BG::kTileM, "the tokens");
   m.a64 = block_gemm_tensor_map(t.tokens, t.token_rows, l.k, BG::kHalfTileRows, "the tokens");
   m.b = block_gemm_tensor_map(t.weights, t.weight_rows, l.k, BG::kTileN, "the weights");
+  m.b_share = block_gemm_tensor_map(t.weights, t.weight_rows, l.k, BG::kTileN / 2, "the weights");
   // D by TMA (block_gemm_tma_rows) when the launch names D's tensor.
   const std::int64_t k_blocks = (l.k + BG::kTileK - 1) / BG::kTileK;
   m.tma_store = !kFused && t.output != nullptr && k_blocks >= BG::kMinKBlocksForTmaStore;
@@ -713,13 +818,41 @@ const BlockGemmMaps& block_gemm_maps(const GroupedGemmLaunch& l) {
 }
 
 // The dynamic shared memory of a kernel, set once per device (launch_cache.h).
-template <bool kFused, Activation kAct>
+template <bool kFused, Activation kAct, int kCluster>
 void block_gemm_set_smem(int device) {
   static std::atomic<std::uint64_t> done{0};
   once_per_device(done, device, [] {
-    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block_gemm_kernel<kFused, kAct>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           BlockGemm::kSmemBytes));
+    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block_gemm_kernel<kFused, kAct, kCluster>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, BlockGemm::kSmemBytes));
   });
+}
+
+// The clusters of 2 the device holds at once with one kernel an SM (a GPC with an odd count of SMs
+// leaves one out): the clustered grid is twice that, so every cluster is resident and the static
+// round-robin of items has no second wave. Once per device (at most 64 devices: launch_cache.h).
+template <bool kFused, Activation kAct>
+int block_gemm_cluster_grid(int device, int num_sms) {
+  static std::atomic<int> clusters[64] = {};
+  int n = device >= 0 && device < 64 ? clusters[device].load(std::memory_order_acquire) : 0;
+  if (n == 0) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kBlockCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    int sms = 0;
+    MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    config.gridDim = dim3(sms / kBlockCluster * kBlockCluster);
+    config.blockDim = dim3(BlockGemm::kThreads);
+    config.dynamicSmemBytes = BlockGemm::kSmemBytes;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, block_gemm_kernel<kFused, kAct, kBlockCluster>, &config));
+    n = std::max(n, 0) + 1;  // stored + 1: 0 is "not asked yet"
+    if (device >= 0 && device < 64) clusters[device].store(n, std::memory_order_release);
+  }
+  return std::min((n - 1) * kBlockCluster, num_sms / kBlockCluster * kBlockCluster);
 }
 
 // The launch of a config row whose main loop is moekit's (its tile is this kernel's: checked).
@@ -731,6 +864,7 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   static_assert(info.main_loop == plan::GemmMainLoop::kMoekit && !info.swap_ab && info.tile_m == BG::kTileM &&
                     info.tile_n == BG::kTileN && info.tile_k == BG::kTileK && info.n_multiple % BG::kHalfN == 0,
                 "the config row does not describe moekit's block GEMM (plan/gemm_config.h)");
+  static_assert(info.cluster == 1 || info.cluster == kBlockCluster, "block_gemm_cluster_item deals clusters of 2");
   const auto name = [] { return "grouped_fp8_gemm: config " + std::string(info.name); };
   MOEKIT_CUDA_REQUIRE(l.block_scaled && plan::supports(info, l.n, l.k, QuantScheme::kBlock128, kFused),
                       name() + " does not run n = " + std::to_string(l.n) + ", k = " + std::to_string(l.k) +
@@ -750,10 +884,26 @@ void run_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
   if constexpr (kFused) p.fused = l.fused;
   const BlockGemmMaps& maps = block_gemm_maps<kFused>(l);
   p.tma_store = maps.tma_store;
+  // The row's cluster (plan/gemm_config.h); MOEKIT_BLOCK_CLUSTER=1 runs it unclustered (an A/B switch
+  // for benchmarks, tools/ab-env.sh).
+  static const int cluster = [] {
+    const char* v = std::getenv("MOEKIT_BLOCK_CLUSTER");
+    return v != nullptr && std::string_view(v) == "1" ? 1 : info.cluster;
+  }();
   const auto launch = [&]<Activation kAct>() {
-    block_gemm_set_smem<kFused, kAct>(device);
-    launch_pdl(block_gemm_kernel<kFused, kAct>, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, maps.a, maps.a64,
-               maps.b, maps.d, maps.d64, p);
+    int grid = 0;  // clustered: twice the clusters the device holds at once
+    if (cluster == kBlockCluster) {
+      block_gemm_set_smem<kFused, kAct, kBlockCluster>(device);
+      grid = block_gemm_cluster_grid<kFused, kAct>(device, l.num_sms);
+    }
+    if (grid > 0) {
+      launch_pdl_clustered(block_gemm_kernel<kFused, kAct, kBlockCluster>, dim3(grid), BG::kThreads, BG::kSmemBytes,
+                           stream, kBlockCluster, maps.a, maps.a64, maps.b, maps.b_share, maps.d, maps.d64, p);
+    } else {
+      block_gemm_set_smem<kFused, kAct, 1>(device);
+      launch_pdl(block_gemm_kernel<kFused, kAct, 1>, l.num_sms, BG::kThreads, BG::kSmemBytes, stream, maps.a, maps.a64,
+                 maps.b, maps.b_share, maps.d, maps.d64, p);
+    }
     MOEKIT_CUDA_CHECK_LAUNCH();
   };
   if constexpr (kFused) {

@@ -43,21 +43,33 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_launch_dependents();
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed.
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed, in
+// clusters of `cluster` blocks along x (grid.x a multiple of it; 1: no cluster).
 template <class... Params, class... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  cudaLaunchAttribute attr[1];
+void launch_pdl_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                          unsigned cluster, Args&&... args) {
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = cluster > 1 ? 2 : 1;
   MOEKIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...));
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_clustered(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace moekit::cuda

@@ -55,6 +55,11 @@ struct GemmConfigInfo {
   // fp32 accumulator for the promotion: a 64x256 warpgroup tile then needs 256 accumulator
   // registers a thread, and spills.
   bool fast_accumulation_only = false;
+  // moekit's main loop: CTAs a cluster (1 or 2). Two share each weight tile of a pair of full token
+  // tiles, each loading half of it by TMA multicast into both (half the L2 reads of the weights); a
+  // group's odd last tile and half tiles run one a CTA (block_gemm_items.h). Where the device holds
+  // no cluster of two at once, the launch runs unclustered.
+  int cluster = 1;
 };
 
 // In selection order: the first row that supports (n, k) and whose max_rows and max_k cover the
@@ -94,7 +99,7 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      false,
      "block128, m_e > 64, k <= 2048: 256-wide tiles, half tiles for a ragged expert's last rows, D by TMA "
      "(moekit's main loop)",
-     GemmMainLoop::kMoekit, false, 2048},
+     GemmMainLoop::kMoekit, false, 2048, false, false, 2},
     // Its ragged experts' last <= 64 rows run in the rule's swapped 32- / 64-token launch.
     {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
      true, true, false,
@@ -103,7 +108,7 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      GemmMainLoop::kCutlass, false, -1, true},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
-     GemmMainLoop::kMoekit},
+     GemmMainLoop::kMoekit, false, -1, false, false, 2},
 };
 inline constexpr int kNumGemmConfigs = sizeof(kGemmConfigs) / sizeof(kGemmConfigs[0]);
 

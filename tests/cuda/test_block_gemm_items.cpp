@@ -80,5 +80,50 @@ TEST(BlockGemmItems, HalfTileEdges) {
   EXPECT_EQ(block_gemm_group_item(0, 300, 16, 3).nt, 1);
 }
 
+// Clustered (block_gemm_cluster_item): the two CTAs of a cluster agree on every item's slots; a
+// shared item is two full token tiles of one weight tile; every tile of the group is dealt once, the
+// half tiles as the non-clustered table's half items; an item takes slots >= its tiles.
+TEST(BlockGemmItems, ClusteredEveryTileOnceInLockStep) {
+  for (int n_tiles = 1; n_tiles <= 9; ++n_tiles)
+    for (int m = 0; m <= 700; ++m) {
+      const int m_tiles = (m + kBlockTileM - 1) / kBlockTileM;
+      const int items = block_gemm_cluster_items_of(m, n_tiles);
+      std::map<std::pair<int, int>, int> dealt;
+      int shared_tiles = 0;
+      for (int local = 0; local < items; ++local) {
+        const BlockGemmClusterItem c0 = block_gemm_cluster_item(3, m, n_tiles, local, 0);
+        const BlockGemmClusterItem c1 = block_gemm_cluster_item(3, m, n_tiles, local, 1);
+        ASSERT_EQ(c0.slots, c1.slots) << "m " << m << " item " << local << ": the rings would part";
+        ASSERT_EQ(c0.shared, c1.shared);
+        ASSERT_TRUE(c0.slots == 1 || c0.slots == 2);
+        ASSERT_TRUE(c0.it.tiles > 0 || c1.it.tiles > 0) << "m " << m << " item " << local << ": an empty item";
+        if (c0.shared) {
+          ASSERT_EQ(c0.it.nt, c1.it.nt) << "m " << m << " item " << local << ": a shared item's weight tiles differ";
+          ASSERT_TRUE(c0.it.tiles == 1 && c1.it.tiles == 1 && !c0.it.half && !c1.it.half);
+          EXPECT_FALSE(block_gemm_is_half(m, c0.it.mt) || block_gemm_is_half(m, c1.it.mt));
+          shared_tiles += 2;
+        }
+        for (const BlockGemmClusterItem& c : {c0, c1}) {
+          const BlockGemmItem& it = c.it;
+          ASSERT_EQ(it.g, 3);
+          ASSERT_LE(it.tiles, c.slots);
+          EXPECT_EQ(it.half, it.tiles > 0 && block_gemm_is_half(m, it.mt)) << "m " << m << " item " << local;
+          for (int i = 0; i < it.tiles; ++i) ++dealt[{it.mt, it.nt + i}];
+          const int tma = block_gemm_tma_rows(m, it), rows = m - it.mt * kBlockTileM;
+          if (it.tiles > 0) EXPECT_LE(tma, rows) << "m " << m << " item " << local << ": a TMA box past the group";
+          EXPECT_EQ(tma == 0, it.tiles == 0 || it.half) << "m " << m << " item " << local;
+        }
+      }
+      EXPECT_EQ(static_cast<int>(dealt.size()), m_tiles * n_tiles) << "m " << m << " n_tiles " << n_tiles;
+      for (const auto& [tile, times] : dealt) {
+        EXPECT_EQ(times, 1) << "m " << m << " tile (" << tile.first << ", " << tile.second << ")";
+        EXPECT_LT(tile.first, m_tiles);
+        EXPECT_LT(tile.second, n_tiles);
+      }
+      if (m > 0) EXPECT_EQ(shared_tiles, block_gemm_full_tiles(m) / 2 * 2 * n_tiles) << "m " << m;
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
 }  // namespace
 }  // namespace moekit::cuda::detail
