@@ -19,6 +19,12 @@ inline constexpr std::int64_t kMaxExperts = 1 << 14;                 // E (Qwen3
 inline constexpr std::int64_t kMaxTopk = 64;                         // num_experts_per_tok (DeepSeek-V3: 8)
 inline constexpr std::int64_t kMaxLayers = 1 << 12;    // num_hidden_layers, and every layer index (DeepSeek-V3: 61)
 inline constexpr std::int64_t kMaxSlotsPerExpert = 4;  // redundant experts: E_local * ep <= 4 E (DeepSeek: 1.125-2)
+// swigluoai's parameters (moekit/types.h: SwigluOaiParams), each finite and in (0, bound]: the clamp
+// within fp16's range (gpt-oss: 7); alpha, the gate's scale inside the sigmoid (gpt-oss: 1.702, the
+// constant of x * sigmoid(1.702 x) ~ gelu(x)), far past which sigmoid(alpha * g) is a step for all
+// but the smallest gates: a broken config, not a model.
+inline constexpr double kMaxSwigluLimit = 65504.0;
+inline constexpr double kMaxSwigluAlpha = 1024.0;
 
 // ---- Files. A file is read only when it is a regular file (a symlink to one is followed) and no
 // larger than its limit; JSON nests no deeper than kMaxJsonDepth and names no key twice.

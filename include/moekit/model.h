@@ -45,7 +45,7 @@ struct ModelConfig {
   std::int64_t num_layers = 0;
   std::int64_t num_moe_layers = 0;
   Activation activation = Activation::kSilu;
-  float swiglu_limit = kDefaultSwigluLimit;  // swigluoai's clamp (gpt-oss's config.swiglu_limit)
+  SwigluOaiParams swiglu;  // swigluoai's clamp and alpha (gpt-oss's config.swiglu_limit, swiglu_alpha)
   // Routing (moekit/router.h runs exactly these).
   Scoring scoring = Scoring::kSoftmax;
   bool norm_topk_prob = true;              // renormalize the chosen weights to sum 1

@@ -32,8 +32,9 @@ struct MoeProblem {
   bool fuse_w1 = false;
   // Expert biases on W1 and W2 (ModelConfig::expert_bias: gpt-oss), in the weights view.
   bool expert_bias = false;
-  // swigluoai's clamp (ModelConfig::swiglu_limit); the other activations ignore it. Finite, > 0.
-  float swiglu_limit = kDefaultSwigluLimit;
+  // swigluoai's clamp and alpha (ModelConfig::swiglu); the other activations ignore them. Each finite,
+  // in (0, its bound] (validate_swiglu).
+  SwigluOaiParams swiglu;
   // The GPU GEMMs' sum over K (moekit/types.h): precise unless the request asks for fast
   // (--accumulation fast), which block128 refuses.
   Accumulation accumulation = Accumulation::kPrecise;

@@ -35,12 +35,25 @@ bool is_gated(Activation act);
 // Columns the activation writes for a W1 output of width N (N/2 when gated; N must then be even).
 std::int64_t activation_out_dim(Activation act, std::int64_t N);
 const std::vector<Activation>& all_activations();
-// swigluoai's clamp (gpt-oss's config.swiglu_limit; transformers' GptOssConfig default): the gate is
-// clamped above at the limit, the up projection to [-limit, limit].
+// swigluoai's parameters, gpt-oss's config.swiglu_limit and config.swiglu_alpha (transformers'
+// GptOssConfig defaults, the released models' values): with g = min(gate, limit) and
+// u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g). One value travels from the
+// config through the problem to the CPU, the CUDA kernels and the float64 reference; the other
+// activations ignore it.
 inline constexpr float kDefaultSwigluLimit = 7.0f;
-// swigluoai's alpha, gate * sigmoid(alpha * gate): gpt-oss's released models' (GptOssConfig's
-// swiglu_alpha default); a config asking for another is refused (plan/architectures.cpp).
-inline constexpr double kSwigluOaiAlpha = 1.702;
+inline constexpr float kDefaultSwigluAlpha = 1.702f;
+struct SwigluOaiParams {
+  float limit = kDefaultSwigluLimit;  // the gate's clamp above, the up projection's on both sides
+  float alpha = kDefaultSwigluAlpha;  // gate * sigmoid(alpha * gate)
+  bool operator==(const SwigluOaiParams&) const = default;
+};
+// Raises moekit::Error unless swiglu_limit and swiglu_alpha are each finite and in (0, their bound]
+// (moekit/limits.h), naming `where` (a config file, the problem, an op), the field, the value and the
+// bound. Doubles: a config's numbers are checked before they become floats.
+void validate_swiglu(double limit, double alpha, std::string_view where);
+inline void validate_swiglu(const SwigluOaiParams& swiglu, std::string_view where) {
+  validate_swiglu(swiglu.limit, swiglu.alpha, where);
+}
 
 // Quantization of the FP8 operands (activations x weights); fp32 scales everywhere.
 //   kPerTensor:          one scale per activation tensor (per expert) x one per weight tensor.

@@ -2,7 +2,7 @@
 
 batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
                 quant=None, stream=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0,
-                accumulation="precise", w1_layout="gate_up", workspace=None)
+                swiglu_alpha=1.702, accumulation="precise", w1_layout="gate_up", workspace=None)
     The experts alone in the BatchedExperts convention (DeepEP low-latency / pplx dispatch output):
       a1q (E_local, M, K) FP8 e4m3 (uint8 codes, or torch.float8_e4m3fn); rows >= expert_num_tokens[e]
       of expert e are padding: never read into a result, never written
@@ -21,7 +21,8 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
 
 standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
                  quant=None, stream=None, fuse_w1=None, swiglu_limit=7.0,
-                 accumulation="precise", w1_layout="gate_up", expert_map=None, workspace=None)
+                 swiglu_alpha=1.702, accumulation="precise", w1_layout="gate_up", expert_map=None,
+                 workspace=None)
     The same experts in the standard (token-order) convention, with the top-k weighted sum:
       a1q (T, K) FP8, a1q_scale (1,) per-tensor, (T,) per-token or (T, ceil(K/128)) 1x128
       topk_ids (T, topk) int32 or int64 (torch.topk's, DeepEP's) expert ids: local ids in
@@ -40,9 +41,11 @@ the checkpoints' order: gate rows, then up rows) or "block_pairs" (moekit.arrang
 order). Under block128 moekit reads W1 in block pairs and the ops never copy weights, so a
 "gate_up" W1 is refused there, naming the one-time arrangement; "block_pairs" where the recipe reads
 another order is refused too. `activation`: silu, gelu, gelu_tanh, swigluoai, relu2 (alias
-relu2_no_mul), silu_no_mul, gelu_no_mul. `swiglu_limit`: swigluoai's clamp (gpt-oss's
-config.swiglu_limit; the gate is clamped above at it, the up projection to [-limit, limit]); the
-other activations ignore it. `accumulation`: "precise" (default) moves the GPU GEMMs' FP8 partial
+relu2_no_mul), silu_no_mul, gelu_no_mul. `swiglu_limit` and `swiglu_alpha`: swigluoai's clamp and
+alpha (gpt-oss's config.swiglu_limit and config.swiglu_alpha, defaults 7 and 1.702: the gate is
+clamped above at the limit, the up projection to [-limit, limit], and out = (up + 1) * gate *
+sigmoid(alpha * gate)); each finite and in (0, its bound] (moekit/limits.h); the other activations
+ignore them. `accumulation`: "precise" (default) moves the GPU GEMMs' FP8 partial
 sums into fp32 every 128 elements of K; "fast" (per-token and per-tensor only) keeps the whole K
 loop in the tensor cores' FP8 accumulation: faster, and 12-21% low at K = 7168 on all-positive
 products. The CPU sums in fp32 either way.
@@ -252,13 +255,14 @@ def _f32(x):
 
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
                     quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None,
-                    max_rows: int = 0, swiglu_limit: float = 7.0, accumulation: str = "precise",
-                    w1_layout: str = "gate_up", workspace=None):
+                    max_rows: int = 0, swiglu_limit: float = 7.0, swiglu_alpha: float = 1.702,
+                    accumulation: str = "precise", w1_layout: str = "gate_up", workspace=None):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     target = _bf16_scratch(out) if _is_fp16(out) else out
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
                             _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "", fuse_w1, _THREADS,
-                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), accumulation, w1_layout,
+                            _stream(a1q, stream), int(max_rows), float(swiglu_limit), float(swiglu_alpha),
+                            accumulation, w1_layout,
                             None if workspace is None else _plain(workspace))
     if target is not out:
         M = out.shape[1]
@@ -272,15 +276,16 @@ def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scal
 
 def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
                      activation: str = "silu", quant: Optional[str] = None, stream: Any = None,
-                     fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0, accumulation: str = "precise",
-                     w1_layout: str = "gate_up", expert_map=None, workspace=None):
+                     fuse_w1: Optional[bool] = None, swiglu_limit: float = 7.0, swiglu_alpha: float = 1.702,
+                     accumulation: str = "precise", w1_layout: str = "gate_up", expert_map=None, workspace=None):
     """The experts in the standard convention with the top-k weighted sum (module docstring);
     returns `out`."""
     ids = _local_ids(topk_ids, expert_map, int(w1.shape[0]))
     target = _bf16_scratch(out) if _is_fp16(out) else out
     _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(ids), _plain(_f32(topk_weights)), _plain(w1),
                              _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "",
-                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), accumulation, w1_layout,
+                             fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), float(swiglu_alpha),
+                             accumulation, w1_layout,
                              None if workspace is None else _plain(workspace))
     if target is not out:
         _to_fp16(target, out)
@@ -320,22 +325,22 @@ def release_workspaces(captured: bool = False) -> int:
 
 def batched_experts_workspace_bytes(E_local: int, M: int, K: int, N: int, activation: str = "silu",
                                     quant: str = "per-token", fuse_w1: Optional[bool] = None,
-                                    swiglu_limit: float = 7.0, accumulation: str = "precise",
-                                    device: str = "cuda") -> int:
+                                    swiglu_limit: float = 7.0, swiglu_alpha: float = 1.702,
+                                    accumulation: str = "precise", device: str = "cuda") -> int:
     """The workspace batched_experts allocates for these shapes (its first call), in bytes: the
     plan's figure (`moekit plan`'s experts section)."""
     return _moekit.ops_batched_workspace_bytes(E_local, M, K, N, activation, quant, fuse_w1, float(swiglu_limit),
-                                               accumulation, device)
+                                               float(swiglu_alpha), accumulation, device)
 
 
 def standard_experts_workspace_bytes(T: int, K: int, N: int, topk: int, E_local: int, activation: str = "silu",
                                      quant: str = "per-token", fuse_w1: Optional[bool] = None,
-                                     swiglu_limit: float = 7.0, accumulation: str = "precise",
-                                     device: str = "cuda") -> int:
+                                     swiglu_limit: float = 7.0, swiglu_alpha: float = 1.702,
+                                     accumulation: str = "precise", device: str = "cuda") -> int:
     """The workspace standard_experts allocates for T tokens (planned for the next power of two of
     T), in bytes."""
     return _moekit.ops_standard_workspace_bytes(T, K, N, topk, E_local, activation, quant, fuse_w1,
-                                                float(swiglu_limit), accumulation, device)
+                                                float(swiglu_limit), float(swiglu_alpha), accumulation, device)
 
 
 torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
@@ -345,11 +350,13 @@ torch_op_error = None  # why torch.ops.moekit.* is missing, when it is
 # torch.library.custom_op's Python wrapper.
 _BATCHED = ("batched_experts(Tensor a1q, Tensor a1q_scale, Tensor expert_num_tokens, Tensor w1, Tensor w1_scale, "
             "Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', str? quant=None, bool? fuse_w1=None, "
-            "int max_rows=0, float swiglu_limit=7.0, str accumulation='precise', str w1_layout='gate_up', "
+            "int max_rows=0, float swiglu_limit=7.0, float swiglu_alpha=1.702, str accumulation='precise', "
+            "str w1_layout='gate_up', "
             "Tensor(b!)? workspace=None) -> ()")
 _STANDARD = ("standard_experts(Tensor a1q, Tensor a1q_scale, Tensor topk_ids, Tensor topk_weights, Tensor w1, "
              "Tensor w1_scale, Tensor w2, Tensor w2_scale, Tensor(a!) out, str activation='silu', "
-             "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0, str accumulation='precise', "
+             "str? quant=None, bool? fuse_w1=None, float swiglu_limit=7.0, float swiglu_alpha=1.702, "
+             "str accumulation='precise', "
              "str w1_layout='gate_up', Tensor? expert_map=None, Tensor(b!)? workspace=None) -> ()")
 if _torch is None:
     torch_op_error = "torch is not installed"
@@ -360,32 +367,33 @@ else:
         _lib.define(_STANDARD)
 
         def _batched_kernel(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu",
-                            quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise",
-                            w1_layout="gate_up", workspace=None):
+                            quant=None, fuse_w1=None, max_rows=0, swiglu_limit=7.0, swiglu_alpha=1.702,
+                            accumulation="precise", w1_layout="gate_up", workspace=None):
             batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation, quant,
-                            fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit, accumulation=accumulation,
-                            w1_layout=w1_layout, workspace=workspace)
+                            fuse_w1=fuse_w1, max_rows=max_rows, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
+                            accumulation=accumulation, w1_layout=w1_layout, workspace=workspace)
 
         def _standard_kernel(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out,
-                             activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise",
-                             w1_layout="gate_up", expert_map=None, workspace=None):
+                             activation="silu", quant=None, fuse_w1=None, swiglu_limit=7.0, swiglu_alpha=1.702,
+                             accumulation="precise", w1_layout="gate_up", expert_map=None, workspace=None):
             standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                             quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit, accumulation=accumulation,
-                             w1_layout=w1_layout, expert_map=expert_map, workspace=workspace)
+                             quant, fuse_w1=fuse_w1, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
+                             accumulation=accumulation, w1_layout=w1_layout, expert_map=expert_map,
+                             workspace=workspace)
 
         _lib.impl("batched_experts", _batched_kernel, "CompositeExplicitAutograd")
         _lib.impl("standard_experts", _standard_kernel, "CompositeExplicitAutograd")
 
         @_torch.library.register_fake("moekit::batched_experts")
         def _(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation="silu", quant=None,
-              fuse_w1=None, max_rows=0, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up",
-              workspace=None):
+              fuse_w1=None, max_rows=0, swiglu_limit=7.0, swiglu_alpha=1.702, accumulation="precise",
+              w1_layout="gate_up", workspace=None):
             return None
 
         @_torch.library.register_fake("moekit::standard_experts")
         def _(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation="silu",
-              quant=None, fuse_w1=None, swiglu_limit=7.0, accumulation="precise", w1_layout="gate_up",
-              expert_map=None, workspace=None):
+              quant=None, fuse_w1=None, swiglu_limit=7.0, swiglu_alpha=1.702, accumulation="precise",
+              w1_layout="gate_up", expert_map=None, workspace=None):
             return None
     except Exception as e:  # an older torch: the NumPy / tensor path still works
         torch_op_error = f"{type(e).__name__}: {e}"

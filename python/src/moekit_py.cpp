@@ -674,14 +674,14 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
 struct OpOptions {
   std::string activation;
   std::optional<bool> fuse_w1;
-  float swiglu_limit = kDefaultSwigluLimit;
+  SwigluOaiParams swiglu;  // swigluoai's clamp and alpha (the ops' swiglu_limit, swiglu_alpha)
   std::string accumulation = "precise";
 };
 
 MoeProblem finish_op_problem(MoeProblem p, QuantScheme quant, const OpOptions& o) {
   p.num_dispatchers = 1;
   p.activation = parse_activation(o.activation);
-  p.swiglu_limit = o.swiglu_limit;
+  p.swiglu = o.swiglu;
   p.accumulation = parse_accumulation(o.accumulation);
   p.quant = quant;
   p.fuse_w1 = o.fuse_w1.value_or(fuse_w1_runs(p.quant, p.activation));
@@ -750,7 +750,7 @@ class ExpertsOp {
  public:
   void batched(Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
                const std::string& activation_name, const std::string& quant, std::optional<bool> fuse_w1,
-               int num_threads, std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit,
+               int num_threads, std::uintptr_t stream, std::int64_t max_rows, SwigluOaiParams swiglu,
                const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
     MOEKIT_CHECK(a1q.ndim() == 3 && w1.ndim() == 3 && w2.ndim() == 3,
                  "batched_experts: a1q (E_local, M, K), w1 (E_local, N, K) and w2 (E_local, K, I) are 3-D; got {}, {} "
@@ -760,7 +760,7 @@ class ExpertsOp {
                K = static_cast<std::int64_t>(a1q.shape(2)), N = static_cast<std::int64_t>(w1.shape(1));
     const MoeProblem p =
         batched_op_problem(E_local, M, K, N, scheme_of(quant, a1q_scale, w1_scale, {E_local, M}, N, K, true),
-                           {activation_name, fuse_w1, swiglu_limit, accumulation});
+                           {activation_name, fuse_w1, swiglu, accumulation});
     require_w1_layout(w1_layout, p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes", where);
@@ -801,7 +801,7 @@ class ExpertsOp {
 
   void standard(Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
                 Array w2_scale, Array out, const std::string& activation_name, const std::string& quant,
-                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
+                std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, SwigluOaiParams swiglu,
                 const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
     MOEKIT_CHECK(a1q.ndim() == 2 && topk_ids.ndim() == 2 && w1.ndim() == 3 && w2.ndim() == 3,
                  "standard_experts: a1q (T, K), topk_ids (T, topk), w1 (E_local, N, K) and w2 (E_local, K, I); got {}, "
@@ -809,10 +809,9 @@ class ExpertsOp {
                  shape_text(a1q), shape_text(topk_ids), shape_text(w1), shape_text(w2));
     const auto T = static_cast<std::int64_t>(a1q.shape(0)), K = static_cast<std::int64_t>(a1q.shape(1)),
                N = static_cast<std::int64_t>(w1.shape(1));
-    const MoeProblem p = standard_op_problem(T, K, N, static_cast<std::int64_t>(topk_ids.shape(1)),
-                                             static_cast<std::int64_t>(w1.shape(0)),
-                                             scheme_of(quant, a1q_scale, w1_scale, {T}, N, K, false),
-                                             {activation_name, fuse_w1, swiglu_limit, accumulation});
+    const MoeProblem p = standard_op_problem(
+        T, K, N, static_cast<std::int64_t>(topk_ids.shape(1)), static_cast<std::int64_t>(w1.shape(0)),
+        scheme_of(quant, a1q_scale, w1_scale, {T}, N, K, false), {activation_name, fuse_w1, swiglu, accumulation});
     require_w1_layout(w1_layout, p);
     const Place where = place_of(a1q);
     require(a1q, "a1q", {kUInt, kInt}, 8, {T, p.K}, "uint8 FP8 e4m3 codes", where);
@@ -1285,28 +1284,31 @@ NB_MODULE(_moekit, m) {
       "batched_experts",
       [](Array a1q, Array a1q_scale, Array counts, Array w1, Array w1_scale, Array w2, Array w2_scale, Array out,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, int num_threads,
-         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit, const std::string& accumulation,
-         const std::string& w1_layout, std::optional<Array> workspace) {
+         std::uintptr_t stream, std::int64_t max_rows, float swiglu_limit, float swiglu_alpha,
+         const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
         experts_op().batched(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, out, activation, quant, fuse_w1,
-                             num_threads, stream, max_rows, swiglu_limit, accumulation, w1_layout, workspace);
+                             num_threads, stream, max_rows, {swiglu_limit, swiglu_alpha}, accumulation, w1_layout,
+                             workspace);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("expert_num_tokens"), nb::arg("w1"), nb::arg("w1_scale"),
       nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("max_rows"),
-      nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("w1_layout"), nb::arg("workspace").none());
+      nb::arg("swiglu_limit"), nb::arg("swiglu_alpha"), nb::arg("accumulation"), nb::arg("w1_layout"),
+      nb::arg("workspace").none());
   m.def(
       "standard_experts",
       [](Array a1q, Array a1q_scale, Array topk_ids, Array topk_weights, Array w1, Array w1_scale, Array w2,
          Array w2_scale, Array out, const std::string& activation, const std::string& quant,
-         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit,
+         std::optional<bool> fuse_w1, int num_threads, std::uintptr_t stream, float swiglu_limit, float swiglu_alpha,
          const std::string& accumulation, const std::string& w1_layout, std::optional<Array> workspace) {
         experts_op().standard(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale, out, activation,
-                              quant, fuse_w1, num_threads, stream, swiglu_limit, accumulation, w1_layout, workspace);
+                              quant, fuse_w1, num_threads, stream, {swiglu_limit, swiglu_alpha}, accumulation,
+                              w1_layout, workspace);
       },
       nb::arg("a1q"), nb::arg("a1q_scale"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("w1"),
       nb::arg("w1_scale"), nb::arg("w2"), nb::arg("w2_scale"), nb::arg("out"), nb::arg("activation"), nb::arg("quant"),
       nb::arg("fuse_w1").none(), nb::arg("num_threads"), nb::arg("stream"), nb::arg("swiglu_limit"),
-      nb::arg("accumulation"), nb::arg("w1_layout"), nb::arg("workspace").none());
+      nb::arg("swiglu_alpha"), nb::arg("accumulation"), nb::arg("w1_layout"), nb::arg("workspace").none());
   m.def(
       "ops_check_status",
       [](std::uintptr_t stream, std::optional<Array> workspace) {
@@ -1356,25 +1358,29 @@ NB_MODULE(_moekit, m) {
   m.def(
       "ops_batched_workspace_bytes",
       [](std::int64_t E_local, std::int64_t M, std::int64_t K, std::int64_t N, const std::string& activation,
-         const std::string& quant, std::optional<bool> fuse_w1, float swiglu_limit, const std::string& accumulation,
-         const std::string& device) {
-        const moekit::MoeProblem p = batched_op_problem(E_local, M, K, N, moekit::parse_quant(quant),
-                                                        {activation, fuse_w1, swiglu_limit, accumulation});
+         const std::string& quant, std::optional<bool> fuse_w1, float swiglu_limit, float swiglu_alpha,
+         const std::string& accumulation, const std::string& device) {
+        const moekit::MoeProblem p =
+            batched_op_problem(E_local, M, K, N, moekit::parse_quant(quant),
+                               {activation, fuse_w1, {swiglu_limit, swiglu_alpha}, accumulation});
         return ExpertsOp::plan_bytes("batched-fp8", p, moekit::parse_device(device));
       },
       nb::arg("E_local"), nb::arg("M"), nb::arg("K"), nb::arg("N"), nb::arg("activation"), nb::arg("quant"),
-      nb::arg("fuse_w1").none(), nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("device"));
+      nb::arg("fuse_w1").none(), nb::arg("swiglu_limit"), nb::arg("swiglu_alpha"), nb::arg("accumulation"),
+      nb::arg("device"));
   m.def(
       "ops_standard_workspace_bytes",
       [](std::int64_t T, std::int64_t K, std::int64_t N, std::int64_t topk, std::int64_t E_local,
          const std::string& activation, const std::string& quant, std::optional<bool> fuse_w1, float swiglu_limit,
-         const std::string& accumulation, const std::string& device) {
-        const moekit::MoeProblem p = standard_op_problem(T, K, N, topk, E_local, moekit::parse_quant(quant),
-                                                         {activation, fuse_w1, swiglu_limit, accumulation});
+         float swiglu_alpha, const std::string& accumulation, const std::string& device) {
+        const moekit::MoeProblem p =
+            standard_op_problem(T, K, N, topk, E_local, moekit::parse_quant(quant),
+                                {activation, fuse_w1, {swiglu_limit, swiglu_alpha}, accumulation});
         return ExpertsOp::plan_bytes("standard-fp8", p, moekit::parse_device(device));
       },
       nb::arg("T"), nb::arg("K"), nb::arg("N"), nb::arg("topk"), nb::arg("E_local"), nb::arg("activation"),
-      nb::arg("quant"), nb::arg("fuse_w1").none(), nb::arg("swiglu_limit"), nb::arg("accumulation"), nb::arg("device"));
+      nb::arg("quant"), nb::arg("fuse_w1").none(), nb::arg("swiglu_limit"), nb::arg("swiglu_alpha"),
+      nb::arg("accumulation"), nb::arg("device"));
   m.def("cuda_device_count", [] { return moekit::cuda::device_count(); });
   m.def(
       "arrange_w1_block_pairs",

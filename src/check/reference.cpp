@@ -31,7 +31,7 @@ void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const fp8_t
   // (plan::fuses_w1) feeds its fp32 output to the activation: no rounding there.
   if (!plan::fuses_w1(p))
     for (auto& x : h) x = static_cast<double>(bf16_decode(bf16_encode(static_cast<float>(x))));
-  cpu::activation_row_ref(p.activation, h.data(), p.N, act, p.quant, p.swiglu_limit);
+  cpu::activation_row_ref(p.activation, h.data(), p.N, act, p.quant, p.swiglu);
 }
 
 void w2_ref(const MoeProblem& p, const ExpertWeightsView& w, const double* act, float per_tensor_scale, double* y) {

@@ -13,15 +13,15 @@ using namespace numerics;
 
 // in: rows of N bf16 values (stride ld_in), in the W1 row layout of (act, quant) (numerics::w1_rows:
 // block128 pairs gate and up per 128-row block); out: rows of activation_out_dim(act, N) floats
-// (stride ld_out). swiglu_limit: swigluoai's clamp (MoeProblem::swiglu_limit; > 0).
+// (stride ld_out). swiglu: swigluoai's clamp and alpha (MoeProblem::swiglu; validate_swiglu).
 void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in,
                      float* out, std::int64_t ld_out, QuantScheme quant = QuantScheme::kPerTokenPerChannel,
-                     float swiglu_limit = kDefaultSwigluLimit);
+                     SwigluOaiParams swiglu = {});
 // The same from fp32 W1 outputs (the fused W1: plan::fuses_w1, no bf16 rounding in between).
 void activation_rows(Activation act, const float* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in, float* out,
-                     std::int64_t ld_out, QuantScheme quant, float swiglu_limit = kDefaultSwigluLimit);
+                     std::int64_t ld_out, QuantScheme quant, SwigluOaiParams swiglu = {});
 // float64 reference of one output row from one input row of N doubles.
 void activation_row_ref(Activation act, const double* in, std::int64_t N, double* out,
-                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, float swiglu_limit = kDefaultSwigluLimit);
+                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, SwigluOaiParams swiglu = {});
 
 }  // namespace moekit::cpu

@@ -40,7 +40,7 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
     float amax = 0;
     // Pass 1: amax (recomputed in pass 2 instead of storing fp32 rows outside the plan).
     for (std::int64_t r = 0; r < m; ++r) {
-      activation_rows(p.activation, w1_out + r * N, 1, N, N, row.data(), I, p.quant, p.swiglu_limit);
+      activation_rows(p.activation, w1_out + r * N, 1, N, N, row.data(), I, p.quant, p.swiglu);
       for (float x : row) amax = std::max(amax, std::fabs(x));
     }
     const float scale = fp8_scale(amax);
@@ -48,7 +48,7 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
     pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
       std::vector<float> buf(static_cast<std::size_t>(I));
       for (std::int64_t r = r0; r < r1; ++r) {
-        activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu_limit);
+        activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu);
         for (std::int64_t c = 0; c < I; ++c) act_q[r * I + c] = fp8_encode(buf[static_cast<std::size_t>(c)] / scale);
       }
     });
@@ -58,7 +58,7 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
   pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
     std::vector<float> buf(static_cast<std::size_t>(I));
     for (std::int64_t r = r0; r < r1; ++r) {
-      activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu_limit);
+      activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu);
       quantize_activation(p.quant, buf.data(), 1, I, I, act_q + r * I, I, act_scale + r * spr);
     }
   });
@@ -86,7 +86,7 @@ void fused_w1_activation_quant(const MoeProblem& p, const ExpertWeightsView& w, 
     pool.parallel_for(rows, [&](std::int64_t i0, std::int64_t i1) {
       std::vector<float> buf(static_cast<std::size_t>(I));
       for (std::int64_t r = i0; r < i1; ++r) {
-        activation_rows(p.activation, w1_rows + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu_limit);
+        activation_rows(p.activation, w1_rows + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu);
         quantize_activation(p.quant, buf.data(), 1, I, I, act_q + (r0 + r) * I, I, act_scale + (r0 + r) * spr);
       }
     });

@@ -309,13 +309,15 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
                                                           const GroupedGemmLaunch::FusedW1& f) {
   using numerics::activation_value;
   using numerics::DeviceMath;
-  // swiglu_limit 0: swigluoai never runs fused (its interleaved rows pair no whole group; refused below).
-  static_assert(kAct != Activation::kSwigluOai);
+  // No swigluoai parameters: swigluoai never runs fused (its interleaved rows pair no whole group;
+  // refused below), and the other activations ignore them.
+  static_assert(kAct != Activation::kSwigluOai, "swigluoai never runs the fused W1 (its rows pair no whole group)");
+  constexpr SwigluOaiParams kUnused{};
   constexpr int kHalfN = BlockGemm::kHalfN;
   if constexpr (numerics::w1_rows(kAct, QuantScheme::kBlock128) == numerics::W1Rows::kBlockPairs) {
     // Output group nt: gate in half 0, up in half 1.
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[0][i] = activation_value<float, DeviceMath>(kAct, acc[0][i], acc[1][i], 0.0f);
+    for (int i = 0; i < 64; ++i) acc[0][i] = activation_value<float, DeviceMath>(kAct, acc[0][i], acc[1][i], kUnused);
     block_gemm_quant_group(acc[0], lane, r0, m, warp_row0, stage, act_row0, f.I, nt * kHalfN, f);
   } else {
     // Output groups 2 nt and 2 nt + 1 (the second past I when I = 128 mod 256).
@@ -324,7 +326,7 @@ __device__ __forceinline__ void block_gemm_fused_epilogue(float (&acc)[2][64], i
       const int col0 = (2 * nt + h) * kHalfN;
       if (col0 >= f.I) continue;
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[h][i] = activation_value<float, DeviceMath>(kAct, acc[h][i], 0.0f, 0.0f);
+      for (int i = 0; i < 64; ++i) acc[h][i] = activation_value<float, DeviceMath>(kAct, acc[h][i], 0.0f, kUnused);
       block_gemm_quant_group(acc[h], lane, r0, m, warp_row0, stage, act_row0, f.I, col0, f);
     }
   }

@@ -293,11 +293,10 @@ __device__ __forceinline__ float w1_value(const In* row, const float* bias, int 
 }
 
 template <class In>
-__device__ __forceinline__ float activation_at(Activation act, float swiglu_limit, numerics::W1Rows w1, const In* row,
-                                               const float* bias, int I, int c) {
+__device__ __forceinline__ float activation_at(Activation act, SwigluOaiParams swiglu, numerics::W1Rows w1,
+                                               const In* row, const float* bias, int I, int c) {
   return numerics::activation_value<float, DeviceMath>(act, w1_value(row, bias, numerics::gate_column(w1, I, c)),
-                                                       w1_value(row, bias, numerics::up_column(w1, I, c)),
-                                                       swiglu_limit);
+                                                       w1_value(row, bias, numerics::up_column(w1, I, c)), swiglu);
 }
 
 // The generic activation kernel: what the row-per-block kernel below does not take (I > 8192; it
@@ -310,7 +309,7 @@ __device__ __forceinline__ float activation_at(Activation act, float swiglu_limi
 // Block128: one warp per 1x128 group (4 values per lane), its amax -> its scale -> its codes.
 template <class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_kernel(Activation act, float swiglu_limit, numerics::W1Rows w1, int pass, bool per_tensor,
+    activation_quant_kernel(Activation act, SwigluOaiParams swiglu, numerics::W1Rows w1, int pass, bool per_tensor,
                             bool block, ActivationRows rows, const In* __restrict__ w1_rows,
                             const float* __restrict__ w1_bias, int N, int I, __nv_fp8_e4m3* __restrict__ act_q,
                             float* __restrict__ act_scale, unsigned int* expert_amax) {
@@ -334,7 +333,7 @@ __global__ void __launch_bounds__(kActThreads)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int c = grp * static_cast<int>(kQuantBlock) + j * 32 + lane;
-          v[j] = c < I ? activation_at(act, swiglu_limit, w1, row, bias, I, c) : 0.0f;
+          v[j] = c < I ? activation_at(act, swiglu, w1, row, bias, I, c) : 0.0f;
           m = fmaxf(m, fabsf(v[j]));
         }
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__(kActThreads)
     float amax = 0.0f;
     if (!per_tensor || pass == 0) {
       for (int c = threadIdx.x; c < I; c += kActThreads)
-        amax = fmaxf(amax, fabsf(activation_at(act, swiglu_limit, w1, row, bias, I, c)));
+        amax = fmaxf(amax, fabsf(activation_at(act, swiglu, w1, row, bias, I, c)));
       amax = block_max<kActThreads>(amax);
       if (per_tensor) {
         if (threadIdx.x == 0) atomicMax(expert_amax + rows.amax_index(e), __float_as_uint(amax));
@@ -370,8 +369,7 @@ __global__ void __launch_bounds__(kActThreads)
     __nv_fp8_e4m3* out = act_q + row_idx * I;
     numerics::DivideBy(scale).with_quotient([&](const auto& quotient) {  // one range test for the row
       for (int c = threadIdx.x; c < I; c += kActThreads)
-        out[c] =
-            __nv_fp8_e4m3(quotient(activation_at(act, swiglu_limit, w1, row, bias, I, c)));  // RNE, saturating to 448
+        out[c] = __nv_fp8_e4m3(quotient(activation_at(act, swiglu, w1, row, bias, I, c)));  // RNE, saturating to 448
     });
   }
 }
@@ -386,7 +384,7 @@ __global__ void __launch_bounds__(kActThreads)
 // kernel instruction-bound, not memory-bound: docs/PERF.md).
 template <int kChunks, Activation kAct, int kPass, class In>
 __global__ void __launch_bounds__(kActThreads)
-    activation_quant_row_per_block(float swiglu_limit, numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
+    activation_quant_row_per_block(SwigluOaiParams swiglu, numerics::W1Rows w1, QuantScheme quant, ActivationRows rows,
                                    const In* __restrict__ w1_rows, const float* __restrict__ w1_bias, int N, int I,
                                    __nv_fp8_e4m3* __restrict__ act_q, float* __restrict__ act_scale,
                                    unsigned int* expert_amax) {
@@ -429,8 +427,7 @@ __global__ void __launch_bounds__(kActThreads)
         load8_biased(numerics::up_column(w1, I, c0), u8);
       }
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu_limit);
+      for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu);
     });
     auto* out = reinterpret_cast<std::uint8_t*>(act_q + row_idx * I);
     if constexpr (kPass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
@@ -612,8 +609,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
     const int chunks = (I + kActThreads * 8 - 1) / (kActThreads * 8);
     with_rows([&]<class In>(const In* in) {
       auto launch = [&](auto k) {
-        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, p.swiglu_limit, w1, p.quant,
-                   rows, in, w1_bias, N, I, act_q, l.act_scale, amax);
+        launch_pdl(k, one_wave(reinterpret_cast<const void*>(k)), kActThreads, 0, stream, p.swiglu, w1, p.quant, rows,
+                   in, w1_bias, N, I, act_q, l.act_scale, amax);
         MOEKIT_CUDA_CHECK_LAUNCH();
       };
       auto launch_passes = [&]<int kChunks, Activation kAct>() {
@@ -641,7 +638,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       auto* k = activation_quant_kernel<In>;
       const int grid = one_wave(reinterpret_cast<const void*>(k));
       for (int pass = per_tensor ? 0 : 1; pass < 2; ++pass) {
-        launch_pdl(k, grid, kActThreads, 0, stream, p.activation, p.swiglu_limit, w1, pass, per_tensor,
+        launch_pdl(k, grid, kActThreads, 0, stream, p.activation, p.swiglu, w1, pass, per_tensor,
                    p.quant == QuantScheme::kBlock128, rows, in, w1_bias, N, I, act_q, l.act_scale, amax);
         MOEKIT_CUDA_CHECK_LAUNCH();
       }

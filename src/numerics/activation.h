@@ -2,9 +2,9 @@
 // row of N = 2*I columns and write I:
 //   silu:      silu(g) * u           gelu: gelu_erf(g) * u       gelu_tanh: gelu_tanh(g) * u
 //   with g = x[c] (gate half) and u = x[I + c] (up half);
-//   swigluoai (gpt-oss): g = x[2c], u = x[2c+1] (interleaved); g = min(g, L), u = clamp(u, -L, L)
-//              with L the problem's swiglu_limit (the config's); out = (u + 1) * (g * sigmoid(a * g)),
-//              a = 1.702 (kSwigluOaiAlpha)
+//   swigluoai (gpt-oss): g = x[2c], u = x[2c+1] (interleaved); g = min(g, L), u = clamp(u, -L, L);
+//              out = (u + 1) * (g * sigmoid(a * g)), with L and a the problem's swiglu.limit and
+//              swiglu.alpha (the config's swiglu_limit and swiglu_alpha)
 // Non-gated ones map N columns to N: relu2: max(x, 0)^2; silu_no_mul: silu(x); gelu_no_mul: gelu_erf(x).
 // `Math` supplies exp, erf, tanh, division, min and max: HostMath (std::, IEEE division) on the CPU
 // and in the float64 reference, DeviceMath (expf, __fdividef, ...) in kernels. The float kernel and
@@ -110,10 +110,10 @@ MOEKIT_HD inline T gelu_tanh(T x) {
 
 // gpt-oss's clamped SwiGLU: the gate is clamped above only, the up projection on both sides.
 template <class T, class Math>
-MOEKIT_HD inline T swiglu_oai(T gate, T up, T limit) {
+MOEKIT_HD inline T swiglu_oai(T gate, T up, T limit, T alpha) {
   const T g = Math::min(gate, limit);
   const T u = Math::max(Math::min(up, limit), -limit);
-  return (u + T(1)) * Math::div(g, T(1) + Math::exp(T(-kSwigluOaiAlpha) * g));  // g * sigmoid(alpha g)
+  return (u + T(1)) * Math::div(g, T(1) + Math::exp(-alpha * g));  // g * sigmoid(alpha g)
 }
 
 template <class T, class Math>
@@ -123,14 +123,14 @@ MOEKIT_HD inline T relu2(T x) {
 }
 
 // Output column c of the activation from its gate input g and up input u (u unused when non-gated);
-// swiglu_limit: swigluoai's clamp (MoeProblem::swiglu_limit), unused by the others.
+// swiglu: swigluoai's clamp and alpha (MoeProblem::swiglu), unused by the others.
 template <class T, class Math>
-MOEKIT_HD inline T activation_value(Activation act, T g, T u, T swiglu_limit) {
+MOEKIT_HD inline T activation_value(Activation act, T g, T u, SwigluOaiParams swiglu) {
   switch (act) {
     case Activation::kSilu: return silu<T, Math>(g) * u;
     case Activation::kGelu: return gelu_erf<T, Math>(g) * u;
     case Activation::kGeluTanh: return gelu_tanh<T, Math>(g) * u;
-    case Activation::kSwigluOai: return swiglu_oai<T, Math>(g, u, swiglu_limit);
+    case Activation::kSwigluOai: return swiglu_oai<T, Math>(g, u, T(swiglu.limit), T(swiglu.alpha));
     case Activation::kRelu2: return relu2<T, Math>(g);
     case Activation::kSiluNoMul: return silu<T, Math>(g);
     case Activation::kGeluNoMul: return gelu_erf<T, Math>(g);

@@ -405,8 +405,9 @@ void read_jamba(const Reader& r, ModelConfig& m) {
 }
 
 // GptOssMLP: the top-k of the logits, softmax over those k (the renormalized softmax), experts with
-// biases on gate_up_proj and down_proj and the clamped SwiGLU (alpha 1.702, limit swiglu_limit)
-// over interleaved gate/up columns; hidden_act is not read. Every layer is MoE.
+// biases on gate_up_proj and down_proj and the clamped SwiGLU (limit swiglu_limit, alpha swiglu_alpha:
+// GptOssExperts' gate * sigmoid(gate * alpha)) over interleaved gate/up columns; hidden_act is not
+// read. Every layer is MoE.
 void read_gpt_oss(const Reader& r, ModelConfig& m) {
   m.moe_intermediate_size = r.integer({"intermediate_size"}, 1, limits::kMaxIntermediateSize);
   m.num_experts = r.integer({"num_local_experts"}, 1, limits::kMaxExperts);
@@ -414,18 +415,11 @@ void read_gpt_oss(const Reader& r, ModelConfig& m) {
   m.scoring = Scoring::kSoftmax;
   m.norm_topk_prob = true;
   m.activation = Activation::kSwigluOai;
+  // Checked as the config's doubles, before they become the floats every device runs.
   const double limit = r.number_or("swiglu_limit", kDefaultSwigluLimit);
-  MOEKIT_CHECK(std::isfinite(limit) && limit > 0 && limit <= 65504,
-               "{}: field 'swiglu_limit' = {} must be a finite number in (0, 65504] (the clamp of the SwiGLU)",
-               r.source, limit);
-  m.swiglu_limit = static_cast<float>(limit);
-  // transformers' GptOssConfig.swiglu_alpha (gate * sigmoid(alpha * gate)); moekit's swigluoai runs
-  // the released models' 1.702 only: another value would compute something else, so it is refused.
-  const double alpha = r.number_or("swiglu_alpha", kSwigluOaiAlpha);
-  MOEKIT_CHECK(alpha == kSwigluOaiAlpha,
-               "{}: field 'swiglu_alpha' = {}: moekit's swigluoai runs alpha {} only (gpt-oss's released models); "
-               "a model with another alpha is not supported yet",
-               r.source, alpha, kSwigluOaiAlpha);
+  const double alpha = r.number_or("swiglu_alpha", kDefaultSwigluAlpha);
+  validate_swiglu(limit, alpha, r.source);
+  m.swiglu = {.limit = static_cast<float>(limit), .alpha = static_cast<float>(alpha)};
   m.expert_bias = true;
   m.num_moe_layers = m.num_layers;
 }
@@ -491,7 +485,8 @@ const std::vector<Row>& rows() {
        read_granitemoe,
        WeightNames::kGranite},
       {{"jamba", "JambaSparseMoeBlock", "softmax top-k, never renormalized"}, read_jamba, WeightNames::kJamba},
-      {{"gpt_oss", "GptOssMLP", "softmax over the top-k logits; expert biases; clamped SwiGLU (limit 7)"},
+      {{"gpt_oss", "GptOssMLP",
+        "softmax over the top-k logits; expert biases; clamped SwiGLU (swiglu_limit, swiglu_alpha)"},
        read_gpt_oss,
        WeightNames::kGptOss},
       {{"llama4_text", "Llama4TextMoe", "refused: the router weights the experts' input"}, refuse_llama4},

@@ -5,8 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
-
 #include "moekit/check.h"
 #include "moekit/limits.h"
 #include "numerics/activation.h"
@@ -20,8 +18,8 @@ std::string MoeProblem::describe() const {
       "format={} M={} N={} K={} I={} topk={} E={} E_local={} D={} max_tokens_per_rank={} act={}{} quant={}{}{}{}",
       format_name(format), M, N, K, N > 0 ? activation_out_dim(activation, N) : 0, topk, E, E_local, num_dispatchers,
       max_tokens_per_rank, activation_name(activation),
-      activation == Activation::kSwigluOai ? fmt::format("(limit {})", swiglu_limit) : "", quant_name(quant),
-      fuse_w1 ? " fused-w1" : "", expert_bias ? " expert-bias" : "",
+      activation == Activation::kSwigluOai ? fmt::format("(limit {}, alpha {})", swiglu.limit, swiglu.alpha) : "",
+      quant_name(quant), fuse_w1 ? " fused-w1" : "", expert_bias ? " expert-bias" : "",
       accumulation == Accumulation::kFast ? " fast-accumulation" : "");
 }
 
@@ -67,8 +65,7 @@ void validate_problem(const MoeProblem& p) {
                "max_tokens_per_rank * num_dispatchers, already global, and is never multiplied again",
                p.M, format_name(p.format), expected_M, p.max_tokens_per_rank, p.num_dispatchers);
   const std::int64_t I = activation_out_dim(p.activation, p.N);  // checks N even when gated
-  MOEKIT_CHECK(std::isfinite(p.swiglu_limit) && p.swiglu_limit > 0,
-               "swiglu_limit = {} must be a finite number > 0 (swigluoai's clamp; gpt-oss: 7)", p.swiglu_limit);
+  validate_swiglu(p.swiglu, "problem");
   MOEKIT_CHECK(p.accumulation == Accumulation::kPrecise || p.quant != QuantScheme::kBlock128,
                "fast accumulation (--accumulation fast) runs per-token and per-tensor only: block128 moves its sums "
                "into fp32 at every k-block as it scales them; drop it, or use --quant per-token");
@@ -130,7 +127,7 @@ MoeProblem make_problem(const ModelConfig& model, const ParallelConfig& par, Act
                                                     : par.max_tokens_per_rank;
   p.fuse_w1 = fuse_w1.value_or(fuse_w1_runs(quant, activation));
   p.expert_bias = model.expert_bias;
-  p.swiglu_limit = model.swiglu_limit;
+  p.swiglu = model.swiglu;
   p.accumulation = accumulation;
   validate_problem(p);
   return p;

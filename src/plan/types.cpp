@@ -3,9 +3,11 @@
 #include "moekit/types.h"
 
 #include <array>
+#include <cmath>
 #include <utility>
 
 #include "moekit/check.h"
+#include "moekit/limits.h"
 
 namespace moekit {
 namespace {
@@ -159,6 +161,17 @@ std::string_view accumulation_name(Accumulation accumulation) {
 }
 Accumulation parse_accumulation(std::string_view name) {
   return parse_named(name, kAccumulations, "accumulation");
+}
+
+void validate_swiglu(double limit, double alpha, std::string_view where) {
+  MOEKIT_CHECK(std::isfinite(limit) && limit > 0 && limit <= limits::kMaxSwigluLimit,
+               "{}: field 'swiglu_limit' = {} must be a finite number in (0, {}] (swigluoai's clamp of the gate and "
+               "the up projection; gpt-oss: 7; moekit/limits.h)",
+               where, limit, limits::kMaxSwigluLimit);
+  MOEKIT_CHECK(std::isfinite(alpha) && alpha > 0 && alpha <= limits::kMaxSwigluAlpha,
+               "{}: field 'swiglu_alpha' = {} must be a finite number in (0, {}] (swigluoai's gate * sigmoid(alpha * "
+               "gate); gpt-oss: 1.702; moekit/limits.h)",
+               where, alpha, limits::kMaxSwigluAlpha);
 }
 
 const std::vector<QuantScheme>& all_quant_schemes() {

@@ -921,7 +921,7 @@ TEST(StandardPerTensorScale, OneScaleOverTheSlabFollowsItsLargestValue) {
       // The CPU's activation of its own W1 row, quantized with the GPU's scale.
       cpu::fp8_gemm(cpu::expert_gemm(p, w, 1, e, 1, d.a1q.data() + (i / topk) * K, d.a1q_scale.data(), w1.data()),
                     pool);
-      cpu::activation_rows(p.activation, w1.data(), 1, N, N, act.data(), I, p.quant, p.swiglu_limit);
+      cpu::activation_rows(p.activation, w1.data(), 1, N, N, act.data(), I, p.quant, p.swiglu);
       for (std::int64_t col = 0; col < I; ++col) {
         flips += numerics::fp8_encode(act[static_cast<std::size_t>(col)] / gpu.scale) != gq[col];
         const double x = double(numerics::fp8_decode(gq[col])) * gpu.scale;

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numbers>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/activation.h"
@@ -98,21 +100,53 @@ TEST(Activation, SwigluOaiInterleavedAndClamped) {
   // Pairs (gate, up): plain; gate above the clamp (8 -> 7); up above and below (+-9 -> +-7);
   // a very negative gate is not clamped from below (sigmoid takes it to ~0).
   const double in_d[8] = {1.0, 2.0, 8.0, 0.5, 2.0, 9.0, -10.0, -9.0};
-  const auto glu = [](double g, double u) { return (u + 1.0) * g / (1.0 + std::exp(-1.702 * g)); };
-  const double want[4] = {glu(1.0, 2.0), glu(7.0, 0.5), glu(2.0, 7.0), glu(-10.0, -7.0)};
-  std::vector<float> in_f(in_d, in_d + 8);
-  const std::vector<bf16_t> in = to_bf16(in_f);
-  float out[4] = {};
-  activation_rows(Activation::kSwigluOai, in.data(), 1, 8, 8, out, 4);
-  double ref[4] = {};
-  activation_row_ref(Activation::kSwigluOai, in_d, 8, ref);
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_NEAR(out[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-7) << "swigluoai pair " << i;
-    EXPECT_NEAR(ref[i], want[i], 1e-14 * std::fabs(want[i]) + 1e-300) << "swigluoai pair " << i;
+  // transformers' GptOssExperts: (up + 1) * gate * sigmoid(gate * alpha), in float64, with alpha as
+  // every device holds it (a float: the released 1.702 is 1.702f).
+  const auto glu = [](double g, double u, float alpha) {
+    return (u + 1.0) * g / (1.0 + std::exp(-static_cast<double>(alpha) * g));
+  };
+  const std::vector<bf16_t> in = to_bf16(std::vector<float>(in_d, in_d + 8));
+  // The released alpha, the default; and the config's others (GptOssConfig.swiglu_alpha), which
+  // must reach the formula: with alpha 1.0, pair 0 is 0.34 and pair 2 1.4 from the default's.
+  for (const float alpha : {kDefaultSwigluAlpha, 1.0f, 2.5f}) {
+    const SwigluOaiParams swiglu{.limit = 7.0f, .alpha = alpha};
+    const double want[4] = {glu(1.0, 2.0, alpha), glu(7.0, 0.5, alpha), glu(2.0, 7.0, alpha), glu(-10.0, -7.0, alpha)};
+    float out[4] = {};
+    activation_rows(Activation::kSwigluOai, in.data(), 1, 8, 8, out, 4, QuantScheme::kPerTokenPerChannel, swiglu);
+    double ref[4] = {};
+    activation_row_ref(Activation::kSwigluOai, in_d, 8, ref, QuantScheme::kPerTokenPerChannel, swiglu);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(out[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-7) << "swigluoai alpha " << alpha << " pair " << i;
+      EXPECT_NEAR(ref[i], want[i], 1e-14 * std::fabs(want[i]) + 1e-300) << "swigluoai alpha " << alpha << " pair " << i;
+    }
+    if (alpha != kDefaultSwigluAlpha) {  // the case tells the alphas apart
+      EXPECT_GT(std::fabs(want[0] - glu(1.0, 2.0, kDefaultSwigluAlpha)), 1e-2) << "alpha " << alpha;
+    }
+    // The case tells the layouts apart: the halves layout would make pair 1 (gate x[1] = 2, up x[5] =
+    // 9 -> 7), far from the interleaved (7, 0.5) the kernel was checked against above.
+    EXPECT_GT(std::fabs(ref[1] - glu(2.0, 7.0, alpha)), 1.0) << "alpha " << alpha;
   }
-  // The case tells the layouts apart: the halves layout would make pair 1 (gate x[1] = 2, up x[5] = 9
-  // -> 7), far from the interleaved (7, 0.5) the kernel was checked against above.
-  EXPECT_GT(std::fabs(ref[1] - glu(2.0, 7.0)), 1.0);
+  // Parameters outside their range are refused by name, on the float path and the reference alike.
+  float out[4] = {};
+  double ref[4] = {};
+  for (const float alpha : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), 2048.0f}) {
+    const SwigluOaiParams bad{.limit = 7.0f, .alpha = alpha};
+    for (const auto& run : std::vector<std::function<void()>>{
+             [&] {
+               activation_rows(Activation::kSwigluOai, in.data(), 1, 8, 8, out, 4, QuantScheme::kPerTokenPerChannel,
+                               bad);
+             },
+             [&] {
+               activation_row_ref(Activation::kSwigluOai, in_d, 8, ref, QuantScheme::kPerTokenPerChannel, bad);
+             }}) {
+      try {
+        run();
+        ADD_FAILURE() << "swiglu_alpha " << alpha << " was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("activation: field 'swiglu_alpha' = "), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 TEST(Activation, NonGated) {
@@ -152,7 +186,7 @@ TEST(Activation, NanStaysNanThroughClampsAndRelu) {
   float out[2] = {};
   activation_rows(Activation::kSwigluOai, clamped.data(), 1, 4, 4, out, 2);
   EXPECT_TRUE(std::isfinite(out[0]) && std::isfinite(out[1])) << out[0] << " " << out[1];
-  EXPECT_NEAR(out[1], -6.0 * 1.0 / (1.0 + std::exp(-1.702)), 1e-5);
+  EXPECT_NEAR(out[1], -6.0 * 1.0 / (1.0 + std::exp(-static_cast<double>(kDefaultSwigluAlpha))), 1e-5);
   // relu2: -inf -> 0, +inf -> +inf.
   const std::vector<bf16_t> relu_in = to_bf16({-inf, inf});
   activation_rows(Activation::kRelu2, relu_in.data(), 1, 2, 2, out, 2);

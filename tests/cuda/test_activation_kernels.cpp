@@ -50,8 +50,8 @@ struct Case {
   ActivationFormat format;
   Source source = Source::kBf16;
   std::optional<Activation> activation = std::nullopt;
-  std::int64_t I = 0;  // 0: the model's; else W1 of 2 * I (gated) or I rows (a width class no model has)
-  float swiglu_limit = kDefaultSwigluLimit;  // swigluoai's clamp (the config's)
+  std::int64_t I = 0;           // 0: the model's; else W1 of 2 * I (gated) or I rows (a width class no model has)
+  SwigluOaiParams swiglu = {};  // swigluoai's clamp and alpha (the config's)
 };
 
 std::string name_of(const Case& c) {
@@ -60,7 +60,9 @@ std::string name_of(const Case& c) {
       (c.source == Source::kFp32Small ? "_w1_small" : "") +
       (c.activation ? "_" + std::string(activation_name(*c.activation)) : "") +
       (c.I ? "_I" + std::to_string(c.I) : "") +
-      (c.swiglu_limit != kDefaultSwigluLimit ? "_limit" + std::to_string(static_cast<int>(c.swiglu_limit * 100)) + "e-2"
+      (c.swiglu.limit != kDefaultSwigluLimit ? "_limit" + std::to_string(static_cast<int>(c.swiglu.limit * 100)) + "e-2"
+                                             : "") +
+      (c.swiglu.alpha != kDefaultSwigluAlpha ? "_alpha" + std::to_string(static_cast<int>(c.swiglu.alpha * 100)) + "e-2"
                                              : "");
   return testing::test_name(n);
 }
@@ -68,7 +70,7 @@ std::string name_of(const Case& c) {
 MoeProblem problem_of(const Case& c) {
   MoeProblem p = testing::problem_for(c.model, 5, 96, c.quant, c.activation, c.source == Source::kFp32Small, c.format);
   if (c.I) p.N = is_gated(p.activation) ? 2 * c.I : c.I;
-  p.swiglu_limit = c.swiglu_limit;
+  p.swiglu = c.swiglu;
   validate_problem(p);
   return p;
 }
@@ -203,10 +205,10 @@ class Rows {
     auto activation_of = [&](std::int64_t e, std::int64_t r, float* dst) {
       const float* row = values_.data() + in_row(e, r) * N;
       if (small()) {
-        cpu::activation_rows(p_.activation, row, 1, N, N, dst, I, p_.quant, p_.swiglu_limit);
+        cpu::activation_rows(p_.activation, row, 1, N, N, dst, I, p_.quant, p_.swiglu);
       } else {
         for (std::int64_t j = 0; j < N; ++j) rounded[static_cast<std::size_t>(j)] = numerics::bf16_encode(row[j]);
-        cpu::activation_rows(p_.activation, rounded.data(), 1, N, N, dst, I, p_.quant, p_.swiglu_limit);
+        cpu::activation_rows(p_.activation, rounded.data(), 1, N, N, dst, I, p_.quant, p_.swiglu);
       }
     };
     if (p_.quant == QuantScheme::kPerTensor) {
@@ -472,7 +474,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt-oss-120b", QuantScheme::kPerTensor, ActivationFormat::kBatchedExperts},
         // A swiglu_limit inside the W1 outputs' range (the config's): the clamps bite.
         Case{"gpt-oss-120b", QuantScheme::kPerTokenPerChannel, ActivationFormat::kBatchedExperts, Source::kBf16,
-             std::nullopt, 0, 0.25f},
+             std::nullopt, 0, SwigluOaiParams{.limit = 0.25f}},
+        // A swiglu_alpha other than the released 1.702 (the config's): the kernels run the config's
+        // sigmoid(alpha * gate) as the CPU does, per-token and per-tensor (both passes).
+        Case{"gpt-oss-120b", QuantScheme::kPerTokenPerChannel, ActivationFormat::kStandard, Source::kBf16, std::nullopt,
+             0, SwigluOaiParams{.alpha = 1.0f}},
+        Case{"gpt-oss-120b", QuantScheme::kPerTensor, ActivationFormat::kBatchedExperts, Source::kBf16, std::nullopt, 0,
+             SwigluOaiParams{.limit = 3.0f, .alpha = 2.5f}},
         Case{"qwen3-30b-a3b", QuantScheme::kBlock128, ActivationFormat::kStandard, Source::kFp32Small,
              Activation::kRelu2},
         Case{"qwen3-30b-a3b", QuantScheme::kPerTokenPerChannel, ActivationFormat::kBatchedExperts, Source::kBf16,

@@ -224,7 +224,7 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
     if (m <= 0 || m > M) continue;
     // Activation + quantization of the GPU's own w1_out rows on the CPU.
     std::vector<float> act(static_cast<std::size_t>(m * I));
-    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant, p.swiglu_limit);
+    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant, p.swiglu);
     std::vector<std::uint8_t> q(static_cast<std::size_t>(m * I));
     std::vector<float> qs(static_cast<std::size_t>(numerics::activation_scale_count(p.quant, m, I)));
     cpu::quantize_activation(p.quant, act.data(), m, I, I, q.data(), I, qs.data());

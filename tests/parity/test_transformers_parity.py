@@ -84,6 +84,9 @@ CASES = {
     # A limit inside the W1 outputs' range: the clamp bites on most values.
     "gpt_oss_limit": ("gpt_oss", "GptOssConfig", "gpt_oss", "GptOssMLP",
                       _softmax({"swiglu_limit": 0.25}, "intermediate_size", "num_local_experts")),
+    # An alpha other than the released 1.702 (GptOssExperts' gate * sigmoid(gate * alpha)).
+    "gpt_oss_alpha": ("gpt_oss", "GptOssConfig", "gpt_oss", "GptOssMLP",
+                      _softmax({"swiglu_limit": 7.0, "swiglu_alpha": 1.0}, "intermediate_size", "num_local_experts")),
     # Families that run one of the blocks above under their own config class and defaults.
     "deepseek_v32": ("deepseek_v32", "DeepseekV32Config", "deepseek_v32", "DeepseekV32MoE",
                      _ds({"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1,
@@ -104,7 +107,7 @@ CASES = {
     "jamba": ("jamba", "JambaConfig", "jamba", "JambaSparseMoeBlock", _softmax({**HEADS}, "intermediate_size")),
 }
 # Experts stored as x @ W (transformers' (E, K, N) layout), gate / up interleaved, with biases.
-TRANSPOSED = {"gpt_oss", "gpt_oss_limit"}
+TRANSPOSED = {"gpt_oss", "gpt_oss_limit", "gpt_oss_alpha"}
 SCHEMES = ["per-token", "block128", "per-tensor"]
 TOKENS = [1, 7, 64, 300]
 
@@ -353,3 +356,10 @@ def test_swiglu_limit_is_the_configs(tmp_path):
     with the default limit (7)."""
     err = run_case(tmp_path, "gpt_oss_limit", "per-token", 64, 1, moekit_keys={"swiglu_limit": 7.0})
     assert err > 0.1, f"the limit changed the block's output by only {err:.3e}"
+
+
+def test_swiglu_alpha_is_the_configs(tmp_path):
+    """gpt-oss's alpha comes from its config: the block with swiglu_alpha 1.0 is not the layer run
+    with the released alpha (1.702), which is what moekit ran when it ignored the key."""
+    err = run_case(tmp_path, "gpt_oss_alpha", "per-token", 64, 1, moekit_keys={"swiglu_alpha": 1.702})
+    assert err > 2e-2, f"alpha changed the block's output by only {err:.3e}"

@@ -1,5 +1,6 @@
 // Model presets read from models/*.json with the public model cards' values, and config.json
 // files that are malformed or incomplete rejected with the field and the file named.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -258,14 +259,26 @@ TEST(Model, ArchitectureTableReadsEachFamilyAsTransformersDoes) {
   const ModelConfig oss = parse_model_config(config("gpt_oss", R"(, "hidden_act": "silu", "swiglu_limit": 7.0)"), "o");
   EXPECT_TRUE(oss.expert_bias);
   EXPECT_EQ(oss.activation, Activation::kSwigluOai);
-  EXPECT_EQ(oss.swiglu_limit, 7.0f);
-  // The limit is the config's, and reaches the problem every device runs.
-  const ModelConfig oss10 = parse_model_config(config("gpt_oss", R"(, "swiglu_limit": 10.0)"), "o");
-  EXPECT_EQ(oss10.swiglu_limit, 10.0f);
+  EXPECT_EQ(oss.swiglu.limit, 7.0f);
+  EXPECT_EQ(oss.swiglu.alpha, 1.702f);  // GptOssConfig's default where the config has none
+  // The limit and alpha are the config's, and reach the problem every device runs (its describe(),
+  // which keys the ops' cached workspaces, names both).
+  const ModelConfig oss10 =
+      parse_model_config(config("gpt_oss", R"(, "swiglu_limit": 10.0, "swiglu_alpha": 1.0)"), "o");
+  EXPECT_EQ(oss10.swiglu.limit, 10.0f);
+  EXPECT_EQ(oss10.swiglu.alpha, 1.0f);
   const MoeProblem p10 = make_problem(oss10, ParallelConfig{.max_tokens_per_rank = 16}, ActivationFormat::kStandard,
                                       QuantScheme::kPerTokenPerChannel);
-  EXPECT_EQ(p10.swiglu_limit, 10.0f);
-  EXPECT_NE(p10.describe().find("swigluoai(limit 10)"), std::string::npos) << p10.describe();
+  EXPECT_EQ(p10.swiglu.limit, 10.0f);
+  EXPECT_EQ(p10.swiglu.alpha, 1.0f);
+  EXPECT_NE(p10.describe().find("swigluoai(limit 10, alpha 1)"), std::string::npos) << p10.describe();
+  // And the shared experts' problem, built from the routed one.
+  ModelConfig oss_shared = oss10;
+  oss_shared.shared_intermediate_size = oss10.moe_intermediate_size;
+  const std::optional<MoeProblem> shared = shared_experts_problem(oss_shared, p10);
+  ASSERT_TRUE(shared.has_value());
+  EXPECT_EQ(shared->swiglu, p10.swiglu);
+  EXPECT_EQ(parse_model_config(config("gpt_oss", R"(, "swiglu_alpha": 2.5)"), "o").swiglu.alpha, 2.5f);
 
   // Accumulation: precise by default; fast where the scheme has it, refused by name under block128.
   const ModelConfig ds = load_model("deepseek-v3");
@@ -332,12 +345,17 @@ TEST(Model, ArchitectureTableRefusesWhatItCannotHonor) {
   EXPECT_NE(e.find("'swiglu_limit' = 0"), std::string::npos) << e;
   e = refused("gpt_oss", R"(, "swiglu_limit": -7.0)");
   EXPECT_NE(e.find("'swiglu_limit' = -7"), std::string::npos) << e;
-  // transformers' GptOssConfig.swiglu_alpha: its default (gpt-oss's released value) runs; another
-  // would compute a different SwiGLU, so it is refused by name, never ignored.
-  EXPECT_NO_THROW(parse_model_config(config("gpt_oss", R"(, "swiglu_alpha": 1.702)"), "o"));
-  e = refused("gpt_oss", R"(, "swiglu_alpha": 1.0)");
-  EXPECT_NE(e.find("'swiglu_alpha' = 1"), std::string::npos) << e;
-  EXPECT_NE(e.find("alpha 1.702 only"), std::string::npos) << e;
+  e = refused("gpt_oss", R"(, "swiglu_limit": 1e6)");
+  EXPECT_NE(e.find("'swiglu_limit' = 1000000 must be a finite number in (0, 65504]"), std::string::npos) << e;
+  // transformers' GptOssConfig.swiglu_alpha: any finite value in (0, 1024] runs (above); others are
+  // refused by name with the file, the value and the bound, never clamped or ignored.
+  for (const char* bad : {"0", "-1.702", "1025", "1e39"}) {
+    e = refused("gpt_oss", fmt::format(R"(, "swiglu_alpha": {})", bad));
+    EXPECT_NE(e.find("c.json: field 'swiglu_alpha' = "), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("must be a finite number in (0, 1024]"), std::string::npos) << bad << ": " << e;
+  }
+  e = refused("gpt_oss", R"(, "swiglu_alpha": "1.0")");
+  EXPECT_NE(e.find("field 'swiglu_alpha' must be a number"), std::string::npos) << e;
   e = refused("deepseek_v3", R"(, "moe_layer_freq": 2)");
   EXPECT_NE(e.find("'moe_layer_freq' = 2"), std::string::npos) << e;
   e = refused("dots1", "");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <tuple>
 
@@ -445,6 +446,20 @@ TEST(BadInput, HandBuiltProblemWithMTimesDispatchers) {
   p.M = p.M * p.num_dispatchers;
   expect_error([&] { validate_problem(p); }, {"M = 262144", "never multiplied again"});
   expect_error([&] { plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32); }, {"M = 262144"});
+}
+
+TEST(BadInput, HandBuiltProblemWithBadSwiglu) {
+  // The problem's swigluoai parameters (the ops' swiglu_limit and swiglu_alpha) under the config's rule.
+  MoeProblem p = make_problem(load_model("gpt-oss-120b"), {1, 1, 16, 0}, ActivationFormat::kStandard,
+                              QuantScheme::kPerTokenPerChannel);
+  p.swiglu.alpha = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { validate_problem(p); }, {"problem: field 'swiglu_alpha' = nan", "(0, 1024]"});
+  p.swiglu.alpha = 0.0f;
+  expect_error([&] { validate_problem(p); }, {"'swiglu_alpha' = 0", "(0, 1024]"});
+  p.swiglu = {.limit = -1.0f, .alpha = 1.0f};
+  expect_error([&] { validate_problem(p); }, {"'swiglu_limit' = -1", "(0, 65504]"});
+  p.swiglu = {.limit = 7.0f, .alpha = 1.0f};
+  EXPECT_NO_THROW(validate_problem(p));
 }
 
 TEST(BadInput, ExpertsAndFormatMismatch) {

@@ -273,7 +273,8 @@ def test_op_overhead_over_the_direct_call():
 
     calls = {
         "C++ entry, tensors": lambda: moekit._moekit.batched_experts(*[views[k] for k in names], out, "silu", "", False,
-                                                                      1, stream, 0, 7.0, "precise", "gate_up", None),
+                                                                      1, stream, 0, 7.0, 1.702, "precise", "gate_up",
+                                                                      None),
         "moekit.ops.batched_experts": lambda: moekit.ops.batched_experts(**t, out=out),
         "torch.ops.moekit.batched_experts": lambda: torch.ops.moekit.batched_experts(**t, out=out),
         "  no launch cache": uncached(lambda: moekit.ops.batched_experts(**t, out=out)),

@@ -47,9 +47,10 @@ def round_bf16(x):
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def reference(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale):
+def reference(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale, swiglu=None):
     """float64 on the recipe's roundings: x = a1q * scale, h = bf16(x W1^T) (the W1 output the
-    recipe stores), silu(gate) * up, FP8 per token, y = act W2^T."""
+    recipe stores), silu(gate) * up (swiglu = (limit, alpha): gpt-oss's swigluoai on interleaved
+    gate / up columns, as transformers' GptOssExperts), FP8 per token, y = act W2^T."""
     E, M, K = a1q.shape
     I = w2.shape[2]
     out = np.full((E, M, K), np.nan)
@@ -59,8 +60,13 @@ def reference(a1q, a1q_scale, counts, w1, w1_scale, w2, w2_scale):
         W1 = decode(w1[e]) * w1_scale[e][:, None]
         W2 = decode(w2[e]) * w2_scale[e][:, None]
         h = round_bf16(x @ W1.T)
-        g, u = h[:, :I], h[:, I:]
-        act = (g / (1 + np.exp(-g))) * u
+        if swiglu is None:
+            g, u = h[:, :I], h[:, I:]
+            act = (g / (1 + np.exp(-g))) * u
+        else:
+            limit, alpha = swiglu
+            g, u = np.minimum(h[:, 0::2], limit), np.clip(h[:, 1::2], -limit, limit)
+            act = (u + 1) * g / (1 + np.exp(-float(np.float32(alpha)) * g))
         amax = np.abs(act).max(axis=1, keepdims=True)
         scale = np.where(amax > 0, amax / 448.0, 1.0)
         act_q = decode(encode(act / scale)) * scale
@@ -95,6 +101,35 @@ def test_matches_float64_reference(counts):
         err = np.linalg.norm(got - ref[e, :m]) / np.linalg.norm(ref[e, :m])
         # Measured 1.6-1.7e-3 (bf16 output rounding and rare FP8 code ties); indexing or scaling bugs give O(1).
         assert err < 1e-2, f"expert {e}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("limit,alpha", [(7.0, 1.702), (7.0, 1.0), (1.5, 2.5)])
+def test_swigluoai_takes_the_configs_limit_and_alpha(limit, alpha):
+    """swiglu_limit= and swiglu_alpha= reach the activation (gpt-oss's config.swiglu_limit and
+    config.swiglu_alpha): moekit against the float64 reference run with the same pair, and far from
+    it run with the released alpha where the caller's differs."""
+    rng = np.random.default_rng(7)
+    E, M, K, I = 2, 8, 256, 128
+    case = batched_case(rng, [8, 5], M, K, I)
+    out = np.full((E, M, K), 0xFFFF, np.uint16)
+    moekit.ops.batched_experts(**case, out=out, activation="swigluoai", swiglu_limit=limit, swiglu_alpha=alpha)
+    args = [case[k] for k in ("a1q", "a1q_scale", "expert_num_tokens", "w1", "w1_scale", "w2", "w2_scale")]
+    ref = reference(*args, swiglu=(limit, alpha))
+    released = reference(*args, swiglu=(limit, 1.702))
+    for e, m in enumerate(case["expert_num_tokens"]):
+        got, want = bf16_to_f64(out[e, :m]), ref[e, :m]
+        # Measured 1.6-1.7e-3 against the same pair; 4.4-7.1e-2 against the released alpha's output.
+        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert err < 1e-2, f"limit {limit} alpha {alpha} expert {e}: relative error {err:.3e}"
+        if alpha != 1.702:
+            off = np.linalg.norm(got - released[e, :m]) / np.linalg.norm(released[e, :m])
+            assert off > 2e-2, f"alpha {alpha} expert {e}: only {off:.3e} from the released alpha's output"
+    # Bad values are refused by name, never clamped; the workspace query takes the same keywords.
+    for bad in (0.0, -1.0, float("nan"), 2048.0):
+        with pytest.raises(moekit.Error, match=r"field 'swiglu_alpha' = .* must be a finite number in \(0, 1024\]"):
+            moekit.ops.batched_experts(**case, out=out, activation="swigluoai", swiglu_alpha=bad)
+    assert moekit.ops.batched_experts_workspace_bytes(E, M, K, 2 * I, "swigluoai", swiglu_alpha=alpha,
+                                                      device="cpu") > 0
 
 
 def test_bad_input_is_moekit_error():
