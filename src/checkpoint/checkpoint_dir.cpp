@@ -97,6 +97,10 @@ std::span<const std::byte> CheckpointDir::data(std::string_view name) {
   return shard(shard_of(name)).data(t);
 }
 
+const SafetensorsFile& CheckpointDir::file_of(std::string_view name) {
+  return shard(shard_of(name));
+}
+
 std::string CheckpointDir::shard_path(std::string_view name) const {
   return dir_ + "/" + shard_of(name);
 }

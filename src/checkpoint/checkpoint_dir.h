@@ -44,6 +44,8 @@ class CheckpointDir {
   // and the checkpoint when it has none.
   const TensorInfo& info(std::string_view name);
   std::span<const std::byte> data(std::string_view name);
+  // The shard that holds the tensor (opened on first use).
+  const SafetensorsFile& file_of(std::string_view name);
   // The path of the shard that holds the tensor (for messages).
   std::string shard_path(std::string_view name) const;
   // Every shard file the index names (sorted), and one of them opened (its header checked).

@@ -88,6 +88,7 @@ struct Matrix {
   std::string name;
   TensorDType dtype = TensorDType::kBF16;
   const std::byte* data = nullptr;
+  const checkpoint::SafetensorsFile* shard = nullptr;  // the file data lies in (codes_rows reads through it)
   std::int64_t n = 0, k = 0, offset = 0, stride_r = 0, stride_c = 1;
   // What the value check scans: elements [region_begin, region_end) of the tensor (its shape), in
   // the shard `file`: a per-expert tensor whole, a fused tensor's expert slab.
@@ -122,6 +123,24 @@ struct Matrix {
     if (bad >= 0)
       fail_value(file, name, data, dtype, shape, offset + r * stride_r + bad * stride_c,
                  checkpoint::ValueRule::kFinite);
+  }
+  // Rows r0 .. r0 + rows - 1 into dst one after another, checked as codes_row checks: rows that lie
+  // contiguous in the shard are read through it (SafetensorsFile::copy_out: pread, no mapping) about
+  // 1 MiB at a time, each piece checked while in cache; others row by row.
+  void codes_rows(std::int64_t r0, std::int64_t rows, std::uint8_t* dst) const {
+    if (shard == nullptr || stride_c != 1 || stride_r != k || dtype != TensorDType::kF8E4M3) {
+      for (std::int64_t i = 0; i < rows; ++i) codes_row(r0 + i, dst + i * k);
+      return;
+    }
+    const std::int64_t piece = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / k);
+    for (std::int64_t i = 0; i < rows; i += piece) {
+      const std::int64_t n_rows = std::min(piece, rows - i), at = offset + (r0 + i) * stride_r;
+      shard->copy_out(data + at, n_rows * k, dst + i * k);
+      const std::int64_t bad =
+          checkpoint::first_bad_value(reinterpret_cast<const std::byte*>(dst + i * k), TensorDType::kF8E4M3, 0,
+                                      n_rows * k, checkpoint::ValueRule::kFinite);
+      if (bad >= 0) fail_value(file, name, data, dtype, shape, at + bad, checkpoint::ValueRule::kFinite);
+    }
   }
   // Row r's k values as floats (FP8 dequantized by its scales): the dtype chosen once a row, the
   // inner loops plain loads and shifts (a slice of a fused tensor strided, a transposed one across rows).
@@ -272,6 +291,7 @@ struct Checkpoint::Impl {
     m.name = name;
     m.dtype = t.dtype;
     m.data = bytes(name);
+    m.shard = &dir.file_of(name);
     m.n = n;
     m.k = k;
     return m;
@@ -381,9 +401,17 @@ struct Checkpoint::Impl {
     if (w1_stored) {
       for (int part = 0; part < (up ? 2 : 1); ++part) {
         const Matrix& m = part == 0 ? gate : *up;
+        // The codes in runs of rows whose destination rows are consecutive too (a 128-row block at
+        // least under W1Rows::kBlockPairs; all I rows of a part under kHalves).
+        for (std::int64_t r = 0; r < I;) {
+          std::int64_t run = 1;
+          const std::int64_t d = dest_row(part == 1, r);
+          while (r + run < I && dest_row(part == 1, r + run) == d + run) ++run;
+          m.codes_rows(r, run, w1 + d * K);
+          r += run;
+        }
         for (std::int64_t r = 0; r < I; ++r) {
           const std::int64_t d = dest_row(part == 1, r);
-          m.codes_row(r, w1 + d * K);
           if (p.quant == QuantScheme::kPerTokenPerChannel) sc1[d] = m.scale_of(r, 0);
           if (p.quant == QuantScheme::kBlock128 && r % kQuantBlock == 0)
             for (std::int64_t b = 0; b < m.scale_cols; ++b)
@@ -412,7 +440,7 @@ struct Checkpoint::Impl {
     float* sc2 = out.w2_scale.data() + slot * s2;
     const bool w2_stored = as_stored(p, down);
     if (w2_stored) {
-      for (std::int64_t r = 0; r < K; ++r) down.codes_row(r, w2 + r * I);
+      down.codes_rows(0, K, w2);
       for (std::int64_t i = 0; i < s2; ++i)
         sc2[i] = p.quant == QuantScheme::kPerTensor ? down.scale_of(0, 0)
                  : p.quant == QuantScheme::kPerTokenPerChannel
@@ -647,16 +675,21 @@ struct Checkpoint::Impl {
       std::vector<float> scratch;
       for (std::int64_t t = begin; t < end; ++t) {
         const ExpertMatrices& x = r.routed[static_cast<std::size_t>(t / 2)];
+        // Codes moved as stored are read by pread (codes_rows), so only what is read through the
+        // mapping is mapped in first.
         if (t % 2 == 0) {
-          populate(x.gate);
-          populate(x.up);
           const bool moved = w1_as_stored(out.problem, x.gate, &x.up);
+          if (!moved) {
+            populate(x.gate);
+            populate(x.up);
+          }
           check_matrix(x.gate, moved);
           check_matrix(x.up, moved);
           stored[static_cast<std::size_t>(t)] = put_w1(out, t / 2, x.gate, &x.up, scratch);
         } else {
-          populate(x.down);
-          check_matrix(x.down, as_stored(out.problem, x.down));
+          const bool moved = as_stored(out.problem, x.down);
+          if (!moved) populate(x.down);
+          check_matrix(x.down, moved);
           stored[static_cast<std::size_t>(t)] = put_w2(out, t / 2, x.down, scratch);
         }
       }

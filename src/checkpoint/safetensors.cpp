@@ -270,10 +270,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (size_ > 0) {
     void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
-    ::close(fd);
+    if (p == MAP_FAILED) ::close(fd);
     MOEKIT_CHECK(p != MAP_FAILED, "{}: cannot map its {} bytes: {}", path, size_, std::strerror(err));
     base_ = static_cast<const std::byte*>(p);
     mapped_ = true;
+    fd_ = fd;
   } else {
     ::close(fd);
   }
@@ -281,7 +282,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     parse();
   } catch (...) {
     if (mapped_) ::munmap(const_cast<std::byte*>(base_), static_cast<std::size_t>(size_));
+    if (fd_ >= 0) ::close(fd_);
     mapped_ = false;
+    fd_ = -1;
     throw;
   }
 }
@@ -295,6 +298,26 @@ SafetensorsFile::SafetensorsFile(std::vector<std::byte> bytes, std::string name)
 
 SafetensorsFile::~SafetensorsFile() {
   if (mapped_) ::munmap(const_cast<std::byte*>(base_), static_cast<std::size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::copy_out(const std::byte* src, std::int64_t bytes, void* dst) const {
+  MOEKIT_CHECK(src >= base_ && bytes >= 0 && bytes <= size_ - (src - base_),
+               "{}: a copy of {} bytes at offset {} outside its {} bytes", path_, bytes, src - base_, size_);
+  if (fd_ < 0) {
+    std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+    return;
+  }
+  auto* out = static_cast<char*>(dst);
+  std::int64_t offset = src - base_, done = 0;
+  while (done < bytes) {
+    const ssize_t n =
+        ::pread(fd_, out + done, static_cast<std::size_t>(bytes - done), static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    MOEKIT_CHECK(n > 0, "{}: reading {} bytes at offset {}: {} (the file changed while open?)", path_, bytes - done,
+                 offset + done, n == 0 ? std::string("it ends there") : std::string(std::strerror(errno)));
+    done += n;
+  }
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
@@ -302,6 +325,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
       base_(o.base_),
       size_(o.size_),
       mapped_(o.mapped_),
+      fd_(o.fd_),
       owned_(std::move(o.owned_)),
       data_offset_(o.data_offset_),
       tensors_(std::move(o.tensors_)),
@@ -309,6 +333,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
       metadata_(std::move(o.metadata_)) {
   if (!mapped_) base_ = owned_.data();
   o.mapped_ = false;
+  o.fd_ = -1;
   o.base_ = nullptr;
   o.size_ = 0;
 }
