@@ -37,14 +37,15 @@ void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const fp8_t
 void w2_ref(const MoeProblem& p, const ExpertWeightsView& w, const double* act, float per_tensor_scale, double* y) {
   const std::int64_t I = p.I();
   const std::int64_t spr = std::max<std::int64_t>(activation_scales_per_row(p.quant, I), 1);
-  const std::int64_t group = p.quant == QuantScheme::kBlock128 ? kQuantBlock : I;
+  const std::int64_t group = numerics::activation_scale_group(p.quant, I);
   std::vector<fp8_t> q(static_cast<std::size_t>(I));
   std::vector<float> scales(static_cast<std::size_t>(spr));
   for (std::int64_t g = 0; g < spr; ++g) {
     const std::int64_t c0 = g * group, c1 = std::min(I, c0 + group);
     double amax = 0;
     for (std::int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(act[c]));
-    const float scale = p.quant == QuantScheme::kPerTensor ? per_tensor_scale : fp8_scale(static_cast<float>(amax));
+    const float scale =
+        numerics::activation_scale_per_tensor(p.quant) ? per_tensor_scale : fp8_scale(static_cast<float>(amax));
     scales[static_cast<std::size_t>(g)] = scale;
     for (std::int64_t c = c0; c < c1; ++c)
       q[static_cast<std::size_t>(c)] = fp8_encode(static_cast<float>(act[c] / scale));
@@ -86,12 +87,13 @@ std::vector<double> LayerReference::expert_rows(const MoeProblem& p, std::int64_
     for (std::int64_t i = i0; i < i1; ++i) {
       const std::int64_t t = i / topk;
       activation_ref(p, expert_of[static_cast<std::size_t>(i)], q.data() + t * K,
-                     p.quant == QuantScheme::kPerTensor ? qs.data() : qs.data() + t * spr, act.data() + i * I);
+                     numerics::activation_scale_per_tensor(p.quant) ? qs.data() : qs.data() + t * spr,
+                     act.data() + i * I);
     }
   });
   // Per-tensor activation scales: one tensor per expert (batched) or one for the chunk (standard).
   std::vector<float> tensor_scale(static_cast<std::size_t>(T * topk), 1.0f);
-  if (p.quant == QuantScheme::kPerTensor) {
+  if (numerics::activation_scale_per_tensor(p.quant)) {
     const bool batched = p.format == ActivationFormat::kBatchedExperts;
     std::vector<double> amax(static_cast<std::size_t>(batched ? p.E : 1), 0.0);
     for (std::int64_t i = 0; i < T * topk; ++i) {

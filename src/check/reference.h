@@ -13,6 +13,7 @@
 #include "cpu/thread_pool.h"
 #include "moekit/model.h"
 #include "moekit/problem.h"
+#include "moekit/recipe.h"
 #include "moekit/router.h"
 #include "moekit/weights.h"
 #include "numerics/fp8.h"
@@ -28,10 +29,9 @@ namespace moekit::check {
 // apart the scale moves (relu2 squares it: up to 2 x 2^-7) and every code of the slab re-rounds:
 // 3.3e-2 measured (H200, tiny with relu2, 600 tokens, standard format; tests/backend_ops'
 // StandardPerTensorScale isolates it stage by stage). Indexing or scaling bugs give O(1) errors.
-inline constexpr double kDeviceVsCpu = 3e-2;
-inline constexpr double kDeviceVsCpuPerTensor = 5e-2;
+// Each recipe's figure is its row's device_vs_cpu_tolerance (moekit/recipe.h).
 constexpr double device_vs_cpu_tolerance(QuantScheme quant) {
-  return quant == QuantScheme::kPerTensor ? kDeviceVsCpuPerTensor : kDeviceVsCpu;
+  return recipe_info(quant).device_vs_cpu_tolerance;
 }
 
 // W1 -> bf16 rounding -> activation of one row through one expert (a view with E_local = 1), in

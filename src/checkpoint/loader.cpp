@@ -21,6 +21,7 @@
 #include "cpu/thread_pool.h"
 #include "moekit/check.h"
 #include "moekit/limits.h"
+#include "moekit/recipe.h"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
 #include "numerics/mxfp4.h"
@@ -177,11 +178,12 @@ struct Matrix {
   }
 };
 
+// The scale granularity a checkpoint stores the recipe's weights in (its row's weight scales).
 std::optional<Granularity> granularity_of(QuantScheme q) {
-  switch (q) {
-    case QuantScheme::kPerTensor: return Granularity::kTensor;
-    case QuantScheme::kPerTokenPerChannel: return Granularity::kChannel;
-    case QuantScheme::kBlock128: return Granularity::kBlock;
+  switch (recipe_info(q).weight_scales) {
+    case WeightScales::kPerTensor: return Granularity::kTensor;
+    case WeightScales::kPerOutputChannel: return Granularity::kChannel;
+    case WeightScales::kBlock128x128: return Granularity::kBlock;
   }
   return std::nullopt;
 }
@@ -376,9 +378,10 @@ struct Checkpoint::Impl {
   // into interleaved rows.
   static bool w1_as_stored(const MoeProblem& p, const Matrix& gate, const Matrix* up) {
     return as_stored(p, gate) && (up == nullptr || as_stored(p, *up)) &&
-           (p.quant != QuantScheme::kBlock128 ||
+           (recipe_info(p.quant).weight_scales != WeightScales::kBlock128x128 ||
             numerics::w1_rows(p.activation, p.quant) != numerics::W1Rows::kInterleaved) &&
-           (p.quant != QuantScheme::kPerTensor || up == nullptr || gate.scale_of(0, 0) == up->scale_of(0, 0));
+           (recipe_info(p.quant).weight_scales != WeightScales::kPerTensor || up == nullptr ||
+            gate.scale_of(0, 0) == up->scale_of(0, 0));
   }
 
   // Fills expert slot `slot` of `out` from its gate and up matrices (W1; up is null for single-row
@@ -392,6 +395,7 @@ struct Checkpoint::Impl {
     const std::int64_t N = p.N, K = p.K, I = p.I();
     const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
     const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K);
+    const WeightScales scales = recipe_info(p.quant).weight_scales;
     std::uint8_t* w1 = out.w1.data() + slot * N * K;
     float* sc1 = out.w1_scale.data() + slot * s1;
     const bool w1_stored = w1_as_stored(p, gate, up);
@@ -412,13 +416,13 @@ struct Checkpoint::Impl {
         }
         for (std::int64_t r = 0; r < I; ++r) {
           const std::int64_t d = dest_row(part == 1, r);
-          if (p.quant == QuantScheme::kPerTokenPerChannel) sc1[d] = m.scale_of(r, 0);
-          if (p.quant == QuantScheme::kBlock128 && r % kQuantBlock == 0)
+          if (scales == WeightScales::kPerOutputChannel) sc1[d] = m.scale_of(r, 0);
+          if (scales == WeightScales::kBlock128x128 && r % kQuantBlock == 0)
             for (std::int64_t b = 0; b < m.scale_cols; ++b)
               sc1[(d / kQuantBlock) * m.scale_cols + b] = m.scale_of(r, b * kQuantBlock);
         }
       }
-      if (p.quant == QuantScheme::kPerTensor) sc1[0] = gate.scale_of(0, 0);
+      if (scales == WeightScales::kPerTensor) sc1[0] = gate.scale_of(0, 0);
     } else {
       std::vector<float>& w = scratch;
       w.resize(std::max(w.size(), static_cast<std::size_t>(N * K)));
@@ -440,10 +444,11 @@ struct Checkpoint::Impl {
     float* sc2 = out.w2_scale.data() + slot * s2;
     const bool w2_stored = as_stored(p, down);
     if (w2_stored) {
+      const WeightScales scales = recipe_info(p.quant).weight_scales;
       down.codes_rows(0, K, w2);
       for (std::int64_t i = 0; i < s2; ++i)
-        sc2[i] = p.quant == QuantScheme::kPerTensor ? down.scale_of(0, 0)
-                 : p.quant == QuantScheme::kPerTokenPerChannel
+        sc2[i] = scales == WeightScales::kPerTensor ? down.scale_of(0, 0)
+                 : scales == WeightScales::kPerOutputChannel
                      ? down.scale_of(i, 0)
                      : down.scale_of((i / down.scale_cols) * kQuantBlock, (i % down.scale_cols) * kQuantBlock);
     } else {
@@ -608,12 +613,12 @@ struct Checkpoint::Impl {
     const checkpoint::Mxfp4Conversion c =
         checkpoint::mxfp4_to_fp8(mat, p.quant, (w2 ? out.w2.data() : out.w1.data()) + slot * rows * cols,
                                  (w2 ? out.w2_scale.data() : out.w1_scale.data()) + slot * scales, what);
-    MOEKIT_CHECK(
-        c.inexact == 0,
-        "{}: {} of its values cannot be held exactly in FP8 under {}'s scales, first {}; load it with "
-        "--quant {} (finer scale groups), or convert the checkpoint to bf16 and let moekit quantize it",
-        what, c.inexact, quant_name(p.quant), c.describe(),
-        p.quant == QuantScheme::kBlock128 ? "block128 is the finest there is" : "block128 where K and I allow it");
+    MOEKIT_CHECK(c.inexact == 0,
+                 "{}: {} of its values cannot be held exactly in FP8 under {}'s scales, first {}; load it with "
+                 "--quant {} (finer scale groups), or convert the checkpoint to bf16 and let moekit quantize it",
+                 what, c.inexact, quant_name(p.quant), c.describe(),
+                 recipe_info(p.quant).weight_scales == WeightScales::kBlock128x128 ? "block128 is the finest there is"
+                                                                                   : "block128 where K and I allow it");
   }
 
   // ---- Values: the first element that is not finite, or a scale that is not finite
@@ -806,7 +811,7 @@ struct Checkpoint::Impl {
 
   // A problem of the model for the header checks: its sizes, its activation, every expert on one rank.
   MoeProblem header_problem() const {
-    const QuantScheme q = model.checkpoint_quant.value_or(QuantScheme::kPerTokenPerChannel);
+    const QuantScheme q = model.checkpoint_quant.value_or(kUnquantizedCheckpointQuant);
     return make_problem(model, ParallelConfig{1, 1, 1, 0}, ActivationFormat::kBatchedExperts, q, model.activation);
   }
 

@@ -487,10 +487,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   cmd->add_option("--max-tokens-per-rank", req->max_tokens_per_rank, "dispatch: capacity (0: each case's tokens)")
       ->check(int_range(0, limits::kMaxTokensPerRank))
       ->capture_default_str();
-  cmd->add_option("--quant", req->quant,
-                  "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
-                  "per-tensor, per-token or block128")
-      ->capture_default_str();
+  add_quant_option(*cmd, req->quant);
   add_fuse_w1_flags(*cmd, req->fuse_w1);
   cmd->add_option("--shared-experts", req->shared,
                   "layer: on (the model's shared experts in the step), off, or on,off (both, one process)")

@@ -96,6 +96,8 @@ CLI::Validator real_range(double lo, double hi);
 // --fuse-w1 / --no-fuse-w1 of plan, run and bench: the fused W1 asked for (an Error where it
 // cannot run) or refused; neither: fused wherever it runs (make_problem's default).
 void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1);
+// --quant of plan, run and bench: auto or a recipe's name (moekit/recipe.h's rows).
+void add_quant_option(CLI::App& cmd, std::string& quant);
 // --accumulation precise|fast of plan, run and bench (moekit::Accumulation).
 void add_accumulation_option(CLI::App& cmd, std::string& accumulation);
 // --no-shared-experts (LayerOptions::shared_experts = false).

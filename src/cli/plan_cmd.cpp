@@ -14,6 +14,7 @@
 #include "moekit/check.h"
 #include "moekit/checkpoint.h"
 #include "moekit/limits.h"
+#include "moekit/recipe.h"
 #include "moekit/registry.h"
 #include "moekit/weights.h"
 #include "plan/gemm_config.h"
@@ -99,6 +100,15 @@ void add_fuse_w1_flags(CLI::App& cmd, std::optional<bool>& fuse_w1) {
       "--no-fuse-w1", [&fuse_w1] { fuse_w1 = false; },
       "The unfused recipe: W1 into bf16 w1_out, then the activation kernel");
   on->excludes(off);
+}
+
+void add_quant_option(CLI::App& cmd, std::string& quant) {
+  std::string names;
+  for (int i = 0; i < kNumRecipes; ++i)
+    names += fmt::format("{}{}", i == 0 ? "" : i + 1 == kNumRecipes ? " or " : ", ", kRecipes[i].name);
+  cmd.add_option("--quant", quant,
+                 "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), " + names)
+      ->capture_default_str();
 }
 
 void add_accumulation_option(CLI::App& cmd, std::string& accumulation) {
@@ -397,10 +407,7 @@ std::function<int()> add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--activation", req->activation,
                   "silu, gelu, gelu_tanh, swigluoai, relu2, silu_no_mul (default: the model's)");
-  cmd->add_option("--quant", req->quant,
-                  "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
-                  "per-tensor, per-token or block128")
-      ->capture_default_str();
+  add_quant_option(*cmd, req->quant);
   add_fuse_w1_flags(*cmd, req->fuse_w1);
   add_accumulation_option(*cmd, req->accumulation);
   add_shared_experts_flag(*cmd, req->shared_experts);

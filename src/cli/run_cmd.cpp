@@ -592,10 +592,7 @@ std::function<int()> add_run_command(CLI::App& app) {
                   "prints the measured load and EPLB's rebalanced figure)")
       ->check(int_range(0, limits::kMaxSlotsPerExpert * limits::kMaxExperts))
       ->capture_default_str();
-  cmd->add_option("--quant", req->quant,
-                  "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]), "
-                  "per-tensor, per-token or block128")
-      ->capture_default_str();
+  add_quant_option(*cmd, req->quant);
   cmd->add_option("--activation", req->activation, "Override the model's activation");
   add_fuse_w1_flags(*cmd, req->fuse_w1);
   add_accumulation_option(*cmd, req->accumulation);

@@ -62,8 +62,9 @@ class CpuBatchedExperts final : public Experts {
         m = 0;
       }
       // Per-tensor: one scale per expert; otherwise the expert's rows' scales.
-      const float* a_scale = p.quant == QuantScheme::kPerTensor ? in.a1q_scale + e : in.a1q_scale + e * M * a_spr;
-      float* e_act_scale = p.quant == QuantScheme::kPerTensor ? act_scale + e : act_scale + e * M * act_spr;
+      const float* a_scale =
+          numerics::activation_scale_per_tensor(p.quant) ? in.a1q_scale + e : in.a1q_scale + e * M * a_spr;
+      float* e_act_scale = numerics::activation_scale_per_tensor(p.quant) ? act_scale + e : act_scale + e * M * act_spr;
       expert_rows(p, w, e, m, in.a1q + e * M * K, a_scale, fused ? nullptr : w1_out + e * M * N, w1_rows,
                   act_q + e * M * I, e_act_scale, in.output + e * M * K, *pool_);
     }

@@ -7,6 +7,7 @@
 
 #include "cpu/activation.h"
 #include "cpu/quant.h"
+#include "numerics/scales.h"
 
 namespace moekit::cpu {
 
@@ -35,7 +36,7 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
                       ThreadPool& pool) {
   const std::int64_t N = p.N, I = p.I();
   if (m == 0) return;
-  if (p.quant == QuantScheme::kPerTensor) {
+  if (numerics::activation_scale_per_tensor(p.quant)) {
     std::vector<float> row(static_cast<std::size_t>(I));
     float amax = 0;
     // Pass 1: amax (recomputed in pass 2 instead of storing fp32 rows outside the plan).

@@ -20,6 +20,7 @@
 #include "cpu/combine.h"
 #include "cpu/quant.h"
 #include "moekit/check.h"
+#include "numerics/scales.h"
 #include "plan/ep_layout.h"
 
 namespace moekit::cpu {
@@ -163,7 +164,7 @@ class AllToAll final : public PrepareFinalize {
       }
     }
     // Per-tensor (dp == 1 only): one scale per expert tensor, the rank's own.
-    if (p.quant == QuantScheme::kPerTensor)
+    if (numerics::activation_scale_per_tensor(p.quant))
       for (std::int64_t le = 0; le < E_local; ++le) a1q_scale[le] = tok_scale_[0];
     return {a1q, a1q_scale, counts, nullptr, tc, ws.get<bf16_t>("expert_output")};
   }

@@ -89,7 +89,7 @@ class CpuStandardExperts final : public Experts {
       std::copy_n(in.a1q + t * K, K, a1q_permuted + row * K);
       std::copy_n(in.a1q_scale + t * a_spr, a_spr, a1q_scale_permuted + row * a_spr);
     }
-    if (p.quant == QuantScheme::kPerTensor) a1q_scale_permuted[0] = in.a1q_scale[0];
+    if (numerics::activation_scale_per_tensor(p.quant)) a1q_scale_permuted[0] = in.a1q_scale[0];
 
     if (fused) {
       // The fused W1: act_q is written while W1 runs, so the recipe aliases a1q_permuted with w2_out
@@ -107,7 +107,7 @@ class CpuStandardExperts final : public Experts {
         const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
         if (m == 0) continue;
         const float* a_scale =
-            p.quant == QuantScheme::kPerTensor ? a1q_scale_permuted : a1q_scale_permuted + r0 * a_spr;
+            numerics::activation_scale_per_tensor(p.quant) ? a1q_scale_permuted : a1q_scale_permuted + r0 * a_spr;
         fp8_gemm(expert_gemm(p, w, 1, e, m, a1q_permuted + r0 * K, a_scale, w1_out + r0 * N), *pool_);
       }
       // Activation + quant over all permuted rows at once: they form one tensor (per-tensor keeps one
@@ -118,7 +118,7 @@ class CpuStandardExperts final : public Experts {
     for (std::int64_t e = 0; e < E_local; ++e) {
       const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
       if (m == 0) continue;
-      const float* a_scale = p.quant == QuantScheme::kPerTensor ? act_scale : act_scale + r0 * act_spr;
+      const float* a_scale = numerics::activation_scale_per_tensor(p.quant) ? act_scale : act_scale + r0 * act_spr;
       fp8_gemm(expert_gemm(p, w, 2, e, m, act_q + r0 * I, a_scale, w2_out + r0 * K), *pool_);
     }
     return {w2_out, pair_row};

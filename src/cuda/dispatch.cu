@@ -175,7 +175,7 @@ constexpr int kQuantDestinations = 8;  // destination rows read ahead, at once
 // kQuantDestinations destination rows are read before the token, so their loads wait with it.
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, int pass) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
-  const bool per_tensor = a.quant == QuantScheme::kPerTensor;
+  const bool per_tensor = numerics::activation_scale_per_tensor(a.quant);
   const int spr = static_cast<int>(numerics::activation_scales_per_row(a.quant, a.K));
   const int destinations = a.pair_row != nullptr ? a.topk : 1;
   for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
@@ -340,7 +340,7 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
                     l.scales,
                     l.amax_scratch};
   const int grid = grid_for(l.tokens, 8192);
-  if (l.quant == QuantScheme::kPerTensor) {
+  if (numerics::activation_scale_per_tensor(l.quant)) {
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.amax_scratch, 0, sizeof(std::uint32_t), stream));
     if (l.tokens > 0) {
       launch_pdl(quantize_kernel, grid, kQuantThreads, 0, stream, a, 0);
@@ -371,7 +371,7 @@ void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int 
                          const std::uint8_t* a1q, const float* a1q_scale, std::uint8_t* permuted, float* permuted_scale,
                          void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  if (quant == QuantScheme::kPerTensor)  // one scale for all rows, the tensor's
+  if (numerics::activation_scale_per_tensor(quant))  // one scale for all rows, the tensor's
     MOEKIT_CUDA_CHECK(cudaMemcpyAsync(permuted_scale, a1q_scale, sizeof(float), cudaMemcpyDeviceToDevice, stream));
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 16 == 0, "the CUDA permutation takes K a multiple of 16");

@@ -486,7 +486,7 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
   }
   op.sa_per_row = static_cast<int>(numerics::activation_scales_per_row(p.quant, op.k));
   op.sb_per_group = numerics::weight_scale_count(p.quant, op.n, op.k);
-  op.block = p.quant == QuantScheme::kBlock128;
+  op.block = recipe_info(p.quant).block_scaled_gemm;
   op.launches = launches.count;
   if (which == 1 && l.gemms.w1_small) {
     op.D_small = l.w1_small;
@@ -516,8 +516,8 @@ void launch_experts_prepare(const BatchedExpertsLaunch& l, void* stream_ptr) {
   const MoeProblem& p = l.problem;
   const std::int64_t capacity = expert_capacity(l);
   launch_pdl(prepare_kernel, 1, kPrepareThreads, 0, stream, l.expert_num_tokens, static_cast<int>(p.E_local), capacity,
-             std::min(l.max_rows, capacity), l.contiguous, p.quant != QuantScheme::kPerTensor, operands(l, 1),
-             operands(l, 2), l.row_offsets, l.status);
+             std::min(l.max_rows, capacity), l.contiguous, !numerics::activation_scale_per_tensor(p.quant),
+             operands(l, 1), operands(l, 2), l.row_offsets, l.status);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -530,8 +530,8 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.groups = static_cast<int>(p.E_local);
     g.n = which == 1 ? p.N : p.K;
     g.k = which == 1 ? p.K : p.I();
-    g.scales_per_row = p.quant != QuantScheme::kPerTensor;
-    g.block_scaled = p.quant == QuantScheme::kBlock128;
+    g.scales_per_row = !numerics::activation_scale_per_tensor(p.quant);
+    g.block_scaled = recipe_info(p.quant).block_scaled_gemm;
     g.fast_accumulation = p.accumulation == Accumulation::kFast;
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
@@ -568,7 +568,7 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
                               "activation ran in its epilogue"
                             : "launch_activation_quant: no w1_out");
   const MoeProblem& p = l.problem;
-  const bool per_tensor = p.quant == QuantScheme::kPerTensor;
+  const bool per_tensor = numerics::activation_scale_per_tensor(p.quant);
   const int E = static_cast<int>(p.E_local), M = static_cast<int>(p.M), N = static_cast<int>(p.N),
             I = static_cast<int>(p.I());
   // Per-tensor accumulates each expert's amax in act_scale itself (as bits), then converts it in
@@ -639,7 +639,8 @@ void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel ker
       const int grid = one_wave(reinterpret_cast<const void*>(k));
       for (int pass = per_tensor ? 0 : 1; pass < 2; ++pass) {
         launch_pdl(k, grid, kActThreads, 0, stream, p.activation, p.swiglu, w1, pass, per_tensor,
-                   p.quant == QuantScheme::kBlock128, rows, in, w1_bias, N, I, act_q, l.act_scale, amax);
+                   recipe_info(p.quant).activation_scales == ActivationScales::kGroup1x128, rows, in, w1_bias, N, I,
+                   act_q, l.act_scale, amax);
         MOEKIT_CUDA_CHECK_LAUNCH();
       }
     });

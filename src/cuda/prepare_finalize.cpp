@@ -363,7 +363,7 @@ class NcclAllToAll final : public PrepareFinalize {
   }
 
   void check_problem(const MoeProblem& p) const {
-    MOEKIT_CHECK(p.quant != QuantScheme::kPerTensor,
+    MOEKIT_CHECK(!numerics::activation_scale_per_tensor(p.quant),
                  "{}: per-tensor activation scales are per rank and rows from several ranks cannot share one: use "
                  "--quant per-token or block128",
                  name());

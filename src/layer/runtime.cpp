@@ -20,6 +20,7 @@
 #include "moekit/check.h"
 #include "moekit/registry.h"
 #include "numerics/fp8.h"
+#include "numerics/scales.h"
 #include "plan/gemm_config.h"
 
 namespace moekit {
@@ -101,7 +102,7 @@ struct MoeRuntime::Impl {
     const ExpertsEntry& entry = find_experts(options.experts, options.device);
     problem = make_problem(model, parallel, entry.format, options.quant, options.activation.value_or(model.activation),
                            options.fuse_w1, options.accumulation);
-    if (problem.quant == QuantScheme::kPerTensor)
+    if (numerics::activation_scale_per_tensor(problem.quant))
       MOEKIT_CHECK(parallel.dp == 1,
                    "per-tensor activation scales are per rank, and rows from {} ranks cannot share one: use --quant "
                    "per-token or block128 with dp > 1",

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "moekit/recipe.h"
 #include "moekit/types.h"
 #include "numerics/host_device.h"
 
@@ -156,7 +157,7 @@ MOEKIT_HD inline void with_activation(Activation act, F&& f) {
 
 // The W1 weight's row layout (= the columns of a W1 output row), one rule for every device:
 //   kHalves       gate rows [0, I), up rows [I, 2I): silu, gelu, gelu_tanh (HF's gate_proj, up_proj);
-//   kBlockPairs   the same activations under block128: per 256 rows, gate rows [128b, 128b + 128)
+//   kBlockPairs   the same under 128x128 weight blocks (block128): per 256 rows, gate rows [128b, 128b + 128)
 //                 then up rows [128b, 128b + 128), so that one 256-row W1 tile holds a whole 1x128
 //                 output group with its gate and up inputs (the fused W1 epilogue: no w1_out) and
 //                 each 128x128 weight block keeps its scale (the blocks are only reordered:
@@ -168,8 +169,8 @@ MOEKIT_HD constexpr W1Rows w1_rows(Activation act, QuantScheme quant) {
   return act == Activation::kSwigluOai ? W1Rows::kInterleaved
          : (act == Activation::kRelu2 || act == Activation::kSiluNoMul || act == Activation::kGeluNoMul)
              ? W1Rows::kSingle
-         : quant == QuantScheme::kBlock128 ? W1Rows::kBlockPairs
-                                           : W1Rows::kHalves;
+         : recipe_info(quant).weight_scales == WeightScales::kBlock128x128 ? W1Rows::kBlockPairs
+                                                                           : W1Rows::kHalves;
 }
 // Where output column c finds its inputs in a W1 output row of the layout.
 MOEKIT_HD constexpr std::int64_t gate_column(W1Rows rows, std::int64_t /*I*/, std::int64_t c) {

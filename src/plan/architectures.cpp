@@ -16,6 +16,7 @@
 #include "moekit/check.h"
 #include "moekit/limits.h"
 #include "moekit/model.h"
+#include "moekit/recipe.h"
 #include "plan/untrusted_input.h"
 
 namespace moekit {
@@ -142,19 +143,22 @@ void read_quantization(const Reader& r, ModelConfig& m) {
                    "{}: quantization_config.weight_block_size must be two integers, got {}", r.source, plan::brief(*b));
       const auto rows = (*b)[0].get<std::int64_t>(), cols = (*b)[1].get<std::int64_t>();
       m.checkpoint_format = fmt::format("fp8, weight_block_size [{}, {}]", rows, cols);
-      if (rows == kQuantBlock && cols == kQuantBlock) m.checkpoint_quant = QuantScheme::kBlock128;
+      if (rows == kQuantBlock && cols == kQuantBlock)
+        m.checkpoint_quant = recipe_for_weight_scales(WeightScales::kBlock128x128);
       return;  // other block sizes: not run
     }
+    // Static activation scales come with one scale per weight tensor (the per-tensor recipe).
     const bool is_static = qr.string_or("activation_scheme", "dynamic") == "static";
     m.checkpoint_format = is_static ? "fp8, static activation scales" : "fp8, per-channel weights";
-    m.checkpoint_quant = is_static ? QuantScheme::kPerTensor : QuantScheme::kPerTokenPerChannel;
+    m.checkpoint_quant =
+        recipe_for_weight_scales(is_static ? WeightScales::kPerTensor : WeightScales::kPerOutputChannel);
     return;
   }
   if (method == "mxfp4") {
     // gpt-oss's release: e2m1 values with an e8m0 exponent per 32, converted to FP8 at load, exactly
     // (checkpoint/mxfp4.h); one scale a row runs every shape (gpt-oss's 2880 is no multiple of 128).
     m.checkpoint_format = "mxfp4 (e2m1 values, an e8m0 exponent per 32; converted exactly to FP8 at load)";
-    m.checkpoint_quant = QuantScheme::kPerTokenPerChannel;
+    m.checkpoint_quant = recipe_for_weight_scales(WeightScales::kPerOutputChannel);
     return;
   }
   if (method == "compressed-tensors") {

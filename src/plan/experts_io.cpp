@@ -2,14 +2,16 @@
 // declares and fills, the same for every experts implementation of the format.
 #include "moekit/check.h"
 #include "moekit/prepare_finalize.h"
+#include "moekit/recipe.h"
 #include "numerics/scales.h"
 
 namespace moekit {
 
 void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
+  const DType a1q_dtype = recipe_info(p.quant).activation_dtype;
   if (p.format == ActivationFormat::kBatchedExperts) {
     b.add({"a1q",
-           DType::kFp8E4m3,
+           a1q_dtype,
            {p.E_local, p.M, p.K},
            Stage::kPrepare,
            Stage::kGemm1,
@@ -30,7 +32,7 @@ void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
            "experts' output (E_local, M, K): valid rows are the result, the rest padding"});
     return;
   }
-  b.add({"a1q", DType::kFp8E4m3, {p.M, p.K}, Stage::kPrepare, Stage::kGemm1, "FP8 tokens in token order"});
+  b.add({"a1q", a1q_dtype, {p.M, p.K}, Stage::kPrepare, Stage::kGemm1, "FP8 tokens in token order"});
   b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.M}, p.K, false), Stage::kPrepare,
          Stage::kGemm1, "scales of a1q"});
 }

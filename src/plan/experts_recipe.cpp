@@ -1,4 +1,5 @@
-// The FP8 experts recipe's regions, declared once for every device (plan/experts_recipe.h).
+// The FP8 experts recipe's regions, declared once for every device (plan/experts_recipe.h), in the
+// dtypes of the problem's recipe (moekit/recipe.h).
 // Napkin math, DeepSeek-V3 DP 32, 16 local experts, M = 8192 (batched): w1_out 16 x 8192 x 4096
 // bf16 = 1 GiB, act_q 256 MiB, act_scale 512 KiB. Standard, 256 tokens, top-8: 2048 rows; w1_out
 // 16 MiB shares bytes with w2_out 28 MiB, a1q_permuted 14 MiB with act_q 4 MiB.
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "numerics/scales.h"
 
 namespace moekit::plan {
@@ -15,15 +17,16 @@ using numerics::activation_scale_shape;
 
 void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_out) {
   const std::int64_t I = p.I();
+  const RecipeInfo recipe = recipe_info(p.quant);
   if (w1_out)
     b.add({"w1_out",
-           DType::kBf16,
+           recipe.intermediate_dtype,
            {p.E_local, p.M, p.N},
            Stage::kGemm1,
            Stage::kActivation,
            "W1 GEMM output (gate|up), valid rows only are written"});
   b.add({"act_q",
-         DType::kFp8E4m3,
+         recipe.activation_dtype,
          {p.E_local, p.M, I},
          Stage::kActivation,
          Stage::kGemm2,
@@ -36,6 +39,7 @@ void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_ou
 void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_out) {
   const std::int64_t I = p.I();
   const std::int64_t rows = p.M * p.topk;  // every (token, slot) pair may land on a local expert
+  const RecipeInfo recipe = recipe_info(p.quant);
   MOEKIT_CHECK(rows <= 0x7FFFFFFF,
                "the standard format holds M * topk = {} rows; at most 2^31 - 1: lower "
                "max_tokens_per_rank",
@@ -54,7 +58,7 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
          "permuted row of each (token, slot), -1 for none: the finalize's unpermute map"});
   auto a1q_permuted = [&] {
     b.add({"a1q_permuted",
-           DType::kFp8E4m3,
+           recipe.activation_dtype,
            {rows, p.K},
            Stage::kPrepare,
            Stage::kGemm1,
@@ -64,7 +68,7 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
   };
   const Stage act_born = w1_out ? Stage::kActivation : Stage::kGemm1;  // the fused W1 writes act_q
   auto act_q = [&] {
-    b.add({"act_q", DType::kFp8E4m3, {rows, I}, act_born, Stage::kGemm2, "activation output quantized to FP8"});
+    b.add({"act_q", recipe.activation_dtype, {rows, I}, act_born, Stage::kGemm2, "activation output quantized to FP8"});
     b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), act_born, Stage::kGemm2,
            "scales of act_q"});
   };
@@ -83,7 +87,12 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
     act_q();
     b.end_alias();
     b.begin_alias("gemm_out");
-    b.add({"w1_out", DType::kBf16, {rows, p.N}, Stage::kGemm1, Stage::kActivation, "W1 GEMM output (gate|up)"});
+    b.add({"w1_out",
+           recipe.intermediate_dtype,
+           {rows, p.N},
+           Stage::kGemm1,
+           Stage::kActivation,
+           "W1 GEMM output (gate|up)"});
     b.next_alternative();
     w2_out();
     b.end_alias();

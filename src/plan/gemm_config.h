@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "moekit/problem.h"
+#include "moekit/recipe.h"
 
 namespace moekit::plan {
 
@@ -130,13 +131,15 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
 }
 
 // Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
-// instance for the scaling; the fused recipe's W1 (block128) runs on the fused W1 configs and, for
-// small experts, the fp32-D ones (w1_fp32); the fused W1 configs run nothing else.
+// instance for the scaling (the recipe's block_scaled_gemm: moekit/recipe.h); the fused recipe's W1
+// (a recipe with fused_w1) runs on the fused W1 configs and, for small experts, the fp32-D ones
+// (w1_fp32); the fused W1 configs run nothing else.
 constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
                         QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
   return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
-         (fused_w1 ? (config.fused_w1 || config.w1_fp32) && quant == QuantScheme::kBlock128
-                   : !config.fused_w1 && (quant == QuantScheme::kBlock128 ? config.block_scaled : config.token_scaled));
+         (fused_w1
+              ? (config.fused_w1 || config.w1_fp32) && recipe_info(quant).fused_w1
+              : !config.fused_w1 && (recipe_info(quant).block_scaled_gemm ? config.block_scaled : config.token_scaled));
 }
 
 // Whether the rule may choose `config` for a GEMM of depth k (its max_k); supports() says whether it runs.

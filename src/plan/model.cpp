@@ -7,6 +7,7 @@
 #include "moekit/check.h"
 #include "moekit/limits.h"
 #include "moekit/model.h"
+#include "moekit/recipe.h"
 #include "plan/model_presets.h"
 #include "plan/untrusted_input.h"
 
@@ -23,9 +24,10 @@ QuantChoice choose_quant(const ModelConfig& m, std::string_view name) {
                                : fmt::format("the checkpoint's quantization_config is {}", m.checkpoint_format);
   if (name.empty() || name == "auto") {
     if (m.checkpoint_quant) return {*m.checkpoint_quant, fmt::format("{} ({})", quant_name(*m.checkpoint_quant), from)};
-    if (m.checkpoint_format.empty()) return {QuantScheme::kPerTokenPerChannel, fmt::format("per-token ({})", from)};
-    return {QuantScheme::kPerTokenPerChannel,
-            fmt::format("per-token FP8 planned instead: {}, a format moekit does not run", from)};
+    const QuantScheme fallback = kUnquantizedCheckpointQuant;
+    if (m.checkpoint_format.empty()) return {fallback, fmt::format("{} ({})", quant_name(fallback), from)};
+    return {fallback,
+            fmt::format("{} FP8 planned instead: {}, a format moekit does not run", quant_name(fallback), from)};
   }
   const QuantScheme q = parse_quant(name);
   if (m.checkpoint_quant && q != *m.checkpoint_quant)

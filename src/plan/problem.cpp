@@ -7,6 +7,7 @@
 
 #include "moekit/check.h"
 #include "moekit/limits.h"
+#include "moekit/recipe.h"
 #include "numerics/activation.h"
 
 namespace moekit {
@@ -25,8 +26,7 @@ std::string MoeProblem::describe() const {
 
 bool fuse_w1_runs(QuantScheme quant, Activation activation) {
   const numerics::W1Rows rows = numerics::w1_rows(activation, quant);
-  return quant == QuantScheme::kBlock128 &&
-         (rows == numerics::W1Rows::kBlockPairs || rows == numerics::W1Rows::kSingle);
+  return recipe_info(quant).fused_w1 && (rows == numerics::W1Rows::kBlockPairs || rows == numerics::W1Rows::kSingle);
 }
 
 void validate_problem(const MoeProblem& p) {
@@ -66,13 +66,14 @@ void validate_problem(const MoeProblem& p) {
                p.M, format_name(p.format), expected_M, p.max_tokens_per_rank, p.num_dispatchers);
   const std::int64_t I = activation_out_dim(p.activation, p.N);  // checks N even when gated
   validate_swiglu(p.swiglu, "problem");
-  MOEKIT_CHECK(p.accumulation == Accumulation::kPrecise || p.quant != QuantScheme::kBlock128,
+  const RecipeInfo recipe = recipe_info(p.quant);
+  MOEKIT_CHECK(p.accumulation == Accumulation::kPrecise || recipe.fast_accumulation,
                "fast accumulation (--accumulation fast) runs per-token and per-tensor only: block128 moves its sums "
                "into fp32 at every k-block as it scales them; drop it, or use --quant per-token");
   // FP8 rows are read by TMA in 16-byte units: K and I must be multiples of 16 elements.
   MOEKIT_CHECK(p.K % 16 == 0 && I % 16 == 0,
                "K = {} and I = {} must be multiples of 16 (16-byte aligned FP8 rows for the GEMMs)", p.K, I);
-  if (p.quant == QuantScheme::kBlock128) {
+  if (recipe.needs_block_multiple) {
     MOEKIT_CHECK(p.K % kQuantBlock == 0 && I % kQuantBlock == 0,
                  "block128 quantization needs K = {} and I = {} to be multiples of 128; use --quant per-token", p.K, I);
   }

@@ -8,6 +8,7 @@
 
 #include "moekit/check.h"
 #include "moekit/limits.h"
+#include "moekit/recipe.h"
 
 namespace moekit {
 namespace {
@@ -54,11 +55,13 @@ constexpr std::array<std::pair<std::string_view, Activation>, 1> kActivationAlia
     {"relu2_no_mul", Activation::kRelu2},
 }};
 
-constexpr std::array<std::pair<std::string_view, QuantScheme>, 3> kQuants{{
-    {"per-tensor", QuantScheme::kPerTensor},
-    {"per-token", QuantScheme::kPerTokenPerChannel},
-    {"block128", QuantScheme::kBlock128},
-}};
+// The recipes' names, from their rows (moekit/recipe.h).
+constexpr std::array<std::pair<std::string_view, QuantScheme>, kNumRecipes> make_quant_names() {
+  std::array<std::pair<std::string_view, QuantScheme>, kNumRecipes> names{};
+  for (int i = 0; i < kNumRecipes; ++i) names[i] = {kRecipes[i].name, kRecipes[i].scheme};
+  return names;
+}
+constexpr std::array<std::pair<std::string_view, QuantScheme>, kNumRecipes> kQuants = make_quant_names();
 
 constexpr std::array<std::pair<std::string_view, Accumulation>, 2> kAccumulations{{
     {"precise", Accumulation::kPrecise},
@@ -175,8 +178,11 @@ void validate_swiglu(double limit, double alpha, std::string_view where) {
 }
 
 const std::vector<QuantScheme>& all_quant_schemes() {
-  static const std::vector<QuantScheme> all = {QuantScheme::kPerTensor, QuantScheme::kPerTokenPerChannel,
-                                               QuantScheme::kBlock128};
+  static const std::vector<QuantScheme> all = [] {
+    std::vector<QuantScheme> schemes;
+    for (const RecipeInfo& r : kRecipes) schemes.push_back(r.scheme);
+    return schemes;
+  }();
   return all;
 }
 

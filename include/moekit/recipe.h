@@ -1,0 +1,148 @@
+// The quantization recipes, one row each: what a QuantScheme means (its name, operand dtypes, scale
+// shapes, the intermediate between the GEMMs, the fused W1, accumulation, tolerance). The planner,
+// the numerics (src/numerics/scales.h), the CPU and CUDA code, the loader and Python (through the
+// binding's names) read these facts here; kernels still switch on the scheme to pick an instance.
+// Plain constexpr: nvcc's --expt-relaxed-constexpr lets device code call recipe_info() too.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+
+#include "moekit/types.h"
+
+namespace moekit {
+
+// How an activation tensor (rows, cols) carries its fp32 scales (numerics/scales.h has the layouts).
+enum class ActivationScales : std::uint8_t {
+  kPerTensor,   // one for the whole tensor (one per expert in the batched format)
+  kPerRow,      // one per token row
+  kGroup1x128,  // one per 1x128 group of a row: ceil(cols / 128) a row
+};
+// How a weight (n, k), k contiguous, carries its fp32 scales.
+enum class WeightScales : std::uint8_t {
+  kPerTensor,         // one for the whole weight
+  kPerOutputChannel,  // one per row n
+  kBlock128x128,      // one per 128x128 block: ceil(n / 128) * ceil(k / 128)
+};
+
+struct RecipeInfo {
+  QuantScheme scheme;
+  const char* name;                    // the CLI, JSON and Python spelling (parse_quant, quant_name)
+  DType activation_dtype;              // a1q and act_q: the GEMMs' A operands
+  DType weight_dtype;                  // w1, w2
+  ActivationScales activation_scales;  // a1q's and act_q's scales
+  WeightScales weight_scales;          // w1_scale, w2_scale
+  DType intermediate_dtype;            // w1_out: W1's output before the activation
+  bool requantizes_intermediate;       // the activation's output is quantized again (act_q + act_scale)
+  bool needs_block_multiple;           // K and I must be multiples of kQuantBlock
+  bool block_scaled_gemm;              // GEMMs on the block-scaled configs (GemmConfigInfo::block_scaled),
+                                       // else on the token-scaled ones
+  bool fused_w1;                       // a fused W1 (activation + requantization in W1's epilogue) exists
+  bool fast_accumulation;              // Accumulation::kFast may run (the whole K loop in the tensor cores)
+  double device_vs_cpu_tolerance;      // relative ||device - cpu|| / ||cpu|| (check/reference.h says why)
+};
+
+// NOTES: the rows are a switch, not an array that is indexed, so that device code (numerics/scales.h
+// under nvcc) can read the row of a runtime scheme; kRecipes below is the same rows as an array.
+constexpr RecipeInfo recipe_info(QuantScheme quant) {
+  // Two correct implementations differ by ~1.5e-2 (an FP8 code of the activation flips where bf16
+  // W1 outputs sit an ulp apart); one scale over a slab moves with its largest value: 3.3e-2.
+  constexpr double kDeviceVsCpu = 3e-2, kDeviceVsCpuPerTensor = 5e-2;
+  switch (quant) {
+    case QuantScheme::kPerTensor:
+      return {.scheme = QuantScheme::kPerTensor,
+              .name = "per-tensor",
+              .activation_dtype = DType::kFp8E4m3,
+              .weight_dtype = DType::kFp8E4m3,
+              .activation_scales = ActivationScales::kPerTensor,
+              .weight_scales = WeightScales::kPerTensor,
+              .intermediate_dtype = DType::kBf16,
+              .requantizes_intermediate = true,
+              .needs_block_multiple = false,
+              .block_scaled_gemm = false,
+              .fused_w1 = false,
+              .fast_accumulation = true,
+              .device_vs_cpu_tolerance = kDeviceVsCpuPerTensor};
+    case QuantScheme::kPerTokenPerChannel:
+      return {.scheme = QuantScheme::kPerTokenPerChannel,
+              .name = "per-token",
+              .activation_dtype = DType::kFp8E4m3,
+              .weight_dtype = DType::kFp8E4m3,
+              .activation_scales = ActivationScales::kPerRow,
+              .weight_scales = WeightScales::kPerOutputChannel,
+              .intermediate_dtype = DType::kBf16,
+              .requantizes_intermediate = true,
+              .needs_block_multiple = false,
+              .block_scaled_gemm = false,
+              .fused_w1 = false,
+              .fast_accumulation = true,
+              .device_vs_cpu_tolerance = kDeviceVsCpu};
+    case QuantScheme::kBlock128:
+      return {.scheme = QuantScheme::kBlock128,
+              .name = "block128",
+              .activation_dtype = DType::kFp8E4m3,
+              .weight_dtype = DType::kFp8E4m3,
+              .activation_scales = ActivationScales::kGroup1x128,
+              .weight_scales = WeightScales::kBlock128x128,
+              .intermediate_dtype = DType::kBf16,
+              .requantizes_intermediate = true,
+              .needs_block_multiple = true,
+              .block_scaled_gemm = true,
+              .fused_w1 = true,
+              .fast_accumulation = false,  // its sums move into fp32 at every k-block as they are scaled
+              .device_vs_cpu_tolerance = kDeviceVsCpu};
+  }
+  // Not a scheme: no name (recipe_rows_complete below refuses a scheme without a row).
+  return {.scheme = quant,
+          .name = nullptr,
+          .activation_dtype = DType::kFp8E4m3,
+          .weight_dtype = DType::kFp8E4m3,
+          .activation_scales = ActivationScales::kPerTensor,
+          .weight_scales = WeightScales::kPerTensor,
+          .intermediate_dtype = DType::kBf16,
+          .requantizes_intermediate = false,
+          .needs_block_multiple = false,
+          .block_scaled_gemm = false,
+          .fused_w1 = false,
+          .fast_accumulation = false,
+          .device_vs_cpu_tolerance = 0.0};
+}
+
+// The recipe a checkpoint without a quantization_config (bf16, fp16, fp32 weights) runs unless the
+// user names one: its weights are quantized at load.
+inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kPerTokenPerChannel;
+
+// Every recipe, in QuantScheme order (all_quant_schemes(), the CLI's list of names).
+inline constexpr int kNumRecipes = 3;
+constexpr std::array<RecipeInfo, kNumRecipes> make_recipe_table() {
+  std::array<RecipeInfo, kNumRecipes> rows{};
+  for (int i = 0; i < kNumRecipes; ++i) rows[i] = recipe_info(static_cast<QuantScheme>(i));
+  return rows;
+}
+inline constexpr std::array<RecipeInfo, kNumRecipes> kRecipes = make_recipe_table();
+
+constexpr bool recipe_rows_complete() {
+  for (int i = 0; i < kNumRecipes; ++i)
+    if (kRecipes[i].name == nullptr || static_cast<int>(kRecipes[i].scheme) != i) return false;
+  return recipe_info(static_cast<QuantScheme>(kNumRecipes)).name == nullptr;
+}
+static_assert(recipe_rows_complete(),
+              "every QuantScheme needs a row in recipe_info(), and kNumRecipes must count them all");
+
+// The recipe that runs FP8 weights stored with `scales` as they are stored (a checkpoint's
+// quantization_config -> its recipe; the loader then moves codes and scales without requantizing).
+constexpr QuantScheme recipe_for_weight_scales(WeightScales scales) {
+  for (const RecipeInfo& r : kRecipes)
+    if (r.weight_scales == scales) return r.scheme;
+  return kUnquantizedCheckpointQuant;  // unreachable: every layout has a recipe (static_assert below)
+}
+constexpr bool every_weight_scales_has_a_recipe() {
+  for (const WeightScales w : {WeightScales::kPerTensor, WeightScales::kPerOutputChannel, WeightScales::kBlock128x128})
+    if (recipe_info(recipe_for_weight_scales(w)).weight_scales != w) return false;
+  return true;
+}
+static_assert(every_weight_scales_has_a_recipe(),
+              "every FP8 weight scale layout a checkpoint stores needs a recipe that runs it as stored");
+
+}  // namespace moekit
