@@ -57,7 +57,17 @@ from . import _moekit
 from . import ops  # noqa: F401  (moekit.ops.batched_experts; torch.ops.moekit.* when torch is present)
 
 __all__ = ["Error", "Region", "Section", "Plan", "plan", "MoeLayer", "Runtime", "Checkpoint", "LoadedLayer",
-           "TorchGroup", "synthetic_inputs", "ops", "arrange_w1_block_pairs", "workspace_allocations"]
+           "TorchGroup", "synthetic_inputs", "ops", "arrange_w1_block_pairs", "workspace_allocations", "recipes"]
+
+
+def recipes() -> List[dict]:
+    """The quantization recipes moekit runs, one dict a row of its recipe table (moekit/recipe.h): the
+    name that `quant=` takes, the operand dtypes ("fp8_e4m3", ...), the activation scales
+    ("per-tensor", "per-row", "1x128"), the weight scales ("per-tensor", "per-output-channel",
+    "128x128"), the intermediate W1 output's dtype and whether the activation is quantized again,
+    needs_block_multiple (K and I multiples of 128), fused_w1, fast_accumulation, and the relative
+    tolerance of a GPU against the CPU on the same inputs (device_vs_cpu_tolerance)."""
+    return [dict(r) for r in _moekit.recipes()]
 
 
 def workspace_allocations() -> int:

@@ -4,6 +4,7 @@ from typing import Any, Dict, List, Optional, Sequence
 class Error(Exception):
     """Raised for every failure, with the C++ message: the value, the limit, the fix."""
 
+def recipes() -> List[Dict[str, Any]]: ...
 def plan_json(model: str, dp: int, ep: int, max_tokens_per_rank: int, local_experts: int, device: str, quant: str,
               activation: str, experts: Sequence[str], dispatch: str, fuse_w1: bool) -> str: ...
 def rebalance_experts(load: List[float], num_physical: int, num_groups: int, num_nodes: int,

@@ -38,6 +38,7 @@
 #include "moekit/communicator.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
+#include "moekit/recipe.h"
 #include "moekit/registry.h"
 #include "moekit/runtime.h"
 #include "numerics/activation.h"
@@ -1267,6 +1268,30 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
   return d;
 }
 
+// The recipe table (moekit/recipe.h), one dict a row: what moekit.recipes() returns.
+nb::list recipes() {
+  nb::list rows;
+  for (const RecipeInfo& r : kRecipes) {
+    nb::dict d;
+    d["name"] = std::string(r.name);
+    d["activation_dtype"] = std::string(dtype_name(r.activation_dtype));
+    d["weight_dtype"] = std::string(dtype_name(r.weight_dtype));
+    d["activation_scales"] = std::string(r.activation_scales == ActivationScales::kPerTensor ? "per-tensor"
+                                         : r.activation_scales == ActivationScales::kPerRow  ? "per-row"
+                                                                                             : "1x128");
+    d["weight_scales"] = std::string(r.weight_scales == WeightScales::kPerTensor          ? "per-tensor"
+                                     : r.weight_scales == WeightScales::kPerOutputChannel ? "per-output-channel"
+                                                                                          : "128x128");
+    d["intermediate_dtype"] = std::string(dtype_name(r.intermediate_dtype));
+    d["requantizes_intermediate"] = r.requantizes_intermediate;
+    d["needs_block_multiple"] = r.needs_block_multiple;
+    d["fused_w1"] = r.fused_w1;
+    d["fast_accumulation"] = r.fast_accumulation;
+    d["device_vs_cpu_tolerance"] = r.device_vs_cpu_tolerance;
+    rows.append(d);
+  }
+  return rows;
+}
 }  // namespace
 }  // namespace moekit::python
 
@@ -1274,6 +1299,7 @@ NB_MODULE(_moekit, m) {
   using namespace moekit::python;
   m.doc() = "moekit's C++ core; use the `moekit` package";
   nb::exception<moekit::Error>(m, "Error");
+  m.def("recipes", &recipes);
   m.def("plan_json", &plan_json_text, nb::arg("model"), nb::arg("dp"), nb::arg("ep"), nb::arg("max_tokens_per_rank"),
         nb::arg("local_experts"), nb::arg("device"), nb::arg("quant"), nb::arg("activation"), nb::arg("experts"),
         nb::arg("dispatch"), nb::arg("fuse_w1").none(), nb::arg("accumulation"));
