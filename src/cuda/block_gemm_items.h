@@ -28,11 +28,18 @@ struct BlockGemmItem {
   bool half;             // run as a half tile (64 rows): a pair, or a lone half tile
 };
 
+// Weight tiles two at a time, a last odd one alone: the half items of a group whose last token tile
+// is a half tile (a pair of half tiles an item), and clustered, the items of its odd last full token
+// tile (one weight tile a CTA).
+MOEKIT_HD inline int block_gemm_weight_tile_pairs(int n_tiles) {
+  return (n_tiles + 1) / 2;
+}
+
 // The items of a group of m rows (0 for an empty group).
 MOEKIT_HD inline int block_gemm_items_of(int m, int n_tiles) {
   const int m_tiles = (m + kBlockTileM - 1) / kBlockTileM;
   if (m <= 0 || !block_gemm_is_half(m, m_tiles - 1)) return m_tiles * n_tiles;
-  return (m_tiles - 1) * n_tiles + (n_tiles + 1) / 2;
+  return (m_tiles - 1) * n_tiles + block_gemm_weight_tile_pairs(n_tiles);
 }
 
 // Item `local` of group g (m rows, m > 0). Without a half tile: the token tiles of one weight tile
@@ -74,8 +81,8 @@ MOEKIT_HD inline int block_gemm_full_tiles(int m) {
 MOEKIT_HD inline int block_gemm_cluster_items_of(int m, int n_tiles) {
   if (m <= 0) return 0;
   const int f = block_gemm_full_tiles(m), m_tiles = (m + kBlockTileM - 1) / kBlockTileM;
-  const int halves = m_tiles > f ? (n_tiles + 1) / 2 : 0;  // the group's half items (block_gemm_items_of)
-  return f / 2 * n_tiles + (f % 2) * ((n_tiles + 1) / 2) + (halves + 1) / 2;
+  const int halves = m_tiles > f ? block_gemm_weight_tile_pairs(n_tiles) : 0;
+  return f / 2 * n_tiles + (f % 2) * block_gemm_weight_tile_pairs(n_tiles) + (halves + 1) / 2;
 }
 
 MOEKIT_HD inline BlockGemmClusterItem block_gemm_cluster_item(int g, int m, int n_tiles, int local, int rank) {
@@ -83,14 +90,14 @@ MOEKIT_HD inline BlockGemmClusterItem block_gemm_cluster_item(int g, int m, int 
   if (local < pairs * n_tiles) return {{g, 2 * (local % pairs) + rank, local / pairs, 1, false}, true, 1};
   local -= pairs * n_tiles;
   if (f % 2 == 1) {
-    if (local < (n_tiles + 1) / 2) {
+    if (local < block_gemm_weight_tile_pairs(n_tiles)) {
       const int nt = 2 * local + rank;
       return {{g, f - 1, nt, nt < n_tiles ? 1 : 0, false}, false, 1};
     }
-    local -= (n_tiles + 1) / 2;
+    local -= block_gemm_weight_tile_pairs(n_tiles);
   }
   // Half item j pairs the half tiles of weight tiles 2 j and 2 j + 1 (one alone at an odd end).
-  const int halves = (n_tiles + 1) / 2, j0 = 2 * local, j = j0 + rank;
+  const int halves = block_gemm_weight_tile_pairs(n_tiles), j0 = 2 * local, j = j0 + rank;
   const auto tiles_of = [&](int h) { return h >= halves ? 0 : n_tiles - 2 * h < 2 ? 1 : 2; };
   const int t0 = tiles_of(j0), t1 = tiles_of(j0 + 1);
   return {{g, m_tiles - 1, 2 * j, tiles_of(j), tiles_of(j) > 0}, false, t0 > t1 ? t0 : t1};

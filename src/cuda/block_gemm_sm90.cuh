@@ -435,6 +435,12 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     int stage = 0;
     std::uint32_t phase = 0;
+    const auto next_stage = [&] {
+      if (++stage == BG::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    };
     for (int item = first_item; item < total; item += items_stride) {
       const BlockGemmClusterItem ci =
           block_gemm_kernel_item<kCluster>(s.tile_start, p.args.shapes, p.groups, n_tiles, item, rank);
@@ -445,10 +451,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         for (int j = it.tiles * p.k_blocks; j < ci.slots * p.k_blocks; ++j) {
           Barrier::wait(&s.empty[stage], phase ^ 1);
           Barrier::arrive(&s.full[stage]);
-          if (++stage == BG::kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          next_stage();
         }
         if (it.tiles == 0) continue;
       }
@@ -468,10 +471,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
           cute::SM90_TMA_LOAD_2D::copy(&tma_a, &s.full[stage], kHint, s.a[stage], col, a_row);
           cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&tma_b_share, &s.full[stage], kAll, kHint,
                                                  s.b[stage] + rank * kShareBytes, col, b_row);
-          if (++stage == BG::kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          next_stage();
         }
         continue;
       }
@@ -490,10 +490,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
         TxBarrier::arrive_and_expect_tx(&s.full[stage], bytes);
         cute::SM90_TMA_LOAD_2D::copy(map_a, &s.full[stage], kHint, s.a[stage], col, a_row);
         cute::SM90_TMA_LOAD_2D::copy(&tma_b, &s.full[stage], kHint, s.b[stage], col, b_row + (j & pair) * BG::kTileN);
-        if (++stage == BG::kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        next_stage();
       }
     }
     if constexpr (kCluster > 1) {
@@ -501,10 +498,7 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
       // in this CTA's barriers): a wait on each stage's last phase.
       for (int i = 0; i < BG::kStages; ++i) {
         Barrier::wait(&s.empty[stage], phase ^ 1);
-        if (++stage == BG::kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        next_stage();
       }
     }
     return;
@@ -831,11 +825,13 @@ void block_gemm_set_smem(int device) {
 
 // The clusters of 2 the device holds at once with one kernel an SM (a GPC with an odd count of SMs
 // leaves one out): the clustered grid is twice that, so every cluster is resident and the static
-// round-robin of items has no second wave. Once per device (at most 64 devices: launch_cache.h).
+// round-robin of items has no second wave. Asked once per device while the launch cache is on (at
+// most 64 devices: launch_cache.h).
 template <bool kFused, Activation kAct>
 int block_gemm_cluster_grid(int device, int num_sms) {
   static std::atomic<int> clusters[64] = {};
-  int n = device >= 0 && device < 64 ? clusters[device].load(std::memory_order_acquire) : 0;
+  const bool cached = launch_cache_enabled() && device >= 0 && device < 64;
+  int n = cached ? clusters[device].load(std::memory_order_acquire) : 0;
   if (n == 0) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -852,7 +848,7 @@ int block_gemm_cluster_grid(int device, int num_sms) {
     config.numAttrs = 1;
     MOEKIT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, block_gemm_kernel<kFused, kAct, kBlockCluster>, &config));
     n = std::max(n, 0) + 1;  // stored + 1: 0 is "not asked yet"
-    if (device >= 0 && device < 64) clusters[device].store(n, std::memory_order_release);
+    if (cached) clusters[device].store(n, std::memory_order_release);
   }
   return std::min((n - 1) * kBlockCluster, num_sms / kBlockCluster * kBlockCluster);
 }
