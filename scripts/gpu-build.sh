@@ -25,8 +25,8 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
 # The binaries scripts/gpu-check.sh runs, in its .gpu/ layout.
-gpu_check_targets=(test_batched_experts test_fp8_device test_activation_kernels test_backend_ops test_layer_devices
-  test_layer_multi_gpu test_runtime test_redundant_experts bench_gpu_experts bench_weight_stream moekit _moekit)
+gpu_check_targets=(test_batched_experts test_fp8_device test_activation_kernels test_grouped_gemm_sixteen_bit test_backend_ops test_layer_devices
+  test_layer_multi_gpu test_runtime test_redundant_experts bench_gpu_experts bench_weight_stream bench_gemm_sixteen_bit moekit _moekit)
 targets=("${gpu_check_targets[@]}")
 jobs=$(nproc)
 commands=()
@@ -85,6 +85,7 @@ step "build (${#build_targets[@]} targets, -j $jobs)" $((SECONDS - t)) "rc $rc, 
 # --- Stage .gpu/ (the layout gpu-check.sh reads) -------------------------------------------------
 rm -rf .gpu && mkdir -p .gpu/lib
 for f in build-gpu/tests/cuda/test_batched_experts build-gpu/tests/cuda/test_fp8_device build-gpu/tests/cuda/test_activation_kernels \
+  build-gpu/tests/cuda/test_grouped_gemm_sixteen_bit build-gpu/bench/cuda/bench_gemm_sixteen_bit \
   build-gpu/tests/test_backend_ops build-gpu/tests/test_layer_devices build-gpu/tests/test_runtime \
   build-gpu/tests/test_redundant_experts build-gpu/tests/test_layer_multi_gpu build-gpu/bench/cuda/bench_gpu_experts \
   build-gpu/bench/cuda/bench_weight_stream build-gpu/src/moekit; do

@@ -44,6 +44,7 @@ if [[ $part == all || $part == tests ]]; then
   MOEKIT_BLOCK_CLUSTER=1 run $BIN/test_batched_experts >> "$OUT/tests.log" 2>&1 || tests_rc=$((tests_rc | $?))
   run $BIN/test_fp8_device >> "$OUT/tests.log" 2>&1 || tests_rc=$((tests_rc | $?))
   run $BIN/test_activation_kernels >> "$OUT/tests.log" 2>&1 || tests_rc=$((tests_rc | $?))
+  run $BIN/test_grouped_gemm_sixteen_bit >> "$OUT/tests.log" 2>&1 || tests_rc=$((tests_rc | $?))
   run $BIN/test_backend_ops --gtest_brief=1 >> "$OUT/tests.log" 2>&1
   ops_rc=$?
   run $BIN/test_layer_devices >> "$OUT/tests.log" 2>&1

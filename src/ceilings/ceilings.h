@@ -7,12 +7,16 @@
 #include <cstdint>
 #include <functional>
 
+#include "moekit/types.h"
+
 namespace moekit::ceilings {
 
 // Device-to-device copy bandwidth (bytes read + written per second, GB/s) and cuBLASLt's FP8 e4m3
 // GEMM rate at 8192^3 (TFLOP/s).
 double copy_gbs(void* stream);
 double fp8_gemm_tflops(void* stream);
+// cuBLASLt's bf16 or fp16 GEMM rate at 8192^3 (fp32 accumulation, D in the operands' dtype), TFLOP/s.
+double sixteen_bit_gemm_tflops(DType operand, void* stream);
 
 // Host time of `enqueue` (what it puts on `stream`) in us: the median of 31 after 3 warm-ups, each
 // timed on a drained stream, so that no launch waits for room in the launch queue.
@@ -47,5 +51,7 @@ double weight_stream_ms(const WeightStream& w, void* stream);
 
 // Random FP8 codes (no NaN) or bytes, for timing runs that need no particular values.
 void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool fp8);
+// `count` random bf16 or fp16 values of magnitude [0.5, 1) (count a multiple of 4).
+void fill_random_sixteen_bit(void* device, std::size_t count, std::uint64_t seed, DType dtype);
 
 }  // namespace moekit::ceilings

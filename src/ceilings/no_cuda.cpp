@@ -19,6 +19,9 @@ double copy_gbs(void*) {
 double fp8_gemm_tflops(void*) {
   no_cuda("the GPU's FP8 rate");
 }
+double sixteen_bit_gemm_tflops(DType, void*) {
+  no_cuda("the GPU's 16-bit GEMM rate");
+}
 double host_us(const std::function<void()>&, void*) {
   no_cuda("the host time of a launcher");
 }
@@ -30,6 +33,9 @@ double weight_stream_ms(const WeightStream&, void*) {
 }
 void fill_random_bytes(void*, std::size_t, std::uint64_t, bool) {
   no_cuda("fill_random_bytes");
+}
+void fill_random_sixteen_bit(void*, std::size_t, std::uint64_t, DType) {
+  no_cuda("fill_random_sixteen_bit");
 }
 
 }  // namespace moekit::ceilings

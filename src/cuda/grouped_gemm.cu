@@ -10,6 +10,18 @@ namespace {
 template <plan::GemmConfig kConfig>
 void instance(const GroupedGemmLaunch& l, void* stream) {
   constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
+  if (l.operand != DType::kFp8E4m3) {
+    MOEKIT_CUDA_REQUIRE(
+        l.operand == DType::kBf16 || l.operand == DType::kFp16,
+        "grouped GEMM: operands are FP8 codes, bf16 or fp16, not " + std::string(dtype_name(l.operand)));
+    MOEKIT_CUDA_REQUIRE(
+        info.sixteen_bit && l.fused.act_q == nullptr && !l.d_fp32,
+        "grouped GEMM: config " + std::string(info.name) + " has no 16-bit instance (sixteen_bit, plan/gemm_config.h)");
+    if constexpr (info.sixteen_bit) {
+      if (l.operand == DType::kBf16) return grouped_sixteen_bit_gemm_instance<kConfig, DType::kBf16>(l, stream);
+      return grouped_sixteen_bit_gemm_instance<kConfig, DType::kFp16>(l, stream);
+    }
+  }
   if constexpr (info.fused_w1) {
     MOEKIT_CUDA_REQUIRE(l.block_scaled && l.fused.act_q != nullptr,
                         "grouped_fp8_gemm: config " + std::string(info.name) +
@@ -48,6 +60,7 @@ void grouped_fp8_gemm(plan::GemmConfig config, const GroupedGemmLaunch& l, void*
     case plan::GemmConfig::kCooperative128x128: return instance<plan::GemmConfig::kCooperative128x128>(l, stream);
     case plan::GemmConfig::kBlock128x256: return instance<plan::GemmConfig::kBlock128x256>(l, stream);
     case plan::GemmConfig::kFusedW1Block128x256: return instance<plan::GemmConfig::kFusedW1Block128x256>(l, stream);
+    case plan::GemmConfig::kCooperative128x256: return instance<plan::GemmConfig::kCooperative128x256>(l, stream);
   }
   MOEKIT_CUDA_REQUIRE(false, "unknown GEMM config " + std::to_string(static_cast<int>(config)));
 }

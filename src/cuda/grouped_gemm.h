@@ -1,6 +1,7 @@
 // Grouped FP8 GEMM on Hopper, one group per local expert, its per-group arguments built on the
 // device (no host synchronization, so a step can be captured in a CUDA graph):
 //   D[g] (m_g x n) = bf16((A[g] (m_g x k) . B[g]^T) * sa[g][row] * sb[g][col])
+// or, 16-bit (GroupedGemmLaunch::operand bf16 / fp16), D[g] = A[g] . B[g]^T without scales.
 // A row-major (lda = k), B (n x k) row-major (a weight, k contiguous), D row-major (ldd = n); fp32
 // accumulation. With swap A/B the kernel computes D^T = B . A^T (weights on its 128-row side); D^T
 // column-major is D row-major, so the memory contract is the same.
@@ -122,6 +123,10 @@ struct GroupedGemmLaunch {
   // Per-token / per-tensor only: the whole K loop in the tensor cores' FP8 accumulation
   // (Accumulation::kFast), else promoted to fp32 every 128 elements of K.
   bool fast_accumulation = false;
+  // The A and B operands: FP8 codes with the scales above, or bf16 / fp16 without scales (the
+  // config's 16-bit instances, plan::GemmConfigInfo::sixteen_bit): D[g] = (A[g] . B[g]^T) summed in
+  // fp32 over the whole K, in the operands' dtype; ptr_col, ptr_row and the scale flags unread.
+  DType operand = DType::kFp8E4m3;
   FusedW1 fused{};
   Tensors tensors{};
 };
@@ -138,5 +143,8 @@ template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_block_f32_instance(const GroupedGemmLaunch& launch, void* stream);
 template <plan::GemmConfig kConfig>
 void grouped_fp8_gemm_fused_w1_instance(const GroupedGemmLaunch& launch, void* stream);
+// kOperand: DType::kBf16 or DType::kFp16 (grouped_gemm_bf16_<config>.cu, grouped_gemm_fp16_<config>.cu).
+template <plan::GemmConfig kConfig, DType kOperand>
+void grouped_sixteen_bit_gemm_instance(const GroupedGemmLaunch& launch, void* stream);
 
 }  // namespace moekit::cuda

@@ -1,4 +1,4 @@
-// The CUTLASS 4.2 sm90 pointer-array grouped FP8 GEMMs behind grouped_gemm.h, as templates over a
+// The CUTLASS 4.2 sm90 pointer-array grouped GEMMs (FP8; bf16 / fp16) behind grouped_gemm.h, as templates over a
 // row of the config table (plan/gemm_config.h): its tile, schedule and swap come from the table.
 // Each src/cuda/grouped_gemm_<config>.cu and grouped_gemm_block_<config>.cu instantiates one.
 //   GroupedFp8Gemm: per-token / per-tensor scales in the epilogue (EVT): D = bf16(sb * (sa * acc))
@@ -7,6 +7,8 @@
 //     elements of K (Accumulation::kPrecise), or, kFastAccum, never (FP8FastAccum).
 //   GroupedFp8BlockGemm: 1x128 / 128x128 block scales applied to each k-block's partial sums in the
 //     main loop (CUTLASS's FP8 blockwise mainloop, cf. its example 68), D = bf16(acc).
+//   GroupedSixteenBitGemm: bf16 or fp16 operands without scales (the configs' sixteen_bit rows),
+//     fp32 sums over the whole K, D in the operands' dtype.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -210,6 +212,68 @@ struct GroupedFp8BlockGemm {
   }
 };
 
+// The 16-bit twin (plan::GemmConfigInfo::sixteen_bit): bf16 or fp16 operands (Element), no scales,
+// fp32 sums over the whole K, D in Element. The config's tile with a K tile of the same 128 bytes a
+// row (plan::sixteen_bit_tile_k), CUTLASS's plain warp-specialized main loop (nothing to promote:
+// the tensor cores' bf16 / fp16 products are summed in fp32).
+template <plan::GemmConfig kConfig, class Element>
+struct GroupedSixteenBitGemm {
+  static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
+  static constexpr bool kSwapAB = kInfo.swap_ab;
+  static constexpr bool kPingpong = kInfo.schedule == plan::GemmSchedule::kPingpong;
+  static_assert(kInfo.sixteen_bit && kInfo.main_loop == plan::GemmMainLoop::kCutlass && !kInfo.fused_w1,
+                "a 16-bit instance of a config the table gives none (sixteen_bit)");
+  static_assert(sizeof(Element) == 2, "16-bit operands: bf16 or fp16");
+  using TileShape = Shape<Int<kInfo.tile_m>, Int<kInfo.tile_n>, Int<plan::sixteen_bit_tile_k(kInfo)>>;
+  using KernelSchedule = cute::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                                             cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = cute::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+  using ElementA = Element;
+  using ElementB = Element;
+  using ElementD = Element;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutD = cute::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kAlignAB = 8;  // 8 elements = 16 bytes (TMA)
+  using Epilogue = BlockEpilogue<TileShape, LayoutD, EpilogueSchedule, ElementD>;
+  using CollectiveEpilogue = typename Epilogue::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignAB, ElementB, LayoutB*, kAlignAB,
+      float, TileShape, ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<Epilogue::kSmemBytes>,
+      KernelSchedule>::CollectiveOp;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+  static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
+                "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
+
+  // The FP8 instance's checks (shapes as 3 ints, each stride its leading dimension) on these types.
+  static bool layout_matches() {
+    const Shape3 s{7, 11, 13};
+    const int ints[3] = {7, 11, 13};
+    const int cap = 5, n = 48, k = 96;
+    const StrideA sa =
+        cutlass::make_cute_packed_stride(StrideA{}, kSwapAB ? make_shape(n, k, 1) : make_shape(cap, k, 1));
+    const StrideB sb =
+        cutlass::make_cute_packed_stride(StrideB{}, kSwapAB ? make_shape(cap, k, 1) : make_shape(n, k, 1));
+    const StrideD sd =
+        cutlass::make_cute_packed_stride(StrideD{}, kSwapAB ? make_shape(n, cap, 1) : make_shape(cap, n, 1));
+    std::int64_t a = 0, b = 0, d = 0;
+    std::memcpy(&a, &sa, 8);
+    std::memcpy(&b, &sb, 8);
+    std::memcpy(&d, &sd, 8);
+    return std::memcmp(&s, ints, sizeof(ints)) == 0 && a == k && b == k && d == n;
+  }
+};
+
 // The persistent scheduler's tile order: the token tiles of one weight tile adjacent, so that the
 // CTAs reading the same weights run together and share them through L2 (the weights of all experts
 // are ~8x L2). Unswapped, the tokens are the kernel's M: along M (CUTLASS's grouped default);
@@ -377,6 +441,40 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   });
 }
 
+template <class G>
+void run_grouped_sixteen_bit_gemm(const GroupedGemmLaunch& l, cudaStream_t stream) {
+  static const bool layout_ok = G::layout_matches();
+  MOEKIT_CUDA_REQUIRE(layout_ok,
+                      std::string("grouped 16-bit GEMM ") + std::string(G::kInfo.name) +
+                          ": CUTLASS's argument layout differs from GroupedGemmArrays (cuda/grouped_gemm.h)");
+  MOEKIT_CUDA_REQUIRE(l.groups >= 1 && plan::supports_sixteen_bit(G::kInfo, l.n, l.k),
+                      std::string("grouped 16-bit GEMM: config ") + std::string(G::kInfo.name) + " does not run n = " +
+                          std::to_string(l.n) + ", k = " + std::to_string(l.k) + " (see plan/gemm_config.h)");
+  using Gemm = typename G::Gemm;
+  launch_gemm<Gemm>(l, stream, "grouped 16-bit GEMM", [&](int device) {
+    const GroupedGemmArrays a = GroupedGemmArrays::at(l.args, l.groups);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = l.num_sms;
+    typename Gemm::Arguments arguments;
+    arguments.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    arguments.problem_shape = {l.groups, reinterpret_cast<typename G::Shape3*>(a.shapes), nullptr};
+    arguments.mainloop = {
+        reinterpret_cast<const typename G::ElementA**>(a.ptr_A), reinterpret_cast<typename G::StrideA*>(a.stride_A),
+        reinterpret_cast<const typename G::ElementB**>(a.ptr_B), reinterpret_cast<typename G::StrideB*>(a.stride_B)};
+    arguments.epilogue = {{},
+                          nullptr,
+                          nullptr,
+                          reinterpret_cast<typename G::ElementD**>(a.ptr_D),
+                          reinterpret_cast<typename G::StrideD*>(a.stride_D)};
+    arguments.epilogue.thread.alpha = 1.0f;
+    arguments.epilogue.thread.beta = 0.0f;
+    arguments.hw_info = hw;
+    arguments.scheduler.raster_order = raster_order<decltype(arguments.scheduler.raster_order), G::kSwapAB>();
+    return arguments;
+  });
+}
+
 }  // namespace moekit::cuda::detail
 
 // The one line each grouped_gemm_<config>.cu holds, inside namespace moekit::cuda.
@@ -407,4 +505,14 @@ void run_grouped_fp8_block_gemm(const GroupedGemmLaunch& l, cudaStream_t stream)
   void grouped_fp8_gemm_block_f32_instance<CONFIG>(const GroupedGemmLaunch& launch, void* stream) {                   \
     detail::run_grouped_fp8_block_gemm<detail::GroupedFp8BlockGemm<CONFIG, true>>(launch,                             \
                                                                                   static_cast<cudaStream_t>(stream)); \
+  }
+
+// The one line each grouped_gemm_bf16_<config>.cu / grouped_gemm_fp16_<config>.cu holds (DTYPE:
+// kBf16 or kFp16).
+#define MOEKIT_GROUPED_GEMM_SIXTEEN_BIT_INSTANCE(CONFIG, DTYPE)                                                 \
+  template <>                                                                                                   \
+  void grouped_sixteen_bit_gemm_instance<CONFIG, DType::DTYPE>(const GroupedGemmLaunch& launch, void* stream) { \
+    using Element = cute::conditional_t<DType::DTYPE == DType::kBf16, cutlass::bfloat16_t, cutlass::half_t>;    \
+    detail::run_grouped_sixteen_bit_gemm<detail::GroupedSixteenBitGemm<CONFIG, Element>>(                       \
+        launch, static_cast<cudaStream_t>(stream));                                                             \
   }

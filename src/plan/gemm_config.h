@@ -19,6 +19,7 @@ enum class GemmConfig : std::uint8_t {
   kSwapAB128x64,
   kPingpong64x256,
   kBlock128x256,
+  kCooperative128x256,
   kCooperative128x128,
   kFusedW1Block128x256
 };
@@ -61,18 +62,60 @@ struct GemmConfigInfo {
   // group's odd last tile and half tiles run one a CTA (block_gemm_items.h). Where the device holds
   // no cluster of two at once, the launch runs unclustered.
   int cluster = 1;
+  // Has 16-bit instances, grouped_gemm_bf16_<name>.cu and grouped_gemm_fp16_<name>.cu: bf16 or fp16
+  // operands without scales, fp32 accumulation over the whole K, D in the operands' dtype. Their K
+  // tile holds the same 128 bytes a row as the FP8 one: tile_k / 2 elements (sixteen_bit_tile_k).
+  bool sixteen_bit = false;
 };
+// The K tile of a config's 16-bit instances, in elements: one 128-byte row of the operand a stage.
+constexpr int sixteen_bit_tile_k(const GemmConfigInfo& config) {
+  return config.tile_k / 2;
+}
 
 // In selection order: the first row that supports (n, k) and whose max_rows and max_k cover the
 // expected rows per expert and k is chosen. The order is the measured one (docs/PERF.md: each row's
 // choice against its neighbours on DeepSeek-V3 shapes).
 inline constexpr GemmConfigInfo kGemmConfigs[] = {
-    {GemmConfig::kSwapAB128x32, "swapab-128x32", 128, 32, 128, GemmSchedule::kCooperative, true, 16, 32, true, true,
-     false, "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side",
-     GemmMainLoop::kCutlass, true},
-    {GemmConfig::kSwapAB128x64, "swapab-128x64", 128, 64, 128, GemmSchedule::kCooperative, true, 16, 64, true, true,
-     false, "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)",
-     GemmMainLoop::kCutlass, true},
+    {GemmConfig::kSwapAB128x32,
+     "swapab-128x32",
+     128,
+     32,
+     128,
+     GemmSchedule::kCooperative,
+     true,
+     16,
+     32,
+     true,
+     true,
+     false,
+     "m_e <= 32: a 128-row token tile would be mostly padding; weights take the 128 side",
+     GemmMainLoop::kCutlass,
+     true,
+     -1,
+     false,
+     false,
+     1,
+     true},
+    {GemmConfig::kSwapAB128x64,
+     "swapab-128x64",
+     128,
+     64,
+     128,
+     GemmSchedule::kCooperative,
+     true,
+     16,
+     64,
+     true,
+     true,
+     false,
+     "32 < m_e <= 64: weights read once per 64-token tile (128x32 would read them twice)",
+     GemmMainLoop::kCutlass,
+     true,
+     -1,
+     false,
+     false,
+     1,
+     true},
     // No block-scaled instance: CUTLASS 4.2's blockwise main loop does not compile with two 128-wide
     // weight blocks in one tile and 64 token scales (fp8_accumulation.hpp: "Accumulator and scaleB
     // must have same shape"); block128 takes block-128x256 (k <= 2048) or cooperative-128x128 for
@@ -81,9 +124,26 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
     // 2880 right): there it lost to cooperative-128x128 on full token tiles, so gpt-oss stays there.
     // Under precise accumulation its 64x256 warpgroup tile needs a second accumulator and spills
     // (2.5-2.8x slower), so it runs under fast accumulation only.
-    {GemmConfig::kPingpong64x256, "pingpong-64x256", 64, 256, 128, GemmSchedule::kPingpong, false, 256, -1, true, false,
-     false, "m_e > 64, n % 256 == 0, fast accumulation: pingpong overlaps one tile's epilogue with the other's MMA",
-     GemmMainLoop::kCutlass, false, -1, false, true},
+    {GemmConfig::kPingpong64x256,
+     "pingpong-64x256",
+     64,
+     256,
+     128,
+     GemmSchedule::kPingpong,
+     false,
+     256,
+     -1,
+     true,
+     false,
+     false,
+     "m_e > 64, n % 256 == 0, fast accumulation: pingpong overlaps one tile's epilogue with the other's MMA",
+     GemmMainLoop::kCutlass,
+     false,
+     -1,
+     false,
+     true,
+     1,
+     true},
     // moekit's own block-scaled main loop (block_gemm_sm90.cuh): 128 tokens x 256 weight rows, the
     // per-k-block promotion one 128-column half at a time (128 accumulators + 64 temporaries a
     // thread), so the 256-wide tile CUTLASS's blockwise main loop cannot build fits; unswapped, so
@@ -101,12 +161,53 @@ inline constexpr GemmConfigInfo kGemmConfigs[] = {
      "block128, m_e > 64, k <= 2048: 256-wide tiles, half tiles for a ragged expert's last rows, D by TMA "
      "(moekit's main loop)",
      GemmMainLoop::kMoekit, false, 2048, false, false, 2},
+    // 16-bit only (no FP8 instance: the FP8 rule never sees it): CUTLASS's 128 x 256 tile with a
+    // 64-deep K tile of bf16 / fp16, both consumer warpgroups on one tile (128 fp32 accumulators a
+    // thread; nothing to promote). Before cooperative-128x128, so that a 16-bit rule takes it past
+    // 64 rows (bench/results/h100-2026-12-06-gemm-sixteen-bit.txt: W1 0.81-0.84 of cuBLASLt at m_e
+    // 512-1024 against 0.70-0.76).
+    {GemmConfig::kCooperative128x256,
+     "cooperative-128x256",
+     128,
+     256,
+     128,
+     GemmSchedule::kCooperative,
+     false,
+     16,
+     -1,
+     false,
+     false,
+     false,
+     "16-bit, m_e > 64: 128 x 256 tiles, both warpgroups on one tile",
+     GemmMainLoop::kCutlass,
+     false,
+     -1,
+     false,
+     false,
+     1,
+     true},
     // Its ragged experts' last <= 64 rows run in the rule's swapped 32- / 64-token launch.
-    {GemmConfig::kCooperative128x128, "cooperative-128x128", 128, 128, 128, GemmSchedule::kCooperative, false, 16, -1,
-     true, true, false,
+    {GemmConfig::kCooperative128x128,
+     "cooperative-128x128",
+     128,
+     128,
+     128,
+     GemmSchedule::kCooperative,
+     false,
+     16,
+     -1,
+     true,
+     true,
+     false,
      "m_e > 64 when no pingpong tile runs n: 128x128 tiles, both warpgroups on one tile; a ragged expert's last "
      "<= 64 rows on the swapped tiles",
-     GemmMainLoop::kCutlass, false, -1, true},
+     GemmMainLoop::kCutlass,
+     false,
+     -1,
+     true,
+     false,
+     1,
+     true},
     {GemmConfig::kFusedW1Block128x256, "fused-w1-128x256", 128, 256, 128, GemmSchedule::kCooperative, false, 128, -1,
      false, false, true, "fused W1, every m_e: 128 tokens x 256 weight rows (moekit's main loop)",
      GemmMainLoop::kMoekit, false, -1, false, false, 2},
@@ -140,6 +241,12 @@ constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64
          (fused_w1
               ? (config.fused_w1 || config.w1_fp32) && recipe_info(quant).fused_w1
               : !config.fused_w1 && (recipe_info(quant).block_scaled_gemm ? config.block_scaled : config.token_scaled));
+}
+
+// A 16-bit GEMM (bf16 or fp16 operands, no scales) on the config's 16-bit instances: k % 8 == 0
+// (16-byte TMA rows of 2-byte elements) and its n_multiple.
+constexpr bool supports_sixteen_bit(const GemmConfigInfo& config, std::int64_t n, std::int64_t k) {
+  return config.sixteen_bit && n > 0 && k > 0 && k % 8 == 0 && n % config.n_multiple == 0;
 }
 
 // Whether the rule may choose `config` for a GEMM of depth k (its max_k); supports() says whether it runs.
