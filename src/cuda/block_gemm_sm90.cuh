@@ -805,9 +805,14 @@ const BlockGemmMaps& block_gemm_maps(const GroupedGemmLaunch& l) {
   m.a64 = block_gemm_tensor_map(t.tokens, t.token_rows, l.k, BG::kHalfTileRows, "the tokens");
   m.b = block_gemm_tensor_map(t.weights, t.weight_rows, l.k, BG::kTileN, "the weights");
   m.b_share = block_gemm_tensor_map(t.weights, t.weight_rows, l.k, BG::kTileN / 2, "the weights");
-  // D by TMA (block_gemm_tma_rows) when the launch names D's tensor.
+  // D by TMA (block_gemm_tma_rows) when the launch names D's tensor; MOEKIT_BLOCK_TMA_STORE=0 writes
+  // every tile by the regular epilogue (an A/B switch for benchmarks, tools/ab-env.sh).
+  static const bool tma_store_allowed = [] {
+    const char* v = std::getenv("MOEKIT_BLOCK_TMA_STORE");
+    return !(v != nullptr && std::string_view(v) == "0");
+  }();
   const std::int64_t k_blocks = (l.k + BG::kTileK - 1) / BG::kTileK;
-  m.tma_store = !kFused && t.output != nullptr && k_blocks >= BG::kMinKBlocksForTmaStore;
+  m.tma_store = !kFused && tma_store_allowed && t.output != nullptr && k_blocks >= BG::kMinKBlocksForTmaStore;
   m.d = m.tma_store ? block_gemm_output_map(t.output, t.token_rows, l.n, BG::kTileM) : m.b;
   m.d64 = m.tma_store ? block_gemm_output_map(t.output, t.token_rows, l.n, BG::kHalfTileRows) : m.b;
   return cache.bind(key, m);
