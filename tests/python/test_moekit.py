@@ -100,7 +100,7 @@ def test_plan_errors_are_moekit_errors():
         moekit.plan("deepseek-v3", dispatch="magic")
 
 
-@pytest.mark.parametrize("quant", ["per-token", "block128"])
+@pytest.mark.parametrize("quant", ["per-token", "block128", "bf16"])
 def test_forward_equals_the_cli(tmp_path, quant):
     model = small_model(tmp_path)
     T, seed = 6, 3
@@ -123,6 +123,10 @@ def test_forward_equals_the_cli(tmp_path, quant):
     assert np.array_equal(again, out)
     chunked = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4, quant=quant)
     assert np.array_equal(chunked.forward(w["hidden"], w["router_logits"]), out)
+    if quant == "bf16":  # bf16 bits and no scales; an FP8 layer refuses them by name, never misreads them
+        assert w["w1"].dtype == np.uint16 and w["w1_scale"].size == 0
+        with pytest.raises(moekit.Error, match="w1: dtype uint16 where uint8 FP8 e4m3 codes is needed"):
+            moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant="per-token")
     # enqueue with the step's most tokens of any rank declared (one rank: its own T).
     declared = np.full_like(out, 0xFFFF)
     layer.enqueue(w["hidden"], w["router_logits"], declared, max_tokens_any_rank=T)
@@ -505,3 +509,13 @@ def test_without_torch_moekit_runs_on_numpy(tmp_path):
     rc, out, err = _import_moekit_in_child(tmp_path, None)
     assert rc == 0, err
     assert out.split() == ["torch", "False", "torch", "is", "not", "installed"], out
+
+
+def test_ops_refuse_the_bf16_recipe():
+    """The ops take FP8 codes: quant='bf16' is an Error naming what runs it, never a misread of the bytes."""
+    E, M, K, I = 2, 4, 128, 64
+    w1, w2 = np.zeros((E, 2 * I, K), np.uint16), np.zeros((E, K, I), np.uint16)
+    no_scales = np.zeros((E, 0), np.float32)
+    with pytest.raises(moekit.Error, match="quant='bf16' takes bf16 a1q and weights, which the ops do not take yet"):
+        moekit.ops.batched_experts(np.zeros((E, M, K), np.uint8), np.zeros((1,), np.float32), np.zeros(E, np.int32),
+                                   w1, no_scales, w2, no_scales, np.zeros((E, M, K), np.uint16), quant="bf16")
