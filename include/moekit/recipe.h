@@ -15,12 +15,14 @@ namespace moekit {
 
 // How an activation tensor (rows, cols) carries its fp32 scales (numerics/scales.h has the layouts).
 enum class ActivationScales : std::uint8_t {
+  kNone,        // unquantized (bf16): no scales, no scale regions
   kPerTensor,   // one for the whole tensor (one per expert in the batched format)
   kPerRow,      // one per token row
   kGroup1x128,  // one per 1x128 group of a row: ceil(cols / 128) a row
 };
 // How a weight (n, k), k contiguous, carries its fp32 scales.
 enum class WeightScales : std::uint8_t {
+  kNone,              // unquantized (bf16): no scales
   kPerTensor,         // one for the whole weight
   kPerOutputChannel,  // one per row n
   kBlock128x128,      // one per 128x128 block: ceil(n / 128) * ceil(k / 128)
@@ -29,19 +31,29 @@ enum class WeightScales : std::uint8_t {
 struct RecipeInfo {
   QuantScheme scheme;
   const char* name;                    // the CLI, JSON and Python spelling (parse_quant, quant_name)
-  DType activation_dtype;              // a1q and act_q: the GEMMs' A operands
+  DType activation_dtype;              // a1q and act_q (act): the GEMMs' A operands, as dispatched
   DType weight_dtype;                  // w1, w2
-  ActivationScales activation_scales;  // a1q's and act_q's scales
-  WeightScales weight_scales;          // w1_scale, w2_scale
+  ActivationScales activation_scales;  // a1q's and act_q's scales (kNone: no scale regions at all)
+  WeightScales weight_scales;          // w1_scale, w2_scale (kNone: none)
   DType intermediate_dtype;            // w1_out: W1's output before the activation
-  bool requantizes_intermediate;       // the activation's output is quantized again (act_q + act_scale)
+  bool requantizes_intermediate;       // the activation's output is quantized again (act_q + act_scale);
+                                       // else it is stored in activation_dtype as region "act"
   bool needs_block_multiple;           // K and I must be multiples of kQuantBlock
   bool block_scaled_gemm;              // GEMMs on the block-scaled configs (GemmConfigInfo::block_scaled),
                                        // else on the token-scaled ones
   bool fused_w1;                       // a fused W1 (activation + requantization in W1's epilogue) exists
   bool fast_accumulation;              // Accumulation::kFast may run (the whole K loop in the tensor cores)
+  bool cuda_experts;                   // the CUDA experts have kernels for it (else they refuse it at plan time)
   double device_vs_cpu_tolerance;      // relative ||device - cpu|| / ||cpu|| (check/reference.h says why)
 };
+
+// Whether a recipe quantizes (FP8 codes with fp32 scales) or runs its operands as they are.
+constexpr bool has_activation_scales(const RecipeInfo& r) {
+  return r.activation_scales != ActivationScales::kNone;
+}
+constexpr bool has_weight_scales(const RecipeInfo& r) {
+  return r.weight_scales != WeightScales::kNone;
+}
 
 // NOTES: the rows are a switch, not an array that is indexed, so that device code (numerics/scales.h
 // under nvcc) can read the row of a runtime scheme; kRecipes below is the same rows as an array.
@@ -49,6 +61,12 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
   // Two correct implementations differ by ~1.5e-2 (an FP8 code of the activation flips where bf16
   // W1 outputs sit an ulp apart); one scale over a slab moves with its largest value: 3.3e-2.
   constexpr double kDeviceVsCpu = 3e-2, kDeviceVsCpuPerTensor = 5e-2;
+  // Unquantized: the two devices round the same stored values (w1_out, act, the output) to bf16, so
+  // they differ where their fp32 sums (in different orders) round to neighbouring bf16s: at most
+  // the output's own rounding on each side (~1.6e-3 RMS each against float64) and, rarely, one
+  // bf16 ulp (2^-7) of an intermediate. 8e-3 is over twice the sum of both; an indexing or layout
+  // bug gives O(1).
+  constexpr double kDeviceVsCpuBf16 = 8e-3;
   switch (quant) {
     case QuantScheme::kPerTensor:
       return {.scheme = QuantScheme::kPerTensor,
@@ -63,6 +81,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .block_scaled_gemm = false,
               .fused_w1 = false,
               .fast_accumulation = true,
+              .cuda_experts = true,
               .device_vs_cpu_tolerance = kDeviceVsCpuPerTensor};
     case QuantScheme::kPerTokenPerChannel:
       return {.scheme = QuantScheme::kPerTokenPerChannel,
@@ -77,6 +96,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .block_scaled_gemm = false,
               .fused_w1 = false,
               .fast_accumulation = true,
+              .cuda_experts = true,
               .device_vs_cpu_tolerance = kDeviceVsCpu};
     case QuantScheme::kBlock128:
       return {.scheme = QuantScheme::kBlock128,
@@ -91,7 +111,25 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .block_scaled_gemm = true,
               .fused_w1 = true,
               .fast_accumulation = false,  // its sums move into fp32 at every k-block as they are scaled
+              .cuda_experts = true,
               .device_vs_cpu_tolerance = kDeviceVsCpu};
+    case QuantScheme::kBf16:
+      // bf16 checkpoints' own precision: tokens and weights as stored, fp32 sums, the activation's
+      // output stored in bf16 (no second quantization). fp16 is one more row like this one.
+      return {.scheme = QuantScheme::kBf16,
+              .name = "bf16",
+              .activation_dtype = DType::kBf16,
+              .weight_dtype = DType::kBf16,
+              .activation_scales = ActivationScales::kNone,
+              .weight_scales = WeightScales::kNone,
+              .intermediate_dtype = DType::kBf16,
+              .requantizes_intermediate = false,
+              .needs_block_multiple = false,
+              .block_scaled_gemm = false,
+              .fused_w1 = false,
+              .fast_accumulation = false,  // no FP8 tensor-core sums to keep short
+              .cuda_experts = false,       // issue 54: the CUDA bf16 kernels come in a later slice
+              .device_vs_cpu_tolerance = kDeviceVsCpuBf16};
   }
   // Not a scheme: no name (recipe_rows_complete below refuses a scheme without a row).
   return {.scheme = quant,
@@ -106,15 +144,17 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
           .block_scaled_gemm = false,
           .fused_w1 = false,
           .fast_accumulation = false,
+          .cuda_experts = false,
           .device_vs_cpu_tolerance = 0.0};
 }
 
 // The recipe a checkpoint without a quantization_config (bf16, fp16, fp32 weights) runs unless the
-// user names one: its weights are quantized at load.
+// user names one: its weights are quantized at load. Still FP8 per-token while the bf16 recipe has
+// no CUDA kernels (issue 54); quant = "auto" turns to kBf16 when they exist.
 inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kPerTokenPerChannel;
 
 // Every recipe, in QuantScheme order (all_quant_schemes(), the CLI's list of names).
-inline constexpr int kNumRecipes = 3;
+inline constexpr int kNumRecipes = 4;
 constexpr std::array<RecipeInfo, kNumRecipes> make_recipe_table() {
   std::array<RecipeInfo, kNumRecipes> rows{};
   for (int i = 0; i < kNumRecipes; ++i) rows[i] = recipe_info(static_cast<QuantScheme>(i));
@@ -134,7 +174,7 @@ static_assert(recipe_rows_complete(),
 // quantization_config -> its recipe; the loader then moves codes and scales without requantizing).
 constexpr QuantScheme recipe_for_weight_scales(WeightScales scales) {
   for (const RecipeInfo& r : kRecipes)
-    if (r.weight_scales == scales) return r.scheme;
+    if (r.weight_scales == scales && r.weight_dtype == DType::kFp8E4m3) return r.scheme;
   return kUnquantizedCheckpointQuant;  // unreachable: every layout has a recipe (static_assert below)
 }
 constexpr bool every_weight_scales_has_a_recipe() {

@@ -16,8 +16,21 @@ Device parse_device(std::string_view name);
 
 enum class DType : std::uint8_t { kFp8E4m3, kBf16, kFp16, kFp32, kInt32, kInt64, kUint8, kPtr };
 
-// Bytes per element. kPtr is a device pointer (8 bytes on every supported target).
-std::int64_t dtype_size(DType dtype);
+// Bytes per element. kPtr is a device pointer (8 bytes on every supported target). constexpr, so
+// that device code (the dispatch's record layout, plan/ep_layout.h) reads the same figure.
+constexpr std::int64_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFp8E4m3:
+    case DType::kUint8: return 1;
+    case DType::kBf16:
+    case DType::kFp16: return 2;
+    case DType::kFp32:
+    case DType::kInt32: return 4;
+    case DType::kInt64:
+    case DType::kPtr: return 8;
+  }
+  return 0;  // not a DType
+}
 std::string_view dtype_name(DType dtype);
 
 // Standard: (M, K) hidden states + topk ids/weights; experts permute rows themselves.
@@ -55,11 +68,13 @@ inline void validate_swiglu(const SwigluOaiParams& swiglu, std::string_view wher
   validate_swiglu(swiglu.limit, swiglu.alpha, where);
 }
 
-// Quantization of the FP8 operands (activations x weights); fp32 scales everywhere.
+// The experts' numeric recipe (moekit/recipe.h has one row of facts for each). The FP8 ones quantize
+// activations and weights with fp32 scales; kBf16 quantizes nothing.
 //   kPerTensor:          one scale per activation tensor (per expert) x one per weight tensor.
 //   kPerTokenPerChannel: one scale per activation row x one per weight output channel.
 //   kBlock128:           one scale per 1x128 activation group x one per 128x128 weight block.
-enum class QuantScheme : std::uint8_t { kPerTensor, kPerTokenPerChannel, kBlock128 };
+//   kBf16:               bf16 activations and weights as they are, no scales, fp32 sums.
+enum class QuantScheme : std::uint8_t { kPerTensor, kPerTokenPerChannel, kBlock128, kBf16 };
 std::string_view quant_name(QuantScheme quant);
 QuantScheme parse_quant(std::string_view name);
 const std::vector<QuantScheme>& all_quant_schemes();

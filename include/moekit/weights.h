@@ -1,5 +1,7 @@
 // The weights of one rank's local experts, as the caller holds them: a view (pointers, layout,
-// scales), never a copy. FP8 e4m3 codes with fp32 scales, on the device the experts run on:
+// scales), never a copy, on the device the experts run on. Elements of the recipe's weight_dtype
+// (moekit/recipe.h): FP8 e4m3 codes with fp32 scales, or bf16 values and no scales (w1_scale and
+// w2_scale then hold nothing and may be null); w1 and w2 point at their bytes:
 //   w1        (E_local, N, K), K contiguous. Rows are W1's output channels in the layout of
 //             numerics::w1_rows(activation, quant): gate rows [0, I) then up rows [I, 2I) for silu /
 //             gelu / gelu_tanh (HF's gate_proj then up_proj); under block128 the same activations
@@ -44,9 +46,11 @@ struct ExpertWeightsView {
   const float* w1_bias = nullptr;
   const float* w2_bias = nullptr;
 
-  // Floats of scales per expert.
+  // Floats of scales per expert (0 for an unquantized recipe).
   std::int64_t w1_scale_stride() const;
   std::int64_t w2_scale_stride() const;
+  // Bytes of one weight element: FP8 1, bf16 2.
+  std::int64_t element_bytes() const;
   // One expert's view (E_local = 1), for references and tests.
   ExpertWeightsView expert(std::int64_t e) const;
 
@@ -97,7 +101,7 @@ struct HostExpertWeights {
   MoeProblem problem;
   std::int64_t first_expert = 0;  // global index of expert 0 here
   // Every element written by whoever sizes them (HostBuffer does not zero).
-  HostBuffer<std::uint8_t> w1, w2;
+  HostBuffer<std::uint8_t> w1, w2;  // bytes: element_bytes() a weight
   HostBuffer<float> w1_scale, w2_scale;
   HostBuffer<float> w1_bias, w2_bias;  // problem.expert_bias: (E_local, N), (E_local, K); else empty
   ExpertWeightsView view() const;      // on the host
@@ -126,7 +130,7 @@ bool w1_needs_block_pairs(std::string_view layout, Activation activation, QuantS
 // Raises moekit::Error naming the field, its value and what the problem needs.
 void validate_weights(const ExpertWeightsView& weights, const MoeProblem& problem, Device device);
 
-// The local experts' FP8 weights and their fp32 scales, in bytes (what sits beside the workspace).
+// The local experts' weights (FP8 or bf16) and their fp32 scales, in bytes (what sits beside the workspace).
 std::int64_t expert_weight_bytes(const MoeProblem& problem);
 
 }  // namespace moekit

@@ -198,8 +198,15 @@ Stream stream_of(std::uintptr_t stream) {
 // The experts' weights of `p` (moekit/weights.h layouts), validated, as a view of the arrays.
 ExpertWeightsView weights_of(const MoeProblem& p, const Array& w1, const Array& w1_scale, const Array& w2,
                              const Array& w2_scale, const Place& where) {
-  require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes", where);
-  require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes", where);
+  // The recipe's weight dtype: FP8 codes (uint8), or bf16 values (bfloat16, or their uint16 bits:
+  // numpy has no bfloat16) with empty (E_local, 0) scales.
+  if (recipe_info(p.quant).weight_dtype == DType::kBf16) {
+    require(w1, "w1", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.N, p.K}, "bfloat16 (or its uint16 bits)", where);
+    require(w2, "w2", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.K, p.I()}, "bfloat16 (or its uint16 bits)", where);
+  } else {
+    require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes", where);
+    require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes", where);
+  }
   require(w1_scale, "w1_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.N, p.K)}, "float32",
           where, ShapeRule::kExpertScale);
   require(w2_scale, "w2_scale", {kFloat}, 32, {p.E_local, numerics::weight_scale_count(p.quant, p.K, p.I())}, "float32",
@@ -680,6 +687,12 @@ struct OpOptions {
 };
 
 MoeProblem finish_op_problem(MoeProblem p, QuantScheme quant, const OpOptions& o) {
+  // The ops take FP8 codes and their scales (uint8 a1q, w1, w2): an unquantized recipe's bf16 arrays
+  // would be read as twice the bytes they hold.
+  MOEKIT_CHECK(has_activation_scales(recipe_info(quant)),
+               "moekit.ops: quant='{}' takes bf16 a1q and weights, which the ops do not take yet (issue 54): run it "
+               "through moekit.MoeLayer or moekit.Runtime on the CPU, or pass an FP8 recipe (per-token, block128)",
+               quant_name(quant));
   p.num_dispatchers = 1;
   p.activation = parse_activation(o.activation);
   p.swiglu = o.swiglu;
@@ -1126,6 +1139,17 @@ nb::ndarray<nb::numpy, T> owned_array(const Holder& holder, T* data, std::initia
   return nb::ndarray<nb::numpy, T>(data, shape, owner);
 }
 
+// Expert weights (HostExpertWeights::w1 / w2 bytes) as the array their recipe's dtype reads: uint8
+// FP8 codes, or the uint16 bits of bf16 values.
+template <class Holder>
+void put_weight(nb::dict& d, const char* key, const Holder& holder, std::uint8_t* data, const MoeProblem& p,
+                std::initializer_list<std::size_t> shape) {
+  if (recipe_info(p.quant).weight_dtype == DType::kBf16)
+    d[key] = owned_array(holder, reinterpret_cast<std::uint16_t*>(data), shape);
+  else
+    d[key] = owned_array(holder, data, shape);
+}
+
 // W1 in block pairs back to gate-then-up rows (the order Python callers pass, and MoeLayer
 // arranges itself), in place.
 void w1_to_halves(const MoeProblem& q, HostBuffer<std::uint8_t>& w1, HostBuffer<float>& w1_scale) {
@@ -1184,8 +1208,8 @@ class PyCheckpoint {
                I = static_cast<Z>(p.I());
     HostExpertWeights& w = l->experts;
     nb::dict d;
-    d["w1"] = owned_array(l, w.w1.data(), {E, N, K});
-    d["w2"] = owned_array(l, w.w2.data(), {E, K, I});
+    put_weight(d, "w1", l, w.w1.data(), p, {E, N, K});
+    put_weight(d, "w2", l, w.w2.data(), p, {E, K, I});
     d["w1_scale"] = owned_array(l, w.w1_scale.data(), {E, w.w1_scale.size() / E});
     d["w2_scale"] = owned_array(l, w.w2_scale.data(), {E, w.w2_scale.size() / E});
     if (p.expert_bias) {
@@ -1198,8 +1222,8 @@ class PyCheckpoint {
     if (l->shared_experts) {
       HostExpertWeights& sw = *l->shared_experts;
       const auto Ns = static_cast<Z>(sw.problem.N), Is = static_cast<Z>(sw.problem.I());
-      d["shared_w1"] = owned_array(l, sw.w1.data(), {1, Ns, K});
-      d["shared_w2"] = owned_array(l, sw.w2.data(), {1, K, Is});
+      put_weight(d, "shared_w1", l, sw.w1.data(), p, {1, Ns, K});
+      put_weight(d, "shared_w2", l, sw.w2.data(), p, {1, K, Is});
       d["shared_w1_scale"] = owned_array(l, sw.w1_scale.data(), {1, sw.w1_scale.size()});
       d["shared_w2_scale"] = owned_array(l, sw.w2_scale.data(), {1, sw.w2_scale.size()});
       if (!l->shared_expert_gate.empty())
@@ -1243,8 +1267,8 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
                                                                                : std::vector<float>{});
   const auto E = static_cast<std::size_t>(p.E_local);
   nb::dict d;
-  d["w1"] = owned_array(w, w->w1.data(), {E, static_cast<std::size_t>(p.N), static_cast<std::size_t>(p.K)});
-  d["w2"] = owned_array(w, w->w2.data(), {E, static_cast<std::size_t>(p.K), static_cast<std::size_t>(p.I())});
+  put_weight(d, "w1", w, w->w1.data(), p, {E, static_cast<std::size_t>(p.N), static_cast<std::size_t>(p.K)});
+  put_weight(d, "w2", w, w->w2.data(), p, {E, static_cast<std::size_t>(p.K), static_cast<std::size_t>(p.I())});
   d["w1_scale"] = owned_array(w, w->w1_scale.data(), {E, w->w1_scale.size() / E});
   d["w2_scale"] = owned_array(w, w->w2_scale.data(), {E, w->w2_scale.size() / E});
   d["hidden"] = owned_array(t, t->hidden.data(), {static_cast<std::size_t>(tokens), static_cast<std::size_t>(p.K)});
@@ -1255,8 +1279,8 @@ nb::dict synthetic(const std::string& model_name, std::int64_t num_experts, std:
     auto& sw = sh->experts;  // writable arrays: the layer takes nb::ndarray<> (read-only ones are refused)
     const auto N = static_cast<std::size_t>(sh->problem->N), I = static_cast<std::size_t>(sh->problem->I()),
                K = static_cast<std::size_t>(p.K);
-    d["shared_w1"] = owned_array(sh, sw.w1.data(), {1, N, K});
-    d["shared_w2"] = owned_array(sh, sw.w2.data(), {1, K, I});
+    put_weight(d, "shared_w1", sh, sw.w1.data(), p, {1, N, K});
+    put_weight(d, "shared_w2", sh, sw.w2.data(), p, {1, K, I});
     d["shared_w1_scale"] = owned_array(sh, sw.w1_scale.data(), {1, sw.w1_scale.size()});
     d["shared_w2_scale"] = owned_array(sh, sw.w2_scale.data(), {1, sw.w2_scale.size()});
     if (!sh->gate.empty()) d["shared_expert_gate"] = owned_array(sh, sh->gate.data(), {K});
@@ -1276,10 +1300,12 @@ nb::list recipes() {
     d["name"] = std::string(r.name);
     d["activation_dtype"] = std::string(dtype_name(r.activation_dtype));
     d["weight_dtype"] = std::string(dtype_name(r.weight_dtype));
-    d["activation_scales"] = std::string(r.activation_scales == ActivationScales::kPerTensor ? "per-tensor"
-                                         : r.activation_scales == ActivationScales::kPerRow  ? "per-row"
-                                                                                             : "1x128");
-    d["weight_scales"] = std::string(r.weight_scales == WeightScales::kPerTensor          ? "per-tensor"
+    d["activation_scales"] = std::string(r.activation_scales == ActivationScales::kNone        ? "none"
+                                         : r.activation_scales == ActivationScales::kPerTensor ? "per-tensor"
+                                         : r.activation_scales == ActivationScales::kPerRow    ? "per-row"
+                                                                                               : "1x128");
+    d["weight_scales"] = std::string(r.weight_scales == WeightScales::kNone               ? "none"
+                                     : r.weight_scales == WeightScales::kPerTensor        ? "per-tensor"
                                      : r.weight_scales == WeightScales::kPerOutputChannel ? "per-output-channel"
                                                                                           : "128x128");
     d["intermediate_dtype"] = std::string(dtype_name(r.intermediate_dtype));
@@ -1287,6 +1313,7 @@ nb::list recipes() {
     d["needs_block_multiple"] = r.needs_block_multiple;
     d["fused_w1"] = r.fused_w1;
     d["fast_accumulation"] = r.fast_accumulation;
+    d["cuda_experts"] = r.cuda_experts;
     d["device_vs_cpu_tolerance"] = r.device_vs_cpu_tolerance;
     rows.append(d);
   }

@@ -22,10 +22,10 @@ double LayerError::relative() const {
   return norm_sq > 0 ? std::sqrt(err_sq / norm_sq) : 0.0;
 }
 
-void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const fp8_t* a1q_row, const float* a1q_row_scale,
-                    double* act) {
+void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const std::uint8_t* a1q_row,
+                    const float* a1q_row_scale, double* act) {
   std::vector<double> h(static_cast<std::size_t>(p.N));
-  cpu::fp8_gemm_ref(cpu::expert_gemm(p, w, 1, 0, 1, a1q_row, a1q_row_scale, nullptr), h.data(), p.N);
+  cpu::expert_gemm_ref(p, w, 1, 0, 1, a1q_row, a1q_row_scale, h.data());
   // The recipe stores the W1 output in bf16 (w1_out); mirror that rounding so the reference
   // measures the kernels, not the recipe's choice of intermediate precision. The fused W1
   // (plan::fuses_w1) feeds its fp32 output to the activation: no rounding there.
@@ -36,6 +36,13 @@ void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const fp8_t
 
 void w2_ref(const MoeProblem& p, const ExpertWeightsView& w, const double* act, float per_tensor_scale, double* y) {
   const std::int64_t I = p.I();
+  if (!recipe_info(p.quant).requantizes_intermediate) {
+    // The recipe stores the activation's output in bf16 (region act) and W2 reads it as it is.
+    std::vector<bf16_t> a(static_cast<std::size_t>(I));
+    for (std::int64_t c = 0; c < I; ++c) a[static_cast<std::size_t>(c)] = bf16_encode(static_cast<float>(act[c]));
+    cpu::expert_gemm_ref(p, w, 2, 0, 1, reinterpret_cast<const std::uint8_t*>(a.data()), nullptr, y);
+    return;
+  }
   const std::int64_t spr = std::max<std::int64_t>(activation_scales_per_row(p.quant, I), 1);
   const std::int64_t group = numerics::activation_scale_group(p.quant, I);
   std::vector<fp8_t> q(static_cast<std::size_t>(I));
@@ -79,14 +86,14 @@ void LayerReference::set_shared(const MoeProblem& shared, const ExpertWeightsVie
 std::vector<double> LayerReference::expert_rows(const MoeProblem& p, std::int64_t T,
                                                 const std::vector<std::int32_t>& ids,
                                                 const std::vector<ExpertWeightsView>& expert_of,
-                                                const std::vector<fp8_t>& q, const std::vector<float>& qs) {
+                                                const std::vector<std::uint8_t>& q, const std::vector<float>& qs) {
   const std::int64_t K = p.K, I = p.I(), topk = p.topk;
-  const std::int64_t spr = activation_scales_per_row(p.quant, K);
+  const std::int64_t spr = activation_scales_per_row(p.quant, K), ab = cpu::activation_bytes(p);
   std::vector<double> act(static_cast<std::size_t>(T * topk * I));
   pool_.parallel_for(T * topk, [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) {
       const std::int64_t t = i / topk;
-      activation_ref(p, expert_of[static_cast<std::size_t>(i)], q.data() + t * K,
+      activation_ref(p, expert_of[static_cast<std::size_t>(i)], q.data() + t * K * ab,
                      numerics::activation_scale_per_tensor(p.quant) ? qs.data() : qs.data() + t * spr,
                      act.data() + i * I);
     }
@@ -120,9 +127,10 @@ void LayerReference::add_chunk(const std::uint16_t* hidden, const float* logits,
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
   std::vector<float> weights(static_cast<std::size_t>(T * topk));
   cpu::route(routing_, logits, T, bias_.empty() ? nullptr : bias_.data(), ids.data(), weights.data());
-  std::vector<fp8_t> q(static_cast<std::size_t>(T * K));
+  // The tokens as the experts read them: FP8 codes and scales, or the bf16 tokens themselves.
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(T * K * cpu::activation_bytes(p)));
   std::vector<float> qs(static_cast<std::size_t>(std::max<std::int64_t>(activation_scale_count(p.quant, T, K), 1)));
-  cpu::quantize_activation(p.quant, hidden, T, K, K, q.data(), K, qs.data());
+  cpu::store_activation(p.quant, hidden, T, K, K, q.data(), K, qs.data());
 
   // The weights views are fetched up front (the bank may generate an expert: not from the pool's threads).
   std::vector<ExpertWeightsView> expert_of(static_cast<std::size_t>(T * topk));

@@ -3,6 +3,9 @@
 // reference sees the layer's own FP8 operands) and evaluates every (token, expert) row in double:
 // dequantized a1q row -> W1 (rounded to bf16, as the recipe stores w1_out) -> activation -> the same
 // FP8 requantization of the activation (mirrored in double) -> W2 -> weighted sum over the top-k.
+// The unquantized recipe (bf16) quantizes nothing: the bf16 tokens and weights as they are, W1's
+// output and the activation's rounded to bf16 where the recipe stores them (w1_out, act), the rest
+// in double.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +39,8 @@ constexpr double device_vs_cpu_tolerance(QuantScheme quant) {
 
 // W1 -> bf16 rounding -> activation of one row through one expert (a view with E_local = 1), in
 // double: act has I values.
-void activation_ref(const MoeProblem& p, const ExpertWeightsView& expert, const numerics::fp8_t* a1q_row,
+// a1q_row: K elements of the recipe's operand dtype (FP8 codes with their scales, or bf16 values).
+void activation_ref(const MoeProblem& p, const ExpertWeightsView& expert, const std::uint8_t* a1q_row,
                     const float* a1q_row_scale, double* act);
 // FP8 requantization of one activation row as the kernels do it (per 1x128 group or per row from
 // the row's amax; per-tensor with the given tensor scale) -> W2, in double: y has K values.
@@ -69,8 +73,8 @@ class LayerReference {
   void add_chunk(const std::uint16_t* hidden, const float* logits, std::int64_t T, const std::uint16_t* output);
   // Rows of `p`'s experts for each (token, slot) of `ids` (T * p.topk): y (T * topk, K) in double.
   std::vector<double> expert_rows(const MoeProblem& p, std::int64_t T, const std::vector<std::int32_t>& ids,
-                                  const std::vector<ExpertWeightsView>& expert_of,
-                                  const std::vector<numerics::fp8_t>& q, const std::vector<float>& qs);
+                                  const std::vector<ExpertWeightsView>& expert_of, const std::vector<std::uint8_t>& q,
+                                  const std::vector<float>& qs);
 
   MoeProblem problem_;
   std::optional<MoeProblem> shared_;

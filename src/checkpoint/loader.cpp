@@ -181,6 +181,7 @@ struct Matrix {
 // The scale granularity a checkpoint stores the recipe's weights in (its row's weight scales).
 std::optional<Granularity> granularity_of(QuantScheme q) {
   switch (recipe_info(q).weight_scales) {
+    case WeightScales::kNone: return std::nullopt;  // unquantized: no FP8 moves as stored
     case WeightScales::kPerTensor: return Granularity::kTensor;
     case WeightScales::kPerOutputChannel: return Granularity::kChannel;
     case WeightScales::kBlock128x128: return Granularity::kBlock;
@@ -370,7 +371,7 @@ struct Checkpoint::Impl {
 
   // Whether `m` moves into problem `p` as stored: FP8 of the problem's granularity.
   static bool as_stored(const MoeProblem& p, const Matrix& m) {
-    return m.dtype == TensorDType::kF8E4M3 && m.granularity == *granularity_of(p.quant);
+    return m.dtype == TensorDType::kF8E4M3 && granularity_of(p.quant) == m.granularity;
   }
 
   // Whether W1 moves as stored from gate and up: both FP8 of the problem's granularity; per-tensor
@@ -396,7 +397,7 @@ struct Checkpoint::Impl {
     const numerics::W1Rows rows = numerics::w1_rows(p.activation, p.quant);
     const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K);
     const WeightScales scales = recipe_info(p.quant).weight_scales;
-    std::uint8_t* w1 = out.w1.data() + slot * N * K;
+    std::uint8_t* w1 = out.w1.data() + slot * N * K * out.view().element_bytes();
     float* sc1 = out.w1_scale.data() + slot * s1;
     const bool w1_stored = w1_as_stored(p, gate, up);
     auto dest_row = [&](bool is_up, std::int64_t c) {
@@ -430,7 +431,7 @@ struct Checkpoint::Impl {
         const Matrix& m = part == 0 ? gate : *up;
         for (std::int64_t r = 0; r < I; ++r) m.floats_row(r, w.data() + dest_row(part == 1, r) * K);
       }
-      cpu::quantize_weight(p.quant, w.data(), N, K, reinterpret_cast<numerics::fp8_t*>(w1), sc1);
+      cpu::store_weight(p.quant, w.data(), N, K, w1, sc1);  // bf16 values: rounded back to themselves
     }
     return w1_stored;
   }
@@ -440,7 +441,7 @@ struct Checkpoint::Impl {
     const MoeProblem& p = out.problem;
     const std::int64_t K = p.K, I = p.I();
     const std::int64_t s2 = numerics::weight_scale_count(p.quant, K, I);
-    std::uint8_t* w2 = out.w2.data() + slot * K * I;
+    std::uint8_t* w2 = out.w2.data() + slot * K * I * out.view().element_bytes();
     float* sc2 = out.w2_scale.data() + slot * s2;
     const bool w2_stored = as_stored(p, down);
     if (w2_stored) {
@@ -455,7 +456,7 @@ struct Checkpoint::Impl {
       std::vector<float>& w = scratch;
       w.resize(std::max(w.size(), static_cast<std::size_t>(K * I)));
       for (std::int64_t r = 0; r < K; ++r) down.floats_row(r, w.data() + r * I);
-      cpu::quantize_weight(p.quant, w.data(), K, I, reinterpret_cast<numerics::fp8_t*>(w2), sc2);
+      cpu::store_weight(p.quant, w.data(), K, I, w2, sc2);
     }
     return w2_stored;
   }
@@ -464,9 +465,9 @@ struct Checkpoint::Impl {
     HostExpertWeights w;
     w.problem = p;
     w.first_expert = first_expert;
-    const std::int64_t N = p.N, K = p.K, I = p.I();
-    w.w1.resize(static_cast<std::size_t>(p.E_local * N * K));
-    w.w2.resize(static_cast<std::size_t>(p.E_local * K * I));
+    const std::int64_t N = p.N, K = p.K, I = p.I(), wb = dtype_size(recipe_info(p.quant).weight_dtype);
+    w.w1.resize(static_cast<std::size_t>(p.E_local * N * K * wb));
+    w.w2.resize(static_cast<std::size_t>(p.E_local * K * I * wb));
     w.w1_scale.resize(static_cast<std::size_t>(p.E_local * numerics::weight_scale_count(p.quant, N, K)));
     w.w2_scale.resize(static_cast<std::size_t>(p.E_local * numerics::weight_scale_count(p.quant, K, I)));
     if (p.expert_bias) {
@@ -522,6 +523,18 @@ struct Checkpoint::Impl {
     MOEKIT_CHECK(!dir.contains(first.substr(0, first.size() - 7) + ".weight_packed"),
                  "{}: '{}' is packed int4 (compressed-tensors), which moekit does not read", dir.dir(),
                  first.substr(0, first.size() - 7) + ".weight_packed");
+    // NOTES: an unquantized recipe takes float weights only. FP8 (or MXFP4) into bf16 would be a
+    // dequantization, code x fp32 scale, which bf16 does not hold exactly in general (an 8-bit
+    // significand for a 4-bit code times a 24-bit scale): refused rather than rounded silently.
+    const RecipeInfo recipe = recipe_info(p.quant);
+    auto refuse_quantized = [&](std::string_view stored_as) {
+      MOEKIT_FAIL(
+          "{}: the experts are stored as {}, but --quant {} runs unquantized {} weights; moekit does not dequantize "
+          "FP8 or MXFP4 weights into {} (not exact): run the checkpoint as stored (--quant auto) or with --quant "
+          "per-token / block128",
+          dir.dir(), stored_as, recipe.name, dtype_name(recipe.weight_dtype), dtype_name(recipe.weight_dtype));
+    };
+    if (mxfp4 && !has_weight_scales(recipe)) refuse_quantized("MXFP4");
     LayerReads r = mxfp4 ? plan_mxfp4(nm, p) : LayerReads{};
     if (!mxfp4) {
       r.per_expert = nm.naming != WeightNames::kGptOss && !dir.contains(fused_w1);
@@ -546,6 +559,10 @@ struct Checkpoint::Impl {
       const Matrix& g0 = r.routed.front().gate;
       r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
                                                      : std::string(checkpoint::dtype_name(g0.dtype));
+      if (!has_weight_scales(recipe))
+        for (const ExpertMatrices& x : r.routed)
+          for (const Matrix* m : {&x.gate, &x.up, &x.down})
+            if (m->dtype == TensorDType::kF8E4M3) refuse_quantized(fmt::format("F8_E4M3 ('{}')", m->name));
     }
     const auto float_types = {TensorDType::kBF16, TensorDType::kF16, TensorDType::kF32};
     if (p.expert_bias) {
@@ -563,6 +580,9 @@ struct Checkpoint::Impl {
       r.shared = ExpertMatrices{stored(nm.shared("gate"), Is, K, "the shared experts' gate rows"),
                                 stored(nm.shared("up"), Is, K, "the shared experts' up rows"),
                                 stored(nm.shared("down"), K, Is, "the shared experts' W2")};
+      if (!has_weight_scales(recipe))
+        for (const Matrix* m : {&r.shared->gate, &r.shared->up, &r.shared->down})
+          if (m->dtype == TensorDType::kF8E4M3) refuse_quantized(fmt::format("F8_E4M3 ('{}')", m->name));
       if (model.shared_expert_gate)
         tensor(nm.prefix + "shared_expert_gate.weight", {1, K}, float_types, "shared_expert_gate");
     }
@@ -707,7 +727,9 @@ struct Checkpoint::Impl {
     return fmt::format("{}{}: {} ({}), {}", nm.prefix, which, r.stored_as,
                        r.per_expert ? "one tensor per expert" : "fused tensors",
                        all_stored ? fmt::format("loaded as stored ({})", quant_name(p.quant))
-                                  : fmt::format("quantized to {} at load", quant_name(p.quant)));
+                       : has_weight_scales(recipe_info(p.quant))
+                           ? fmt::format("quantized to {} at load", quant_name(p.quant))
+                           : fmt::format("read as {} (unquantized)", dtype_name(recipe_info(p.quant).weight_dtype)));
   }
 
   void load_expert_biases(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {

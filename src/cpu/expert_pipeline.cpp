@@ -7,9 +7,52 @@
 
 #include "cpu/activation.h"
 #include "cpu/quant.h"
+#include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "numerics/scales.h"
 
 namespace moekit::cpu {
+
+std::int64_t activation_bytes(const MoeProblem& p) {
+  return dtype_size(recipe_info(p.quant).activation_dtype);
+}
+
+Bf16GemmArgs expert_bf16_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e,
+                              std::int64_t m, const bf16_t* A, bf16_t* D) {
+  const std::int64_t n = which == 1 ? p.N : p.K, k = which == 1 ? p.K : p.I();
+  MOEKIT_CHECK(recipe_info(w.quant).weight_dtype == DType::kBf16, "expert_bf16_gemm: the weights are {}, not bf16",
+               quant_name(w.quant));
+  Bf16GemmArgs g;
+  g.M = m;
+  g.N = n;
+  g.K = k;
+  g.A = A;
+  g.lda = k;
+  g.B = reinterpret_cast<const bf16_t*>(which == 1 ? w.w1 : w.w2) + e * n * k;
+  g.ldb = k;
+  const float* bias = which == 1 ? w.w1_bias : w.w2_bias;
+  g.bias = bias != nullptr ? bias + e * n : nullptr;
+  g.D_bf16 = D;
+  g.ldd = n;
+  return g;
+}
+
+void run_expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
+                     const std::uint8_t* A, const float* a_scales, bf16_t* D, ThreadPool& pool) {
+  if (recipe_info(p.quant).activation_dtype == DType::kBf16)
+    bf16_gemm(expert_bf16_gemm(p, w, which, e, m, reinterpret_cast<const bf16_t*>(A), D), pool);
+  else
+    fp8_gemm(expert_gemm(p, w, which, e, m, A, a_scales, D), pool);
+}
+
+void expert_gemm_ref(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
+                     const std::uint8_t* A, const float* a_scales, double* D) {
+  const std::int64_t n = which == 1 ? p.N : p.K;
+  if (recipe_info(p.quant).activation_dtype == DType::kBf16)
+    bf16_gemm_ref(expert_bf16_gemm(p, w, which, e, m, reinterpret_cast<const bf16_t*>(A), nullptr), D, n);
+  else
+    fp8_gemm_ref(expert_gemm(p, w, which, e, m, A, a_scales, nullptr), D, n);
+}
 
 Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
                         const fp8_t* A, const float* a_scales, bf16_t* D) {
@@ -32,10 +75,21 @@ Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int whi
   return g;
 }
 
-void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m, fp8_t* act_q, float* act_scale,
+void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m, std::uint8_t* act_q, float* act_scale,
                       ThreadPool& pool) {
   const std::int64_t N = p.N, I = p.I();
   if (m == 0) return;
+  if (!recipe_info(p.quant).requantizes_intermediate) {
+    // The activation's output in the recipe's operand dtype (bf16), rounded once: the W2 GEMM's input.
+    pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
+      std::vector<float> buf(static_cast<std::size_t>(I));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        activation_rows(p.activation, w1_out + r * N, 1, N, N, buf.data(), I, p.quant, p.swiglu);
+        store_activation(p.quant, buf.data(), 1, I, I, act_q + r * I * activation_bytes(p), I, nullptr);
+      }
+    });
+    return;
+  }
   if (numerics::activation_scale_per_tensor(p.quant)) {
     std::vector<float> row(static_cast<std::size_t>(I));
     float amax = 0;
@@ -94,17 +148,17 @@ void fused_w1_activation_quant(const MoeProblem& p, const ExpertWeightsView& w, 
   }
 }
 
-void expert_rows(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m, const fp8_t* a1q,
-                 const float* a1q_scale, bf16_t* w1_out, float* w1_rows, fp8_t* act_q, float* act_scale, bf16_t* out,
-                 ThreadPool& pool) {
+void expert_rows(const MoeProblem& p, const ExpertWeightsView& w, std::int64_t e, std::int64_t m,
+                 const std::uint8_t* a1q, const float* a1q_scale, bf16_t* w1_out, float* w1_rows, std::uint8_t* act_q,
+                 float* act_scale, bf16_t* out, ThreadPool& pool) {
   if (m == 0) return;
   if (w1_rows != nullptr) {
     fused_w1_activation_quant(p, w, e, m, a1q, a1q_scale, w1_rows, act_q, act_scale, pool);
   } else {
-    fp8_gemm(expert_gemm(p, w, 1, e, m, a1q, a1q_scale, w1_out), pool);
+    run_expert_gemm(p, w, 1, e, m, a1q, a1q_scale, w1_out, pool);
     activation_quant(p, w1_out, m, act_q, act_scale, pool);
   }
-  fp8_gemm(expert_gemm(p, w, 2, e, m, act_q, act_scale, out), pool);
+  run_expert_gemm(p, w, 2, e, m, act_q, act_scale, out, pool);
 }
 
 }  // namespace moekit::cpu

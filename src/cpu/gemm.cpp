@@ -1,6 +1,7 @@
-// CPU FP8 GEMM (the oracle and default expert backend) and its float64 reference. A is decoded once
-// to fp32 and transposed to k-major (At[k][m]); B is decoded panel by panel; a register tile of
-// (MV vectors of m) x (NC columns of n) accumulates over k with one fp32 chain per output element.
+// CPU FP8 and bf16 GEMMs (the oracle and default expert backend) and their float64 references. A is
+// decoded once to fp32 and transposed to k-major (At[k][m]); B is decoded panel by panel; a register
+// tile of (MV vectors of m) x (NC columns of n) accumulates over k with one fp32 chain per output
+// element. The two element types share every line but the decode and the scales.
 #include "cpu/gemm.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #endif
 
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 
 namespace moekit::cpu {
 namespace {
@@ -39,8 +41,10 @@ using V = float __attribute__((vector_size(kVL * sizeof(float))));
 
 // NOTES: FMA here is not a numerics change. Every product is of two raw FP8 values (scales are
 // applied after the sum): 4-bit x 4-bit significands give 8 bits and exponents stay in
-// [2^-18, 2^17], so a * b is exact in fp32 and fma(a, b, c) == a * b + c bit for bit. The build
-// has -ffp-contract=off, so without the intrinsic the compiler would issue mul + add (2x the uops).
+// [2^-18, 2^17], so a * b is exact in fp32 and fma(a, b, c) == a * b + c bit for bit. bf16 x bf16
+// gives 16 bits, exact too unless the product leaves fp32's range (|a * b| < 2^-126 or > 2^128:
+// values no model's tokens and weights hold). The build has -ffp-contract=off, so without the
+// intrinsic the compiler would issue mul + add (2x the uops).
 inline V fmadd(V a, V b, V c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
@@ -89,6 +93,67 @@ inline void decode_fp8(const fp8_t* src, float* dst, std::int64_t n) {
     std::memcpy(dst + i, &bits, sizeof(VU));
   }
   for (; i < n; ++i) dst[i] = fp8_decode(src[i]);
+}
+
+// bf16 is the top half of an fp32: a shift, exact (NaN stays NaN).
+inline void decode(const fp8_t* src, float* dst, std::int64_t n) {
+  decode_fp8(src, dst, n);
+}
+inline void decode(const bf16_t* src, float* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, 4);
+  }
+}
+inline double decode_one(fp8_t x) {
+  return fp8_decode(x);
+}
+inline double decode_one(bf16_t x) {
+  return bf16_decode(x);
+}
+
+// How the sums are scaled, from the recipe's activation scales (moekit/recipe.h): the FP8 recipes
+// pair each activation rule with one weight rule, the unquantized one has neither.
+enum class Scaling { kNone, kTensor, kRowChannel, kBlock };
+Scaling scaling_of(QuantScheme quant) {
+  switch (recipe_info(quant).activation_scales) {
+    case ActivationScales::kNone: return Scaling::kNone;
+    case ActivationScales::kPerTensor: return Scaling::kTensor;
+    case ActivationScales::kPerRow: return Scaling::kRowChannel;
+    case ActivationScales::kGroup1x128: return Scaling::kBlock;
+  }
+  return Scaling::kNone;
+}
+
+// One GEMM of either element type: Fp8GemmArgs / Bf16GemmArgs, the same fields.
+template <class T>
+struct GemmCore {
+  const char* who;
+  std::int64_t M, N, K;
+  Scaling scaling;
+  QuantScheme quant;
+  const T* A;
+  std::int64_t lda;
+  const float* a_scales;
+  const T* B;
+  std::int64_t ldb;
+  const float* b_scales;
+  const float* bias;
+  float* D_f32;
+  bf16_t* D_bf16;
+  std::int64_t ldd;
+};
+
+GemmCore<fp8_t> core_of(const Fp8GemmArgs& a) {
+  MOEKIT_CHECK(recipe_info(a.quant).activation_dtype == DType::kFp8E4m3,
+               "fp8_gemm: recipe {} has no FP8 operands; call bf16_gemm", quant_name(a.quant));
+  return {"fp8_gemm", a.M,        a.N, a.K,   scaling_of(a.quant), a.quant, a.A,
+          a.lda,      a.a_scales, a.B, a.ldb, a.b_scales,          a.bias,  a.D_f32,
+          a.D_bf16,   a.ldd};
+}
+GemmCore<bf16_t> core_of(const Bf16GemmArgs& a) {
+  return {"bf16_gemm", a.M,   a.N,     a.K,    Scaling::kNone, QuantScheme::kBf16, a.A,  a.lda, nullptr,
+          a.B,         a.ldb, nullptr, a.bias, a.D_f32,        a.D_bf16,           a.ldd};
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
@@ -142,35 +207,36 @@ void tile(const float* at, std::int64_t m_pad, const float* bd, std::int64_t kc,
 }
 
 // The reference ignores the output fields (D_f32, D_bf16, ldd): it writes its own double matrix.
-void validate(const Fp8GemmArgs& a, bool check_output) {
-  MOEKIT_CHECK(a.M >= 0 && a.N >= 0 && a.K >= 0, "fp8_gemm: M={}, N={}, K={} must be >= 0", a.M, a.N, a.K);
-  MOEKIT_CHECK(a.lda >= a.K, "fp8_gemm: lda={} < K={}; A rows need K contiguous codes", a.lda, a.K);
-  MOEKIT_CHECK(a.ldb >= a.K, "fp8_gemm: ldb={} < K={}; B (N, K) rows need K contiguous codes", a.ldb, a.K);
+template <class T>
+void validate(const GemmCore<T>& a, bool check_output) {
+  const char* who = a.who;
+  MOEKIT_CHECK(a.M >= 0 && a.N >= 0 && a.K >= 0, "{}: M={}, N={}, K={} must be >= 0", who, a.M, a.N, a.K);
+  MOEKIT_CHECK(a.lda >= a.K, "{}: lda={} < K={}; A rows need K contiguous elements", who, a.lda, a.K);
+  MOEKIT_CHECK(a.ldb >= a.K, "{}: ldb={} < K={}; B (N, K) rows need K contiguous elements", who, a.ldb, a.K);
   if (check_output) {
-    MOEKIT_CHECK(a.ldd >= a.N, "fp8_gemm: ldd={} < N={}; pass ldd >= N", a.ldd, a.N);
+    MOEKIT_CHECK(a.ldd >= a.N, "{}: ldd={} < N={}; pass ldd >= N", who, a.ldd, a.N);
     MOEKIT_CHECK((a.D_f32 != nullptr) != (a.D_bf16 != nullptr),
-                 "fp8_gemm: exactly one of D_f32 / D_bf16 must be set (got D_f32={}, D_bf16={})",
+                 "{}: exactly one of D_f32 / D_bf16 must be set (got D_f32={}, D_bf16={})", who,
                  static_cast<const void*>(a.D_f32), static_cast<const void*>(a.D_bf16));
   }
-  if (a.M > 0 && a.K > 0) MOEKIT_CHECK(a.A != nullptr, "fp8_gemm: A is null with M={}, K={}", a.M, a.K);
-  if (a.N > 0 && a.K > 0) MOEKIT_CHECK(a.B != nullptr, "fp8_gemm: B is null with N={}, K={}", a.N, a.K);
-  if (a.M > 0 && a.N > 0) {
-    MOEKIT_CHECK(a.a_scales != nullptr, "fp8_gemm: a_scales is null (M={}, quant {})", a.M, quant_name(a.quant));
-    MOEKIT_CHECK(a.b_scales != nullptr, "fp8_gemm: b_scales is null (N={}, quant {})", a.N, quant_name(a.quant));
+  if (a.M > 0 && a.K > 0) MOEKIT_CHECK(a.A != nullptr, "{}: A is null with M={}, K={}", who, a.M, a.K);
+  if (a.N > 0 && a.K > 0) MOEKIT_CHECK(a.B != nullptr, "{}: B is null with N={}, K={}", who, a.N, a.K);
+  if (a.M > 0 && a.N > 0 && a.scaling != Scaling::kNone) {
+    MOEKIT_CHECK(a.a_scales != nullptr, "{}: a_scales is null (M={}, quant {})", who, a.M, quant_name(a.quant));
+    MOEKIT_CHECK(a.b_scales != nullptr, "{}: b_scales is null (N={}, quant {})", who, a.N, quant_name(a.quant));
   }
 }
 
-}  // namespace
-
-// --- fp8_gemm ------------------------------------------------------------------------------------
-// Napkin (DeepSeek W1 N=4096 K=7168, M=64): 3.8 GFLOP; B is 29 MB of FP8 read once and decoded
-// once per m-part (24 B floats per 16 or 32 rows of FMAs), At is 64*7168*4 = 1.8 MB, reread per
-// panel group from L2/L3.
-void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
+// --- gemm ----------------------------------------------------------------------------------------
+// Napkin (DeepSeek W1 N=4096 K=7168, M=64): 3.8 GFLOP; B is 29 MB of FP8 (58 MB of bf16) read once
+// and decoded once per m-part (24 B floats per 16 or 32 rows of FMAs), At is 64*7168*4 = 1.8 MB,
+// reread per panel group from L2/L3.
+template <class T>
+void gemm(const GemmCore<T>& args, ThreadPool& pool) {
   validate(args, /*check_output=*/true);
   const std::int64_t M = args.M, N = args.N, K = args.K;
   if (M == 0 || N == 0) return;
-  const bool block_mode = args.quant == QuantScheme::kBlock128;
+  const bool block_mode = args.scaling == Scaling::kBlock;
   const std::int64_t m_pad = ceil_div(M, kVL) * kVL;
   const std::int64_t num_mvec = m_pad / kVL;
   const std::int64_t num_kb = ceil_div(K, kKc);
@@ -186,7 +252,7 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
       [&](std::int64_t k0, std::int64_t k1) {
         std::vector<float> row(static_cast<std::size_t>(k1 - k0));
         for (std::int64_t m = 0; m < M; ++m) {
-          decode_fp8(args.A + m * args.lda + k0, row.data(), k1 - k0);
+          decode(args.A + m * args.lda + k0, row.data(), k1 - k0);
           for (std::int64_t k = k0; k < k1; ++k)
             at[static_cast<std::size_t>(k * m_pad + m)] = row[static_cast<std::size_t>(k - k0)];
         }
@@ -226,7 +292,7 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
           for (std::int64_t j = 0; j < nc; ++j) {
             float* dst = bd.data() + j * kKc;
             if (n0 + j < N) {
-              decode_fp8(args.B + (n0 + j) * args.ldb + k0, dst, kc);
+              decode(args.B + (n0 + j) * args.ldb + k0, dst, kc);
               if (block_mode) sb[static_cast<std::size_t>(j)] = args.b_scales[((n0 + j) / kKc) * num_kb + kb];
             } else {
               std::fill(dst, dst + kc, 0.0f);
@@ -256,9 +322,9 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
         const float* col = cbuf.data() + (n - g0 * nc) * m_pad;
         for (std::int64_t m = row0; m < row1; ++m) {
           float v = num_kb == 0 ? 0.0f : col[m];
-          if (args.quant == QuantScheme::kPerTensor)
+          if (args.scaling == Scaling::kTensor)
             v = (v * args.a_scales[0]) * args.b_scales[0];
-          else if (args.quant == QuantScheme::kPerTokenPerChannel)
+          else if (args.scaling == Scaling::kRowChannel)
             v = (v * args.a_scales[m]) * args.b_scales[n];
           if (args.bias) v += args.bias[n];
           if (args.D_f32)
@@ -281,13 +347,14 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
   });
 }
 
-// --- fp8_gemm_ref --------------------------------------------------------------------------------
-void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd) {
+// --- gemm_ref ------------------------------------------------------------------------------------
+template <class T>
+void gemm_ref(const GemmCore<T>& args, double* D, std::int64_t ldd) {
   validate(args, /*check_output=*/false);
   const std::int64_t M = args.M, N = args.N, K = args.K;
-  MOEKIT_CHECK(ldd >= N, "fp8_gemm_ref: ldd={} < N={}", ldd, N);
+  MOEKIT_CHECK(ldd >= N, "{}_ref: ldd={} < N={}", args.who, ldd, N);
   if (M == 0 || N == 0) return;
-  MOEKIT_CHECK(D != nullptr, "fp8_gemm_ref: D is null with M={}, N={}", M, N);
+  MOEKIT_CHECK(D != nullptr, "{}_ref: D is null with M={}, N={}", args.who, M, N);
   const std::int64_t num_kb = ceil_div(K, kQuantBlock);
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
@@ -295,20 +362,34 @@ void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd) {
       for (std::int64_t kb = 0; kb < num_kb; ++kb) {
         double acc = 0.0;
         for (std::int64_t k = kb * kQuantBlock; k < std::min(K, (kb + 1) * kQuantBlock); ++k)
-          acc += static_cast<double>(fp8_decode(args.A[m * args.lda + k])) *
-                 static_cast<double>(fp8_decode(args.B[n * args.ldb + k]));
-        if (args.quant == QuantScheme::kBlock128)
+          acc += decode_one(args.A[m * args.lda + k]) * decode_one(args.B[n * args.ldb + k]);
+        if (args.scaling == Scaling::kBlock)
           total += acc * args.a_scales[m * num_kb + kb] * args.b_scales[(n / kQuantBlock) * num_kb + kb];
         else
           total += acc;
       }
-      if (args.quant == QuantScheme::kPerTensor)
+      if (args.scaling == Scaling::kTensor)
         total *= static_cast<double>(args.a_scales[0]) * args.b_scales[0];
-      else if (args.quant == QuantScheme::kPerTokenPerChannel)
+      else if (args.scaling == Scaling::kRowChannel)
         total *= static_cast<double>(args.a_scales[m]) * args.b_scales[n];
       if (args.bias) total += args.bias[n];
       D[m * ldd + n] = total;
     }
+}
+
+}  // namespace
+
+void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
+  gemm(core_of(args), pool);
+}
+void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd) {
+  gemm_ref(core_of(args), D, ldd);
+}
+void bf16_gemm(const Bf16GemmArgs& args, ThreadPool& pool) {
+  gemm(core_of(args), pool);
+}
+void bf16_gemm_ref(const Bf16GemmArgs& args, double* D, std::int64_t ldd) {
+  gemm_ref(core_of(args), D, ldd);
 }
 
 }  // namespace moekit::cpu

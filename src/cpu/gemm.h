@@ -1,6 +1,6 @@
-// FP8 GEMM on the CPU: D[m, n] = the scaled sum over k of A[m, k] * B[n, k], A (M, K) FP8 row-major
-// (activations), B (N, K) FP8 row-major (weights, K contiguous), fp32 accumulation, output fp32 or
-// bf16. Scales as in cpu/quant.h. Per element, the result is
+// FP8 GEMM on the CPU (and its bf16 twin below): D[m, n] = the scaled sum over k of A[m, k] * B[n, k], A (M, K) FP8
+// row-major (activations), B (N, K) FP8 row-major (weights, K contiguous), fp32 accumulation, output fp32 or bf16.
+// Scales as in cpu/quant.h. Per element, the result is
 //   kPerTensor / kPerTokenPerChannel:  (acc * sa) * sb,  acc = sum over k in increasing order
 //   kBlock128:  sum over k-blocks kb in increasing order of (acc_kb * sa[m, kb]) * sb[n/128, kb]
 // then + bias[n] when a bias is given (expert biases: gpt-oss),
@@ -36,5 +36,24 @@ struct Fp8GemmArgs {
 void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool);
 // float64 reference on the same quantized operands (dequantized exactly), output double (M, N).
 void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd);
+
+// The unquantized recipe's GEMM (QuantScheme::kBf16): A (M, K) and B (N, K) bf16, no scales, the
+// same fp32 chain per output element in increasing k, then + bias[n], then the store: bit-identical
+// however M, the blocking or the threads split the work, like fp8_gemm.
+struct Bf16GemmArgs {
+  std::int64_t M = 0, N = 0, K = 0;
+  const bf16_t* A = nullptr;
+  std::int64_t lda = 0;
+  const bf16_t* B = nullptr;
+  std::int64_t ldb = 0;
+  const float* bias = nullptr;  // (N) fp32 added to every row before the store; or none
+  float* D_f32 = nullptr;       // exactly one of D_f32 / D_bf16
+  bf16_t* D_bf16 = nullptr;
+  std::int64_t ldd = 0;
+};
+
+void bf16_gemm(const Bf16GemmArgs& args, ThreadPool& pool);
+// float64 reference on the same bf16 operands, output double (M, N).
+void bf16_gemm_ref(const Bf16GemmArgs& args, double* D, std::int64_t ldd);
 
 }  // namespace moekit::cpu

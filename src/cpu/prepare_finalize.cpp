@@ -1,14 +1,15 @@
 // The PrepareFinalize seam on the CPU.
 // all-to-all (batched format, any number of ranks): the semantics of the NCCL transports (plan/
 // ep_layout.h), over the communicator. Each token is quantized once and sent once to every rank
-// holding any of its experts, as one record (header, FP8 row, scales); the owner fans it out into
+// holding any of its experts, as one record (header, FP8 row and scales, or the bf16 row where the
+// recipe quantizes nothing); the owner fans it out into
 // its experts' (M, K) buffers, rows in (source rank, token, slot) order: the rows one rank holding
 // every expert gives the same global tokens. The owner sums its slots of a token first (fp32, slot
 // order) and returns one fp32 partial; the source adds the partials in rank order and rounds once.
 // So outputs do not depend on how tokens are spread over ranks, and equal one rank's bit for bit
 // where a token's experts live on one rank. Record buffers are host staging of the communicator,
 // sized per step.
-// local (standard format, ep == 1): quantize in place; the experts permute; combine their rows.
+// local (standard format, ep == 1): quantize (or copy bf16) in place; the experts permute; combine their rows.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "cpu/combine.h"
 #include "cpu/quant.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "numerics/scales.h"
 #include "plan/ep_layout.h"
 
@@ -73,11 +75,13 @@ class AllToAll final : public PrepareFinalize {
             slots == p.E ? fmt::format("E = {}", p.E) : fmt::format("{} expert slots", slots));
     const std::int64_t K = p.K, M = p.M, topk = p.topk, E_local = p.E_local, tc = a.num_tokens;
     const plan::EpRecord rl = plan::ep_record(p.quant, K, topk);
-    const std::int64_t spr = rl.scales_per_row, rb = rl.bytes;
+    const std::int64_t spr = rl.scales_per_row, rb = rl.bytes, row_bytes = rl.row_bytes;
+    const bool scaled = has_activation_scales(recipe_info(p.quant));
     const int P = comm_->size();
-    tok_q_.resize(static_cast<std::size_t>(p.max_tokens_per_rank * K));
+    // The tokens as the experts read them: FP8 codes + scales, or bf16 rows (K elements, row_bytes).
+    tok_q_.resize(static_cast<std::size_t>(p.max_tokens_per_rank * row_bytes));
     tok_scale_.resize(static_cast<std::size_t>(activation_scale_count(p.quant, p.max_tokens_per_rank, K)));
-    quantize_activation(p.quant, a.hidden, tc, K, K, tok_q_.data(), K, tok_scale_.data());
+    store_activation(p.quant, a.hidden, tc, K, K, tok_q_.data(), K, tok_scale_.data());
 
     // Destinations of each token and its index among the tokens sent to each (token order).
     const auto uP = static_cast<std::size_t>(P);
@@ -122,7 +126,7 @@ class AllToAll final : public PrepareFinalize {
           std::memcpy(&hdr[static_cast<std::size_t>(plan::ep_header_weight(topk) + k)], &w, 4);
         }
         std::memcpy(rec, hdr.data(), static_cast<std::size_t>(rl.header_bytes));
-        std::memcpy(rec + rl.row_offset, tok_q_.data() + t * K, static_cast<std::size_t>(K));
+        std::memcpy(rec + rl.row_offset, tok_q_.data() + t * row_bytes, static_cast<std::size_t>(row_bytes));
         std::memcpy(rec + rl.scale_offset, tok_scale_.data() + t * spr, static_cast<std::size_t>(4 * spr));
       }
     }
@@ -130,8 +134,8 @@ class AllToAll final : public PrepareFinalize {
                         times(recv_count_, rb), times(recv_off_, rb));
 
     // Fan out into (E_local, M, K): rows in (source rank, token, slot) order.
-    auto* a1q = ws.get<fp8_t>("a1q");
-    auto* a1q_scale = ws.get<float>("a1q_scale");
+    auto* a1q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q"));
+    auto* a1q_scale = scaled ? ws.get<float>("a1q_scale") : nullptr;
     auto* counts = ws.get<std::int32_t>("expert_num_tokens");
     std::fill(counts, counts + E_local, 0);
     recv_row_.assign(static_cast<std::size_t>(total_recv_ * topk), -1);  // row of each (record, slot)
@@ -159,8 +163,9 @@ class AllToAll final : public PrepareFinalize {
         }
         const std::int64_t row = counts[le]++;
         recv_row_[static_cast<std::size_t>(j * topk + k)] = static_cast<std::int32_t>(le * M + row);
-        std::memcpy(a1q + (le * M + row) * K, rec + rl.row_offset, static_cast<std::size_t>(K));
-        std::memcpy(a1q_scale + (le * M + row) * spr, rec + rl.scale_offset, static_cast<std::size_t>(4 * spr));
+        std::memcpy(a1q + (le * M + row) * row_bytes, rec + rl.row_offset, static_cast<std::size_t>(row_bytes));
+        if (spr > 0)
+          std::memcpy(a1q_scale + (le * M + row) * spr, rec + rl.scale_offset, static_cast<std::size_t>(4 * spr));
       }
     }
     // Per-tensor (dp == 1 only): one scale per expert tensor, the rank's own.
@@ -251,9 +256,9 @@ class Local final : public PrepareFinalize {
     MOEKIT_CHECK(p.E_local >= p.E, "the local prepare/finalize holds every expert (ep == 1); E_local = {} of E = {}",
                  p.E_local, p.E);
     check_ids(p, a);
-    auto* a1q = ws.get<fp8_t>("a1q");
-    auto* a1q_scale = ws.get<float>("a1q_scale");
-    quantize_activation(p.quant, a.hidden, a.num_tokens, p.K, p.K, a1q, p.K, a1q_scale);
+    auto* a1q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q"));
+    auto* a1q_scale = has_activation_scales(recipe_info(p.quant)) ? ws.get<float>("a1q_scale") : nullptr;
+    store_activation(p.quant, a.hidden, a.num_tokens, p.K, p.K, a1q, p.K, a1q_scale);
     return {a1q, a1q_scale, nullptr, a.topk_ids, a.num_tokens, nullptr};
   }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "moekit/check.h"
@@ -33,14 +34,14 @@ void encode(const T* x, std::int64_t len, float scale, fp8_t* q) {
 }
 
 void check_activation_args(const char* what, std::int64_t rows, std::int64_t cols, std::int64_t ldx, std::int64_t ldq,
-                           const void* x, const void* q, const float* scales) {
+                           const void* x, const void* q, const float* scales, bool scaled = true) {
   MOEKIT_CHECK(rows >= 0, "{}: rows = {} must be >= 0 (0 tokens is allowed)", what, rows);
   MOEKIT_CHECK(cols > 0, "{}: cols = {} must be > 0 (the hidden size K or the width I)", what, cols);
   MOEKIT_CHECK(ldx >= cols, "{}: input row stride ldx = {} is below cols = {}; pass ldx >= cols", what, ldx, cols);
   MOEKIT_CHECK(ldq >= cols, "{}: output row stride ldq = {} is below cols = {}; pass ldq >= cols", what, ldq, cols);
   MOEKIT_CHECK(rows == 0 || (x != nullptr && q != nullptr), "{}: null input or output pointer with rows = {}", what,
                rows);
-  MOEKIT_CHECK(scales != nullptr, "{}: scales is null; it needs activation_scale_count() floats", what);
+  MOEKIT_CHECK(!scaled || scales != nullptr, "{}: scales is null; it needs activation_scale_count() floats", what);
 }
 
 template <typename T>
@@ -78,8 +79,33 @@ void quantize_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, 
       }
       return;
     }
+    case QuantScheme::kBf16: break;
   }
-  MOEKIT_FAIL("quantize_activation: unknown quantization scheme {}", static_cast<int>(quant));
+  MOEKIT_FAIL("quantize_activation: {} is not an FP8 recipe (scheme {}): its rows are stored with store_activation",
+              recipe_info(quant).name != nullptr ? recipe_info(quant).name : "?", static_cast<int>(quant));
+}
+
+template <typename T>
+void store_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
+                           std::uint8_t* q, std::int64_t ldq, float* scales) {
+  const RecipeInfo recipe = recipe_info(quant);
+  if (has_activation_scales(recipe)) {
+    quantize_activation_impl(quant, x, rows, cols, ldx, q, ldq, scales);
+    return;
+  }
+  check_activation_args("store_activation", rows, cols, ldx, ldq, x, q, scales, false);
+  MOEKIT_CHECK(recipe.activation_dtype == DType::kBf16,
+               "store_activation: recipe {} stores {} activations; the CPU "
+               "stores bf16 ones",
+               recipe.name != nullptr ? recipe.name : "?", dtype_name(recipe.activation_dtype));
+  auto* out = reinterpret_cast<bf16_t*>(q);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      if constexpr (std::is_same_v<T, bf16_t>)
+        out[r * ldq + c] = x[r * ldx + c];  // the tokens as they are, bit for bit
+      else
+        out[r * ldq + c] = bf16_encode(x[r * ldx + c]);
+    }
 }
 
 }  // namespace
@@ -92,6 +118,16 @@ void quantize_activation(QuantScheme quant, const float* x, std::int64_t rows, s
 void quantize_activation(QuantScheme quant, const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
                          fp8_t* q, std::int64_t ldq, float* scales) {
   quantize_activation_impl(quant, x, rows, cols, ldx, q, ldq, scales);
+}
+
+void store_activation(QuantScheme quant, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
+                      std::uint8_t* q, std::int64_t ldq, float* scales) {
+  store_activation_impl(quant, x, rows, cols, ldx, q, ldq, scales);
+}
+
+void store_activation(QuantScheme quant, const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
+                      std::uint8_t* q, std::int64_t ldq, float* scales) {
+  store_activation_impl(quant, x, rows, cols, ldx, q, ldq, scales);
 }
 
 void quantize_weight(QuantScheme quant, const float* w, std::int64_t n, std::int64_t k, fp8_t* q, float* scales) {
@@ -133,8 +169,25 @@ void quantize_weight(QuantScheme quant, const float* w, std::int64_t n, std::int
       }
       return;
     }
+    case QuantScheme::kBf16: break;
   }
-  MOEKIT_FAIL("quantize_weight: unknown quantization scheme {}", static_cast<int>(quant));
+  MOEKIT_FAIL("quantize_weight: {} is not an FP8 recipe (scheme {}): its weights are stored in bf16, not quantized",
+              recipe_info(quant).name != nullptr ? recipe_info(quant).name : "?", static_cast<int>(quant));
+}
+
+void store_weight(QuantScheme quant, const float* w, std::int64_t n, std::int64_t k, std::uint8_t* q, float* scales) {
+  const RecipeInfo recipe = recipe_info(quant);
+  if (has_weight_scales(recipe)) {
+    quantize_weight(quant, w, n, k, q, scales);
+    return;
+  }
+  MOEKIT_CHECK(n > 0 && k > 0, "store_weight: weight shape ({}, {}) needs n > 0 and k > 0", n, k);
+  MOEKIT_CHECK(w != nullptr && q != nullptr, "store_weight: null weight or output pointer");
+  MOEKIT_CHECK(recipe.weight_dtype == DType::kBf16,
+               "store_weight: recipe {} stores {} weights; the CPU stores bf16 ones",
+               recipe.name != nullptr ? recipe.name : "?", dtype_name(recipe.weight_dtype));
+  auto* out = reinterpret_cast<bf16_t*>(q);
+  for (std::int64_t i = 0; i < n * k; ++i) out[i] = bf16_encode(w[i]);
 }
 
 double dequant_activation(QuantScheme quant, const fp8_t* q, std::int64_t ldq, const float* scales, std::int64_t cols,

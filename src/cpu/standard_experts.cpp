@@ -1,5 +1,5 @@
-// The standard-format FP8 experts on the CPU: tokens in token order with their local top-k ids ->
-// permute (rows grouped by expert, (token, slot) order inside each) -> W1 -> activation + FP8 ->
+// The standard-format experts on the CPU: tokens (FP8 or bf16) in token order with their local top-k ids ->
+// permute (rows grouped by expert, (token, slot) order inside each) -> W1 -> activation + FP8 (or bf16) ->
 // W2 -> one output row per (token, slot), left in the workspace for the finalize's combine. The
 // GEMM buffers alias by lifetime: a1q_permuted dies at W1 where act_q is born, w1_out at the
 // activation where w2_out is born (DeepSeek-V3, 256 tokens, top-8, 16 local experts: 43 MiB).
@@ -11,6 +11,7 @@
 #include "cpu/backend.h"
 #include "cpu/expert_pipeline.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "numerics/scales.h"
 #include "plan/experts_recipe.h"
 #include "plan/gemm_config.h"
@@ -28,8 +29,9 @@ class CpuStandardExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override { return plan::format_mismatch(name(), format(), p); }
 
-  std::string describe_config(const MoeProblem&, std::int64_t) const override {
-    return "fp32-accumulating FP8 GEMMs on the CPU's vector units";
+  std::string describe_config(const MoeProblem& p, std::int64_t) const override {
+    return fmt::format("fp32-accumulating {} GEMMs on the CPU's vector units",
+                       dtype_name(recipe_info(p.quant).activation_dtype));
   }
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
@@ -52,10 +54,14 @@ class CpuStandardExperts final : public Experts {
                    i % topk, in.topk_ids[i], E_local);
     auto* offsets = ws.get<std::int32_t>("expert_offsets");
     auto* pair_row = ws.get<std::int32_t>("pair_row");
-    auto* a1q_permuted = ws.get<fp8_t>("a1q_permuted");
-    auto* a1q_scale_permuted = ws.get<float>("a1q_scale_permuted");
-    auto* act_q = ws.get<fp8_t>("act_q");
-    auto* act_scale = ws.get<float>("act_scale");
+    // Scales only where the recipe has them (the unquantized one declares none); a1q and act_q hold
+    // `ab` bytes an element.
+    const bool scaled = has_activation_scales(recipe_info(p.quant));
+    const std::int64_t ab = activation_bytes(p);
+    auto* a1q_permuted = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q_permuted"));
+    auto* a1q_scale_permuted = scaled ? ws.get<float>("a1q_scale_permuted") : nullptr;
+    auto* act_q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>(plan::act_region(p.quant)));
+    auto* act_scale = scaled ? ws.get<float>("act_scale") : nullptr;
     const bool fused = plan::fuses_w1(p);
     auto* w1_out = fused ? nullptr : ws.get<bf16_t>("w1_out");
     auto* w2_out = ws.get<bf16_t>("w2_out");
@@ -86,8 +92,8 @@ class CpuStandardExperts final : public Experts {
       const std::int64_t row = cursor[static_cast<std::size_t>(e)]++;
       pair_row[i] = static_cast<std::int32_t>(row);
       const std::int64_t t = i / topk;
-      std::copy_n(in.a1q + t * K, K, a1q_permuted + row * K);
-      std::copy_n(in.a1q_scale + t * a_spr, a_spr, a1q_scale_permuted + row * a_spr);
+      std::copy_n(in.a1q + t * K * ab, K * ab, a1q_permuted + row * K * ab);
+      if (scaled) std::copy_n(in.a1q_scale + t * a_spr, a_spr, a1q_scale_permuted + row * a_spr);
     }
     if (numerics::activation_scale_per_tensor(p.quant)) a1q_scale_permuted[0] = in.a1q_scale[0];
 
@@ -106,9 +112,10 @@ class CpuStandardExperts final : public Experts {
       for (std::int64_t e = 0; e < E_local; ++e) {
         const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
         if (m == 0) continue;
-        const float* a_scale =
-            numerics::activation_scale_per_tensor(p.quant) ? a1q_scale_permuted : a1q_scale_permuted + r0 * a_spr;
-        fp8_gemm(expert_gemm(p, w, 1, e, m, a1q_permuted + r0 * K, a_scale, w1_out + r0 * N), *pool_);
+        const float* a_scale = !scaled                                          ? nullptr
+                               : numerics::activation_scale_per_tensor(p.quant) ? a1q_scale_permuted
+                                                                                : a1q_scale_permuted + r0 * a_spr;
+        run_expert_gemm(p, w, 1, e, m, a1q_permuted + r0 * K * ab, a_scale, w1_out + r0 * N, *pool_);
       }
       // Activation + quant over all permuted rows at once: they form one tensor (per-tensor keeps one
       // scale for it; the other schemes are row-local). All of it precedes W2, because w2_out aliases
@@ -118,8 +125,10 @@ class CpuStandardExperts final : public Experts {
     for (std::int64_t e = 0; e < E_local; ++e) {
       const std::int64_t r0 = offsets[e], m = offsets[e + 1] - r0;
       if (m == 0) continue;
-      const float* a_scale = numerics::activation_scale_per_tensor(p.quant) ? act_scale : act_scale + r0 * act_spr;
-      fp8_gemm(expert_gemm(p, w, 2, e, m, act_q + r0 * I, a_scale, w2_out + r0 * K), *pool_);
+      const float* a_scale = !scaled                                          ? nullptr
+                             : numerics::activation_scale_per_tensor(p.quant) ? act_scale
+                                                                              : act_scale + r0 * act_spr;
+      run_expert_gemm(p, w, 2, e, m, act_q + r0 * I * ab, a_scale, w2_out + r0 * K, *pool_);
     }
     return {w2_out, pair_row};
   }

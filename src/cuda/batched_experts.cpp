@@ -26,6 +26,7 @@ class CudaBatchedExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override {
     if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
+    if (std::string why = plan::recipe_unsupported(name(), device(), p); !why.empty()) return why;
     if (p.expert_bias && p.fuse_w1) return plan::kExpertBiasUnfusedOnly;
     if (p.M > std::numeric_limits<std::int32_t>::max() || p.E_local > 65535)
       return fmt::format(

@@ -17,11 +17,20 @@
 #include "moekit/check.h"
 #include "numerics/scales.h"
 #include "plan/ep_layout.h"
+#include "plan/experts_recipe.h"
 
 namespace moekit::cuda {
 namespace {
 
+// The CUDA dispatches quantize to FP8 as they scatter: a recipe without CUDA kernels (bf16) is
+// refused when it is declared, with what to run instead (the experts refuse it the same way).
+void require_cuda_recipe(std::string_view who, const MoeProblem& p) {
+  const std::string why = plan::recipe_unsupported(who, Device::kCuda, p);
+  MOEKIT_CHECK(why.empty(), "{}", why);
+}
+
 void declare_quant_scratch(const MoeProblem& p, WorkspaceBuilder& b) {
+  require_cuda_recipe("the CUDA prepare/finalize", p);
   b.add({"tensor_amax",
          DType::kInt32,
          {1},
@@ -167,6 +176,7 @@ class NcclAllToAll final : public PrepareFinalize {
 
   void declare(const MoeProblem& p, WorkspaceBuilder& b) const override {
     const std::int64_t P = p.num_dispatchers, mt = p.max_tokens_per_rank, K = p.K, topk = p.topk;
+    require_cuda_recipe(name(), p);
     const std::int64_t rb = plan::ep_record(p.quant, K, topk).bytes, pairs = P * mt * topk;
     declare_experts_io(p, b);
     b.add({"ep_token_destinations",

@@ -23,6 +23,7 @@ class CudaStandardExperts final : public Experts {
 
   std::string unsupported(const MoeProblem& p) const override {
     if (std::string why = plan::format_mismatch(name(), format(), p); !why.empty()) return why;
+    if (std::string why = plan::recipe_unsupported(name(), device(), p); !why.empty()) return why;
     if (p.expert_bias && p.fuse_w1) return plan::kExpertBiasUnfusedOnly;
     if (p.E_local > kMaxRowMapExperts)
       return fmt::format("E_local = {} exceeds the {} experts the CUDA row map holds", p.E_local, kMaxRowMapExperts);

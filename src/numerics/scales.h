@@ -6,7 +6,8 @@
 //   weights (n, k), k contiguous: kPerTensor: [0];  kPerOutputChannel: [n];
 //                                 kBlock128x128: [(n/128) * ceil(k/128) + k/128]
 // A batched activation buffer (E_local, M, cols) keeps one tensor per expert: per-tensor holds
-// E_local scales, the others E_local * M rows' worth. Callers validate shapes first (problem.h).
+// E_local scales, the others E_local * M rows' worth. An unquantized recipe (kNone) has no scales:
+// every count here is 0 and a shape {0}. Callers validate shapes first (problem.h).
 #pragma once
 
 #include <cstdint>
@@ -34,10 +35,12 @@ MOEKIT_HD constexpr std::int64_t activation_scale_group(QuantScheme quant, std::
 }
 
 // Scales owned by each activation row: 1 per token, ceil(cols/128) for 1x128 groups, 0 per-tensor
-// (its one scale belongs to the whole tensor).
+// (its one scale belongs to the whole tensor) and 0 unquantized.
 MOEKIT_HD constexpr std::int64_t activation_scales_per_row(QuantScheme quant, std::int64_t cols) {
   const ActivationScales rule = recipe_info(quant).activation_scales;
-  return rule == ActivationScales::kPerTensor ? 0 : rule == ActivationScales::kPerRow ? 1 : ceil_div(cols, kQuantBlock);
+  return rule == ActivationScales::kPerTensor || rule == ActivationScales::kNone ? 0
+         : rule == ActivationScales::kPerRow                                     ? 1
+                                                                                 : ceil_div(cols, kQuantBlock);
 }
 
 // Scales of one activation tensor of `rows` rows.
@@ -59,7 +62,8 @@ MOEKIT_HD constexpr std::int64_t activation_scale_index(QuantScheme quant, std::
 // Scales of one (n, k) weight.
 MOEKIT_HD constexpr std::int64_t weight_scale_count(QuantScheme quant, std::int64_t n, std::int64_t k) {
   const WeightScales rule = recipe_info(quant).weight_scales;
-  return rule == WeightScales::kPerTensor          ? 1
+  return rule == WeightScales::kNone               ? 0
+         : rule == WeightScales::kPerTensor        ? 1
          : rule == WeightScales::kPerOutputChannel ? n
                                                    : ceil_div(n, kQuantBlock) * ceil_div(k, kQuantBlock);
 }
@@ -80,6 +84,7 @@ MOEKIT_HD constexpr std::int64_t weight_scale_index(QuantScheme quant, std::int6
 inline std::vector<std::int64_t> activation_scale_shape(QuantScheme quant, std::vector<std::int64_t> rows,
                                                         std::int64_t cols, bool batched) {
   switch (recipe_info(quant).activation_scales) {
+    case ActivationScales::kNone: return {0};
     case ActivationScales::kPerTensor:
       return batched ? std::vector<std::int64_t>{rows.front()} : std::vector<std::int64_t>{1};
     case ActivationScales::kPerRow: return rows;

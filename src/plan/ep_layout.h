@@ -8,7 +8,7 @@
 //           device-initiated records live at [source][token] and stale ones are told by it);
 //           int32 local_expert[topk]
 //           (-1: not here); float weight[topk]
-//   row     K FP8 codes
+//   row     K elements of the recipe's activation dtype (FP8 codes, or bf16 values: 2K bytes)
 //   scales  the row's activation scales (numerics/scales.h), fp32
 // The receiver fans each record out to its local experts' (M, K) rows. The combine returns one fp32
 // partial per (token, destination): the owner sums its slots first (fp32, slot order), the source
@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "moekit/recipe.h"
 #include "moekit/types.h"
 #include "numerics/host_device.h"
 #include "numerics/scales.h"
@@ -32,7 +33,8 @@ inline constexpr int kEpPhases = 3;  // dispatch, combine, teardown: one flag se
 
 struct EpRecord {
   std::int64_t header_bytes = 0;
-  std::int64_t row_offset = 0;    // K FP8 codes
+  std::int64_t row_offset = 0;    // K elements of the recipe's activation dtype
+  std::int64_t row_bytes = 0;     // K FP8 codes: K bytes; K bf16 values: 2K
   std::int64_t scale_offset = 0;  // scales_per_row fp32
   std::int64_t scales_per_row = 0;
   std::int64_t bytes = 0;  // the record, 16-byte aligned
@@ -46,7 +48,8 @@ MOEKIT_HD constexpr EpRecord ep_record(QuantScheme quant, std::int64_t K, std::i
   EpRecord r;
   r.header_bytes = round_up16(16 + 8 * topk);
   r.row_offset = r.header_bytes;
-  r.scale_offset = r.row_offset + round_up16(K);
+  r.row_bytes = K * dtype_size(recipe_info(quant).activation_dtype);
+  r.scale_offset = r.row_offset + round_up16(r.row_bytes);
   r.scales_per_row = numerics::activation_scales_per_row(quant, K);
   r.bytes = round_up16(r.scale_offset + 4 * r.scales_per_row);
   return r;

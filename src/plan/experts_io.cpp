@@ -7,17 +7,22 @@
 
 namespace moekit {
 
+// A recipe without activation scales (bf16) declares no a1q_scale (not an empty one): the prepares
+// and experts read the row's activation_scales before they ask for it.
 void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
-  const DType a1q_dtype = recipe_info(p.quant).activation_dtype;
+  const RecipeInfo recipe = recipe_info(p.quant);
+  const DType a1q_dtype = recipe.activation_dtype;
+  const bool scaled = has_activation_scales(recipe);
   if (p.format == ActivationFormat::kBatchedExperts) {
     b.add({"a1q",
            a1q_dtype,
            {p.E_local, p.M, p.K},
            Stage::kPrepare,
            Stage::kGemm1,
-           "dispatched FP8 tokens, M rows per local expert, rows >= expert_num_tokens[e] are padding"});
-    b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true),
-           Stage::kPrepare, Stage::kGemm1, "scales of a1q"});
+           "dispatched tokens (FP8 or bf16), M rows per local expert, rows >= expert_num_tokens[e] are padding"});
+    if (scaled)
+      b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true),
+             Stage::kPrepare, Stage::kGemm1, "scales of a1q"});
     b.add({"expert_num_tokens",
            DType::kInt32,
            {p.E_local},
@@ -32,9 +37,10 @@ void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
            "experts' output (E_local, M, K): valid rows are the result, the rest padding"});
     return;
   }
-  b.add({"a1q", a1q_dtype, {p.M, p.K}, Stage::kPrepare, Stage::kGemm1, "FP8 tokens in token order"});
-  b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.M}, p.K, false), Stage::kPrepare,
-         Stage::kGemm1, "scales of a1q"});
+  b.add({"a1q", a1q_dtype, {p.M, p.K}, Stage::kPrepare, Stage::kGemm1, "tokens (FP8 or bf16) in token order"});
+  if (scaled)
+    b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.M}, p.K, false), Stage::kPrepare,
+           Stage::kGemm1, "scales of a1q"});
 }
 
 }  // namespace moekit

@@ -1,8 +1,10 @@
-// The FP8 experts recipe's regions, declared once for every device (plan/experts_recipe.h), in the
-// dtypes of the problem's recipe (moekit/recipe.h).
+// The experts recipe's regions, declared once for every device (plan/experts_recipe.h), in the
+// dtypes of the problem's recipe (moekit/recipe.h). A recipe without activation scales (bf16)
+// declares no scale regions at all, rather than empty ones: every reader asks the row first.
 // Napkin math, DeepSeek-V3 DP 32, 16 local experts, M = 8192 (batched): w1_out 16 x 8192 x 4096
 // bf16 = 1 GiB, act_q 256 MiB, act_scale 512 KiB. Standard, 256 tokens, top-8: 2048 rows; w1_out
-// 16 MiB shares bytes with w2_out 28 MiB, a1q_permuted 14 MiB with act_q 4 MiB.
+// 16 MiB shares bytes with w2_out 28 MiB, a1q_permuted 14 MiB with act_q 4 MiB. bf16: act 512 MiB
+// batched; a1q_permuted 28 MiB with act 8 MiB standard.
 #include "plan/experts_recipe.h"
 
 #include <fmt/format.h>
@@ -15,6 +17,10 @@ namespace moekit::plan {
 
 using numerics::activation_scale_shape;
 
+const char* act_region(QuantScheme quant) {
+  return recipe_info(quant).requantizes_intermediate ? "act_q" : "act";
+}
+
 void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_out) {
   const std::int64_t I = p.I();
   const RecipeInfo recipe = recipe_info(p.quant);
@@ -25,15 +31,17 @@ void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_ou
            Stage::kGemm1,
            Stage::kActivation,
            "W1 GEMM output (gate|up), valid rows only are written"});
-  b.add({"act_q",
+  b.add({act_region(p.quant),
          recipe.activation_dtype,
          {p.E_local, p.M, I},
          Stage::kActivation,
          Stage::kGemm2,
-         "activation output quantized to FP8: the A operand of the W2 GEMM"});
+         recipe.requantizes_intermediate ? "activation output quantized to FP8: the A operand of the W2 GEMM"
+                                         : "activation output in bf16: the A operand of the W2 GEMM"});
   // M is global already: no num_dispatchers here.
-  b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {p.E_local, p.M}, I, true), Stage::kActivation,
-         Stage::kGemm2, "scales of act_q"});
+  if (has_activation_scales(recipe))
+    b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {p.E_local, p.M}, I, true), Stage::kActivation,
+           Stage::kGemm2, "scales of act_q"});
 }
 
 void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_out) {
@@ -62,15 +70,22 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
            {rows, p.K},
            Stage::kPrepare,
            Stage::kGemm1,
-           "FP8 tokens grouped by local expert"});
-    b.add({"a1q_scale_permuted", DType::kFp32, activation_scale_shape(p.quant, {rows}, p.K, false), Stage::kPrepare,
-           Stage::kGemm1, "scales of a1q_permuted"});
+           "tokens (the recipe's operand dtype) grouped by local expert"});
+    if (has_activation_scales(recipe))
+      b.add({"a1q_scale_permuted", DType::kFp32, activation_scale_shape(p.quant, {rows}, p.K, false), Stage::kPrepare,
+             Stage::kGemm1, "scales of a1q_permuted"});
   };
   const Stage act_born = w1_out ? Stage::kActivation : Stage::kGemm1;  // the fused W1 writes act_q
   auto act_q = [&] {
-    b.add({"act_q", recipe.activation_dtype, {rows, I}, act_born, Stage::kGemm2, "activation output quantized to FP8"});
-    b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), act_born, Stage::kGemm2,
-           "scales of act_q"});
+    b.add({act_region(p.quant),
+           recipe.activation_dtype,
+           {rows, I},
+           act_born,
+           Stage::kGemm2,
+           recipe.requantizes_intermediate ? "activation output quantized to FP8" : "activation output in bf16"});
+    if (has_activation_scales(recipe))
+      b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), act_born, Stage::kGemm2,
+             "scales of act_q"});
   };
   auto w2_out = [&] {
     b.add({"w2_out",
@@ -106,6 +121,15 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
     w2_out();
     b.end_alias();
   }
+}
+
+std::string recipe_unsupported(std::string_view experts, Device device, const MoeProblem& p) {
+  const RecipeInfo recipe = recipe_info(p.quant);
+  if (device != Device::kCuda || recipe.cuda_experts) return {};
+  return fmt::format(
+      "{} ({}) has no kernels for the {} recipe (unquantized {} operands) yet: run it with --device cpu, or quantize "
+      "to FP8 with --quant per-token or --quant block128",
+      experts, device_name(device), recipe.name, dtype_name(recipe.activation_dtype));
 }
 
 std::string format_mismatch(std::string_view experts, ActivationFormat takes, const MoeProblem& p) {

@@ -234,10 +234,11 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
 // Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
 // instance for the scaling (the recipe's block_scaled_gemm: moekit/recipe.h); the fused recipe's W1
 // (a recipe with fused_w1) runs on the fused W1 configs and, for small experts, the fp32-D ones
-// (w1_fp32); the fused W1 configs run nothing else.
+// (w1_fp32); the fused W1 configs run nothing else. A recipe without CUDA experts (cuda_experts:
+// bf16 for now) runs on none of these FP8 configs.
 constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
                         QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
-  return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
+  return recipe_info(quant).cuda_experts && n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
          (fused_w1
               ? (config.fused_w1 || config.w1_fp32) && recipe_info(quant).fused_w1
               : !config.fused_w1 && (recipe_info(quant).block_scaled_gemm ? config.block_scaled : config.token_scaled));

@@ -30,6 +30,10 @@ QuantChoice choose_quant(const ModelConfig& m, std::string_view name) {
             fmt::format("{} FP8 planned instead: {}, a format moekit does not run", quant_name(fallback), from)};
   }
   const QuantScheme q = parse_quant(name);
+  if (!m.checkpoint_format.empty() && !has_weight_scales(recipe_info(q)))
+    return {q, fmt::format("{} as asked; {}: moekit does not dequantize it into {} (not exact), so a load of the "
+                           "checkpoint refuses this; seeded synthetic weights run it",
+                           quant_name(q), from, dtype_name(recipe_info(q).weight_dtype))};
   if (m.checkpoint_quant && q != *m.checkpoint_quant)
     return {q, fmt::format("{} as asked; {}: its weights would be requantized", quant_name(q), from)};
   if (!m.checkpoint_quant && !m.checkpoint_format.empty())

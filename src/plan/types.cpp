@@ -78,20 +78,6 @@ Device parse_device(std::string_view name) {
   return parse_named(name, kDevices, "device");
 }
 
-std::int64_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::kFp8E4m3:
-    case DType::kUint8: return 1;
-    case DType::kBf16:
-    case DType::kFp16: return 2;
-    case DType::kFp32:
-    case DType::kInt32: return 4;
-    case DType::kInt64:
-    case DType::kPtr: return 8;
-  }
-  MOEKIT_FAIL("unknown dtype {}", static_cast<int>(dtype));
-}
-
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kFp8E4m3: return "fp8_e4m3";

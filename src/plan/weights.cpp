@@ -8,6 +8,7 @@
 #include <new>
 
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "moekit/workspace.h"
 #include "numerics/activation.h"
 #include "numerics/scales.h"
@@ -90,14 +91,18 @@ bool w1_needs_block_pairs(std::string_view layout, Activation activation, QuantS
   return pairs && layout == "gate_up";
 }
 
+std::int64_t ExpertWeightsView::element_bytes() const {
+  return dtype_size(recipe_info(quant).weight_dtype);
+}
+
 ExpertWeightsView ExpertWeightsView::expert(std::int64_t e) const {
   MOEKIT_CHECK(e >= 0 && e < E_local, "expert {} is outside the view's [0, {})", e, E_local);
   ExpertWeightsView v = *this;
   v.E_local = 1;
-  v.w1 = w1 + e * N * K;
-  v.w2 = w2 + e * K * I;
-  v.w1_scale = w1_scale + e * w1_scale_stride();
-  v.w2_scale = w2_scale + e * w2_scale_stride();
+  v.w1 = w1 + e * N * K * element_bytes();
+  v.w2 = w2 + e * K * I * element_bytes();
+  if (w1_scale != nullptr) v.w1_scale = w1_scale + e * w1_scale_stride();
+  if (w2_scale != nullptr) v.w2_scale = w2_scale + e * w2_scale_stride();
   if (w1_bias != nullptr) v.w1_bias = w1_bias + e * N;
   if (w2_bias != nullptr) v.w2_bias = w2_bias + e * K;
   return v;
@@ -131,7 +136,9 @@ void validate_weights(const ExpertWeightsView& w, const MoeProblem& p, Device de
       "the expert weights hold E_local = {}, N = {}, K = {}, I = {}; the problem needs E_local = {}, N = {}, K "
       "= {}, I = {} ({})",
       w.E_local, w.N, w.K, w.I, p.E_local, p.N, p.K, p.I(), activation_name(p.activation));
-  MOEKIT_CHECK(w.w1 != nullptr && w.w2 != nullptr && w.w1_scale != nullptr && w.w2_scale != nullptr,
+  // An unquantized recipe's weights carry no scales (their pointers may be null, and are not read).
+  const bool scaled = has_weight_scales(recipe_info(p.quant));
+  MOEKIT_CHECK(w.w1 != nullptr && w.w2 != nullptr && (!scaled || (w.w1_scale != nullptr && w.w2_scale != nullptr)),
                "the expert weights view has a null pointer (w1 {}, w1_scale {}, w2 {}, w2_scale {})",
                static_cast<const void*>(w.w1), static_cast<const void*>(w.w1_scale), static_cast<const void*>(w.w2),
                static_cast<const void*>(w.w2_scale));
@@ -153,11 +160,12 @@ void validate_weights(const ExpertWeightsView& w, const MoeProblem& p, Device de
 
 std::int64_t expert_weight_bytes(const MoeProblem& p) {
   const std::int64_t I = p.I();
-  const std::int64_t fp8 = shape_bytes({p.E_local, p.N * p.K + p.K * I}, DType::kFp8E4m3, "expert weights");
+  const std::int64_t weights =
+      shape_bytes({p.E_local, p.N * p.K + p.K * I}, recipe_info(p.quant).weight_dtype, "expert weights");
   const std::int64_t scales =
       numerics::weight_scale_count(p.quant, p.N, p.K) + numerics::weight_scale_count(p.quant, p.K, I);
   const std::int64_t biases = p.expert_bias ? p.N + p.K : 0;
-  return fp8 + shape_bytes({p.E_local, scales + biases}, DType::kFp32, "expert weight scales and biases");
+  return weights + shape_bytes({p.E_local, scales + biases}, DType::kFp32, "expert weight scales and biases");
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include "cpu/quant.h"
 #include "moekit/check.h"
 #include "moekit/limits.h"
+#include "moekit/recipe.h"
 
 namespace moekit::synthetic {
 namespace {
@@ -58,8 +59,9 @@ HostExpertWeights draw_experts(const MoeProblem& p, std::int64_t first_expert, c
   w.first_expert = first_expert;
   const std::int64_t N = p.N, K = p.K, I = p.I();
   const std::int64_t s1 = numerics::weight_scale_count(p.quant, N, K), s2 = numerics::weight_scale_count(p.quant, K, I);
-  w.w1.resize(static_cast<std::size_t>(p.E_local * N * K));
-  w.w2.resize(static_cast<std::size_t>(p.E_local * K * I));
+  const std::int64_t wb = dtype_size(recipe_info(p.quant).weight_dtype);  // FP8 codes 1 byte, bf16 2
+  w.w1.resize(static_cast<std::size_t>(p.E_local * N * K * wb));
+  w.w2.resize(static_cast<std::size_t>(p.E_local * K * I * wb));
   w.w1_scale.resize(static_cast<std::size_t>(p.E_local * s1));
   w.w2_scale.resize(static_cast<std::size_t>(p.E_local * s2));
   pool.parallel_for(p.E_local, [&](std::int64_t e0, std::int64_t e1) {
@@ -68,10 +70,10 @@ HostExpertWeights draw_experts(const MoeProblem& p, std::int64_t first_expert, c
       const auto g = static_cast<std::uint64_t>(global(e));
       tmp.resize(static_cast<std::size_t>(N * K));
       fill_normal(tmp, stream(seed, Purpose::kW1, g), 1.0f / std::sqrt(static_cast<float>(K)));
-      cpu::quantize_weight(p.quant, tmp.data(), N, K, w.w1.data() + e * N * K, w.w1_scale.data() + e * s1);
+      cpu::store_weight(p.quant, tmp.data(), N, K, w.w1.data() + e * N * K * wb, w.w1_scale.data() + e * s1);
       tmp.resize(static_cast<std::size_t>(K * I));
       fill_normal(tmp, stream(seed, Purpose::kW2, g), 1.0f / std::sqrt(static_cast<float>(I)));
-      cpu::quantize_weight(p.quant, tmp.data(), K, I, w.w2.data() + e * K * I, w.w2_scale.data() + e * s2);
+      cpu::store_weight(p.quant, tmp.data(), K, I, w.w2.data() + e * K * I * wb, w.w2_scale.data() + e * s2);
     }
   });
   if (p.expert_bias) {

@@ -1,4 +1,4 @@
-// Seeded synthetic inputs of a layer, the one place they are made: the experts' FP8 weights, the
+// Seeded synthetic inputs of a layer, the one place they are made: the experts' weights (FP8 or bf16), the
 // routing bias, the tokens and router logits. Every value is a function of (seed, purpose, global
 // index), so any spread of experts and tokens over ranks draws the same numbers. Nothing is ever
 // downloaded: moekit runs on random, seeded weights.
@@ -28,7 +28,8 @@ ModelConfig tiny_model(bool grouped);
 using moekit::HostExpertWeights;
 
 // Experts [first_expert, first_expert + problem.E_local): normal(0, 1/sqrt(K)) W1 and normal(0,
-// 1/sqrt(I)) W2, quantized with problem.quant; with problem.expert_bias, 0.1 * normal biases.
+// 1/sqrt(I)) W2, quantized with problem.quant (or rounded to bf16 for the bf16 recipe); with
+// problem.expert_bias, 0.1 * normal biases.
 HostExpertWeights make_expert_weights(const MoeProblem& problem, std::int64_t first_expert, std::uint64_t seed,
                                       cpu::ThreadPool& pool);
 // Redundant experts: slots [first_slot, first_slot + problem.E_local) of `placement`, each with the

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <mutex>
 
@@ -23,6 +24,7 @@
 #include "cuda/backend.h"
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "moekit/registry.h"
 #include "synthetic/synthetic.h"
 #include "test_names.h"
@@ -39,7 +41,27 @@ using numerics::fp8_t;
 //   FP8 requantization flips of the activation: measured ~2.4e-3; bound 1e-2.
 // - Another device vs the CPU: check::device_vs_cpu_tolerance (FP8 code flips where bf16 W1 outputs
 //   sit an ulp apart; per-tensor, the slab's one scale moving too).
+// - The unquantized recipe (bf16): the reference reads the same bf16 tokens and weights and rounds
+//   W1's output and the activation's to bf16 where the recipe stores them, so what is left is the
+//   output's own bf16 rounding (half an ulp of 2^-7, at most 2^-8 relative; 2^-7 / sqrt(12) of the
+//   binade, ~1.6e-3 of the value RMS) and the rare stored bf16 value whose fp32 and float64 sums
+//   round to neighbouring bf16s: measured 1.6-1.7e-3 on the tiny cases; bound 3e-3, inside bf16
+//   level (~4e-3) and far below an indexing or layout bug's O(1).
 constexpr double kCpuVsFloat64 = 1e-2;
+constexpr double kCpuVsFloat64Bf16 = 3e-3;
+double cpu_vs_float64(QuantScheme quant) {
+  return has_activation_scales(recipe_info(quant)) ? kCpuVsFloat64 : kCpuVsFloat64Bf16;
+}
+
+// The experts' operand element (a1q, act_q / act) of a recipe: FP8 codes or bf16 values, as double.
+double operand_value(QuantScheme quant, const std::uint8_t* row, std::int64_t i) {
+  if (recipe_info(quant).activation_dtype == DType::kBf16) {
+    bf16_t v = 0;
+    std::memcpy(&v, row + 2 * i, 2);
+    return bf16_decode(v);
+  }
+  return numerics::fp8_decode(row[i]);
+}
 constexpr std::int64_t kGuardBytes = 4096;
 
 // A device-parametrized test's name suffix: cpu, cuda.
@@ -276,6 +298,15 @@ void router_case(const OpCase& c, Device device) {
 void quantize_case(const OpCase& c) {
   const std::int64_t K = 384, T = c.tokens;
   const auto tok = synthetic::make_tokens(K, 1, 0, T, 41);
+  if (!has_activation_scales(recipe_info(c.quant))) {
+    // Unquantized: the prepare's rows are the tokens, bit for bit.
+    std::vector<bf16_t> q(static_cast<std::size_t>(T * K) + 1, 0xFFFF);
+    cpu::store_activation(c.quant, tok.hidden.data(), T, K, K, reinterpret_cast<std::uint8_t*>(q.data()), K, nullptr);
+    EXPECT_EQ(q.back(), 0xFFFF) << c.name() << ": wrote past the rows";
+    q.pop_back();
+    EXPECT_EQ(q, tok.hidden) << c.name();
+    return;
+  }
   std::vector<fp8_t> q(static_cast<std::size_t>(T * K));
   std::vector<float> s(static_cast<std::size_t>(numerics::activation_scale_count(c.quant, T, K)) + 1, std::nanf(""));
   cpu::quantize_activation(c.quant, tok.hidden.data(), T, K, K, q.data(), K, s.data());
@@ -305,18 +336,26 @@ void prepare_finalize_case(const OpCase& c, Device device) {
     GTEST_SKIP() << "no prepare/finalize for " << format_name(c.format) << " on " << device_name(device);
   if (device == Device::kCuda && P > 1)
     GTEST_SKIP() << entry->name << " runs one rank per GPU over NCCL: tests/layer/test_layer_multi_gpu covers it";
+  if (device == Device::kCuda && !recipe_info(c.quant).cuda_experts) {
+    const auto pf = entry->make({});
+    WorkspaceBuilder builder("prepare-finalize", p, kGuardBytes);
+    EXPECT_THROW(pf->declare(p, builder), Error) << c.name() << ": the CUDA dispatch has no " << quant_name(c.quant);
+    return;
+  }
   const RoutingConfig routing = routing_config(m);
+  const bool scaled = has_activation_scales(recipe_info(c.quant));
+  const std::int64_t ab = dtype_size(recipe_info(c.quant).activation_dtype);  // bytes an a1q element
   // Rank r's tokens are global tokens [r*T, (r+1)*T); every rank routes and quantizes them on the host
   // for the expected values.
   const auto all = synthetic::make_tokens(K, m.num_experts, 0, P * T, 43);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(P * T * topk));
   std::vector<float> weights(ids.size());
   cpu::route(routing, all.logits.data(), P * T, nullptr, ids.data(), weights.data());
-  std::vector<fp8_t> q(static_cast<std::size_t>(P * T * K));
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(P * T * K * ab));
   std::vector<float> qs(
       static_cast<std::size_t>(std::max<std::int64_t>(numerics::activation_scale_count(c.quant, P * T, K), 1)));
   if (c.quant != QuantScheme::kPerTensor)
-    cpu::quantize_activation(c.quant, all.hidden.data(), P * T, K, K, q.data(), K, qs.data());
+    cpu::store_activation(c.quant, all.hidden.data(), P * T, K, K, q.data(), K, qs.data());
   const std::int64_t spr = numerics::activation_scales_per_row(c.quant, K);
   std::vector<bf16_t> out(static_cast<std::size_t>(P * T * K), 0xFFFF);
   std::mutex mutex;
@@ -346,8 +385,13 @@ void prepare_finalize_case(const OpCase& c, Device device) {
     std::vector<std::int32_t> row_of;
     if (c.format == ActivationFormat::kBatchedExperts) {
       const auto counts = to_host(*memory, in.expert_num_tokens, p.E_local);
-      const auto a1q = to_host(*memory, in.a1q, p.E_local * p.M * K);
-      const auto a1q_scale = to_host(*memory, in.a1q_scale, ws.plan().region("a1q_scale").bytes / 4);
+      const auto a1q = to_host(*memory, in.a1q, p.E_local * p.M * K * ab);
+      const auto a1q_scale =
+          scaled ? to_host(*memory, in.a1q_scale, ws.plan().region("a1q_scale").bytes / 4) : std::vector<float>{};
+      if (!scaled) {
+        EXPECT_EQ(in.a1q_scale, nullptr) << c.name() << ": an unquantized prepare hands no scales";
+        EXPECT_EQ(ws.plan().find_region("a1q_scale"), nullptr) << c.name();
+      }
       std::int64_t expected_rows = 0;
       for (std::int64_t i = 0; i < P * T * topk; ++i)
         expected_rows += ids[static_cast<std::size_t>(i)] / p.E_local == r;
@@ -362,7 +406,9 @@ void prepare_finalize_case(const OpCase& c, Device device) {
         const std::int64_t le = e % p.E_local, row = next[static_cast<std::size_t>(le)]++, t = i / topk;
         ASSERT_LT(row, counts[static_cast<std::size_t>(le)]) << c.name();
         if (c.quant == QuantScheme::kPerTensor) continue;  // one scale per rank's tensor: checked below
-        EXPECT_EQ(std::memcmp(a1q.data() + (le * p.M + row) * K, q.data() + t * K, static_cast<std::size_t>(K)), 0)
+        EXPECT_EQ(std::memcmp(a1q.data() + (le * p.M + row) * K * ab, q.data() + t * K * ab,
+                              static_cast<std::size_t>(K * ab)),
+                  0)
             << c.name() << " rank " << r << " expert " << le << " row " << row;
         for (std::int64_t j = 0; j < spr; ++j)
           EXPECT_EQ(a1q_scale[static_cast<std::size_t>((le * p.M + row) * spr + j)],
@@ -375,25 +421,25 @@ void prepare_finalize_case(const OpCase& c, Device device) {
         for (std::int64_t row = 0; row < counts[static_cast<std::size_t>(le)]; ++row)
           for (std::int64_t col = 0; col < K; ++col)
             expert_rows[static_cast<std::size_t>((le * p.M + row) * K + col)] = numerics::bf16_encode(
-                static_cast<float>(numerics::fp8_decode(a1q[static_cast<std::size_t>((le * p.M + row) * K + col)])) *
+                static_cast<float>(operand_value(c.quant, a1q.data() + (le * p.M + row) * K * ab, col)) *
                 static_cast<float>(r + 1 + le));
       memory->from_host(in.output, expert_rows.data(), static_cast<std::int64_t>(expert_rows.size()) * 2, nullptr);
     } else {
       // Standard: a1q in token order, ids passed through; the experts' rows in (token, slot) order.
       if (c.quant != QuantScheme::kPerTensor) {
-        EXPECT_EQ(to_host(*memory, in.a1q, T * K),
-                  std::vector<fp8_t>(q.begin() + r * T * K, q.begin() + (r + 1) * T * K))
+        EXPECT_EQ(to_host(*memory, in.a1q, T * K * ab),
+                  std::vector<std::uint8_t>(q.begin() + r * T * K * ab, q.begin() + (r + 1) * T * K * ab))
             << c.name();
       }
       expert_rows.resize(static_cast<std::size_t>(T * topk * K));
       row_of.resize(static_cast<std::size_t>(T * topk));
-      const auto a1q = to_host(*memory, in.a1q, T * K);
+      const auto a1q = to_host(*memory, in.a1q, T * K * ab);
       for (std::int64_t i = 0; i < T * topk; ++i) {
         row_of[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(T * topk - 1 - i);  // any permutation
         for (std::int64_t col = 0; col < K; ++col)
-          expert_rows[static_cast<std::size_t>((T * topk - 1 - i) * K + col)] = numerics::bf16_encode(
-              static_cast<float>(numerics::fp8_decode(a1q[static_cast<std::size_t>((i / topk) * K + col)])) *
-              static_cast<float>(1 + my_ids[static_cast<std::size_t>(i)]));
+          expert_rows[static_cast<std::size_t>((T * topk - 1 - i) * K + col)] =
+              numerics::bf16_encode(static_cast<float>(operand_value(c.quant, a1q.data() + (i / topk) * K * ab, col)) *
+                                    static_cast<float>(1 + my_ids[static_cast<std::size_t>(i)]));
       }
     }
     const bf16_t* rows_dev = copies.put(expert_rows, "expert rows");
@@ -417,8 +463,8 @@ void prepare_finalize_case(const OpCase& c, Device device) {
         const std::int32_t e = ids[static_cast<std::size_t>(t * topk + k)];
         const auto factor = static_cast<double>(
             c.format == ActivationFormat::kBatchedExperts ? 1 + e / p.E_local + e % p.E_local : 1 + e);
-        const double y = bf16_decode(numerics::bf16_encode(static_cast<float>(
-            numerics::fp8_decode(q[static_cast<std::size_t>(t * K + col)]) * static_cast<float>(factor))));
+        const double y = bf16_decode(numerics::bf16_encode(
+            static_cast<float>(operand_value(c.quant, q.data() + t * K * ab, col)) * static_cast<float>(factor)));
         sum += weights[static_cast<std::size_t>(t * topk + k)] * y;
       }
       got.push_back(bf16_decode(out[static_cast<std::size_t>(t * K + col)]));
@@ -432,8 +478,8 @@ void prepare_finalize_case(const OpCase& c, Device device) {
 struct ExpertsData {
   MoeProblem problem;
   synthetic::HostExpertWeights weights;
-  std::vector<fp8_t> a1q;
-  std::vector<float> a1q_scale;
+  std::vector<std::uint8_t> a1q;     // FP8 codes, or bf16 values (2 bytes each) for the bf16 recipe
+  std::vector<float> a1q_scale;      // empty where the recipe has no scales
   std::vector<std::int32_t> counts;  // batched
   std::vector<std::int32_t> ids;     // standard: (T, topk) local ids, -1 for none
 };
@@ -461,10 +507,15 @@ ExpertsData experts_data(const OpCase& c) {
       if (c.counts == "uniform") n = static_cast<std::int32_t>(M / 2);
       if (c.counts == "ragged") n = std::min<std::int32_t>(ragged[e % 6], static_cast<std::int32_t>(M));
     }
-    // Tokens written per (expert, row), quantized per expert tensor; padding rows NaN.
-    d.a1q.assign(static_cast<std::size_t>(p.E_local * M * K), 0x7F);
+    // Tokens written per (expert, row), quantized per expert tensor; padding rows NaN (FP8 0x7F,
+    // bf16 0xFFFF).
+    const RecipeInfo recipe = recipe_info(p.quant);
+    const std::int64_t ab = dtype_size(recipe.activation_dtype);
+    d.a1q.assign(static_cast<std::size_t>(p.E_local * M * K * ab), ab == 1 ? 0x7F : 0xFF);
     const std::int64_t spr = numerics::activation_scales_per_row(p.quant, K);
-    d.a1q_scale.assign(static_cast<std::size_t>(p.quant == QuantScheme::kPerTensor ? p.E_local : p.E_local * M * spr),
+    d.a1q_scale.assign(static_cast<std::size_t>(!has_activation_scales(recipe)       ? 0
+                                                : p.quant == QuantScheme::kPerTensor ? p.E_local
+                                                                                     : p.E_local * M * spr),
                        std::nanf(""));
     for (std::int64_t e = 0; e < p.E_local; ++e) {
       const std::int64_t n = d.counts[static_cast<std::size_t>(e)];
@@ -473,16 +524,19 @@ ExpertsData experts_data(const OpCase& c) {
       for (std::int64_t r = 0; r < n; ++r)
         for (std::int64_t col = 0; col < K; ++col)
           x[static_cast<std::size_t>(r * K + col)] = (0.25f + static_cast<float>(r % 7)) * tr.normal();
-      float* scales = p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() + e : d.a1q_scale.data() + e * M * spr;
-      if (n > 0) cpu::quantize_activation(p.quant, x.data(), n, K, K, d.a1q.data() + e * M * K, K, scales);
+      float* scales = !has_activation_scales(recipe)       ? nullptr
+                      : p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() + e
+                                                           : d.a1q_scale.data() + e * M * spr;
+      if (n > 0) cpu::store_activation(p.quant, x.data(), n, K, K, d.a1q.data() + e * M * K * ab, K, scales);
     }
   } else {
     const std::int64_t T = c.tokens;
     const auto tok = synthetic::make_tokens(K, p.E, 0, T, c.token_seed);
-    d.a1q.resize(static_cast<std::size_t>(std::max<std::int64_t>(T, 1) * K));
+    const std::int64_t ab = dtype_size(recipe_info(p.quant).activation_dtype);
+    d.a1q.resize(static_cast<std::size_t>(std::max<std::int64_t>(T, 1) * K * ab));
     d.a1q_scale.resize(
         static_cast<std::size_t>(std::max<std::int64_t>(numerics::activation_scale_count(p.quant, T, K), 1)));
-    cpu::quantize_activation(p.quant, tok.hidden.data(), T, K, K, d.a1q.data(), K, d.a1q_scale.data());
+    cpu::store_activation(p.quant, tok.hidden.data(), T, K, K, d.a1q.data(), K, d.a1q_scale.data());
     d.ids.resize(static_cast<std::size_t>(T * p.topk));
     std::vector<float> w(d.ids.size());
     cpu::route(routing_config(m), tok.logits.data(), T, nullptr, d.ids.data(), w.data());
@@ -516,7 +570,7 @@ std::vector<double> run_experts(const ExpertsEntry& entry, const ExpertsData& d,
   auto& [memory, pool, experts, ws, copies] = rig;  // pool: the experts' own
   const ExpertWeightsView view = d.weights.view(copies);
   ExpertsInput in{copies.put(d.a1q, "a1q"),
-                  copies.put(d.a1q_scale, "a1q scales"),
+                  d.a1q_scale.empty() ? nullptr : copies.put(d.a1q_scale, "a1q scales"),
                   copies.put(d.counts, "expert_num_tokens"),
                   copies.put(d.ids, "topk_ids"),
                   p.format == ActivationFormat::kStandard ? static_cast<std::int64_t>(d.ids.size()) / p.topk
@@ -563,23 +617,25 @@ std::vector<double> experts_ref(const ExpertsData& d) {
   const std::int64_t K = p.K, I = p.I(), M = p.M;
   const ExpertWeightsView w = d.weights.view();
   const std::int64_t spr = numerics::activation_scales_per_row(p.quant, K);
+  const std::int64_t ab = dtype_size(recipe_info(p.quant).activation_dtype);
   struct Row {
     std::int64_t expert;
-    const fp8_t* a;
+    const std::uint8_t* a;
     const float* s;
   };
   std::vector<Row> rows;
   if (p.format == ActivationFormat::kBatchedExperts) {
     for (std::int64_t e = 0; e < p.E_local; ++e)
       for (std::int64_t r = 0; r < d.counts[static_cast<std::size_t>(e)]; ++r)
-        rows.push_back(
-            {e, d.a1q.data() + (e * M + r) * K,
-             p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() + e : d.a1q_scale.data() + (e * M + r) * spr});
+        rows.push_back({e, d.a1q.data() + (e * M + r) * K * ab,
+                        d.a1q_scale.empty()                  ? nullptr
+                        : p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() + e
+                                                             : d.a1q_scale.data() + (e * M + r) * spr});
   } else {
     for (std::size_t i = 0; i < d.ids.size(); ++i)
       if (d.ids[i] >= 0) {
         const std::int64_t t = static_cast<std::int64_t>(i) / p.topk;
-        rows.push_back({d.ids[i], d.a1q.data() + t * K,
+        rows.push_back({d.ids[i], d.a1q.data() + t * K * ab,
                         p.quant == QuantScheme::kPerTensor ? d.a1q_scale.data() : d.a1q_scale.data() + t * spr});
       }
   }
@@ -614,7 +670,8 @@ void experts_case(const OpCase& c, Device device) {
   const std::vector<double> cpu_rows = run_experts(cpu_entry, d, ctx + " (cpu)");
   if (device == Device::kCpu) {
     const double err = rel_err(cpu_rows, experts_ref(d));
-    EXPECT_LT(err, kCpuVsFloat64) << ctx << ": CPU vs float64";
+    EXPECT_LT(err, cpu_vs_float64(c.quant)) << ctx << ": CPU vs float64";
+    if (!has_activation_scales(recipe_info(c.quant))) std::printf("  %-70s cpu vs float64 %.2e\n", ctx.c_str(), err);
     return;
   }
   bool ran = false;

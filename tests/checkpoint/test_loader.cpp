@@ -413,6 +413,73 @@ TEST_F(LoaderTest, Qwen3Bf16PerExpertAndFusedLoadQuantizedByTheOneQuantizer) {
   }
 }
 
+// The unquantized recipe (--quant bf16) keeps a bf16 checkpoint's values exactly: W1 the gate rows
+// then the up rows, W2 the down rows, bit for bit, no scales; per-expert and fused tensors alike.
+TEST_F(LoaderTest, Qwen3Bf16LoadsBitExactUnderTheBf16Recipe) {
+  std::vector<FloatExpert> x;
+  for (std::int64_t e = 0; e < E; ++e) x.push_back(float_expert(I, 500 + static_cast<std::uint64_t>(3 * e)));
+  for (const bool fused : {false, true}) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    write_text(dir_ / "config.json", qwen_config("qwen3_moe", 0));
+    std::vector<Tensor> t;
+    const std::string pre = "model.layers.0.mlp.";
+    if (fused) {
+      std::vector<float> gu, d;
+      for (const auto& ex : x) {
+        gu.insert(gu.end(), ex.gate.begin(), ex.gate.end());
+        gu.insert(gu.end(), ex.up.begin(), ex.up.end());
+        d.insert(d.end(), ex.down.begin(), ex.down.end());
+      }
+      t.push_back(bf16_tensor(pre + "experts.gate_up_proj", {E, 2 * I, K}, gu));
+      t.push_back(bf16_tensor(pre + "experts.down_proj", {E, K, I}, d));
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) {
+        const std::string ep = pre + "experts." + std::to_string(e) + ".";
+        t.push_back(bf16_tensor(ep + "gate_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].gate));
+        t.push_back(bf16_tensor(ep + "up_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].up));
+        t.push_back(bf16_tensor(ep + "down_proj.weight", {K, I}, x[static_cast<std::size_t>(e)].down));
+      }
+    }
+    t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, bf16_exact(seeded(E * K, 9, 0.05f))));
+    write_tensors(dir_ / "model.safetensors", t);
+    Checkpoint ck(dir_.string(), 3);
+    const MoeProblem p = make_problem(ck.model(), {2, 2, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
+    const CheckpointLayer got = ck.load_layer(0, p, 8);  // rank 1: experts 8-15
+    const std::string what = fused ? "fused" : "per-expert";
+    EXPECT_NE(got.note.find("read as bf16"), std::string::npos) << got.note;
+    EXPECT_TRUE(got.experts.w1_scale.empty() && got.experts.w2_scale.empty()) << what;
+    ASSERT_EQ(got.experts.w1.size(), static_cast<std::size_t>(8 * 2 * I * K * 2)) << what;
+    ASSERT_EQ(got.experts.w2.size(), static_cast<std::size_t>(8 * K * I * 2)) << what;
+    for (std::int64_t e = 0; e < 8; ++e) {
+      const FloatExpert& ex = x[static_cast<std::size_t>(8 + e)];
+      std::vector<std::uint16_t> w1 = to_bf16(ex.gate), up = to_bf16(ex.up);
+      w1.insert(w1.end(), up.begin(), up.end());
+      const std::vector<std::uint16_t> w2 = to_bf16(ex.down);
+      EXPECT_EQ(std::memcmp(got.experts.w1.data() + e * 2 * I * K * 2, w1.data(), w1.size() * 2), 0)
+          << what << " W1 of expert " << e;
+      EXPECT_EQ(std::memcmp(got.experts.w2.data() + e * K * I * 2, w2.data(), w2.size() * 2), 0)
+          << what << " W2 of expert " << e;
+    }
+    // The view reads them as the bf16 recipe's weights.
+    EXPECT_NO_THROW(validate_weights(got.experts.view(), p, Device::kCpu)) << what;
+    EXPECT_EQ(got.experts.view().element_bytes(), 2);
+  }
+}
+
+// FP8 weights are not dequantized into bf16 (code x fp32 scale is not a bf16 in general): a load
+// under the bf16 recipe is refused naming the tensor and what to run instead; the planner says so.
+TEST_F(LoaderTest, DeepseekFp8UnderTheBf16RecipeIsRefused) {
+  write_deepseek(dir_);
+  Checkpoint ck(dir_.string(), 2);
+  const MoeProblem p = make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
+  const std::string err = error_of([&] { ck.load_layer(1, p, 0); });
+  for (const char* needle : {"F8_E4M3", "gate_proj.weight", "--quant bf16", "does not dequantize", "--quant auto"})
+    EXPECT_NE(err.find(needle), std::string::npos) << needle << " in: " << err;
+  EXPECT_NE(choose_quant(ck.model(), "bf16").note.find("refuses"), std::string::npos)
+      << choose_quant(ck.model(), "bf16").note;
+}
+
 TEST_F(LoaderTest, Qwen2MoeSharedExpertAndItsGate) {
   write_text(dir_ / "config.json", qwen_config("qwen2_moe", 256));
   std::vector<Tensor> t;

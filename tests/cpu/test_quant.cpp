@@ -15,6 +15,7 @@
 
 #include "cpu/quant.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 
 namespace moekit::cpu {
 namespace {
@@ -121,6 +122,7 @@ const std::vector<ActShape> kActShapes = {
 TEST(QuantActivation, AllSchemesMeetTheErrorBound) {
   std::uint32_t seed = 1;
   for (QuantScheme quant : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(quant))) continue;  // FP8 recipes only (bf16: store_activation)
     for (const ActShape& s : kActShapes) {
       const std::string what = describe(quant, s.rows, s.cols, s.ld_x, s.ld_q);
       const std::vector<float> x = random_matrix(s.rows, s.cols, s.ld_x, seed++);
@@ -143,6 +145,7 @@ TEST(QuantActivation, AllSchemesMeetTheErrorBound) {
               case QuantScheme::kPerTensor: return 0;
               case QuantScheme::kPerTokenPerChannel: return r;
               case QuantScheme::kBlock128: return r * groups_per_row + c / kQuantBlock;
+              case QuantScheme::kBf16: break;
             }
             return -1;
           },
@@ -173,6 +176,7 @@ TEST(QuantActivation, ScaleCounts) {
 TEST(QuantActivation, Bf16InputMatchesFloatInputBitForBit) {
   std::uint32_t seed = 100;
   for (QuantScheme quant : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(quant))) continue;  // FP8 recipes only (bf16: store_activation)
     for (const ActShape& s : kActShapes) {
       const std::string what = describe(quant, s.rows, s.cols, s.ld_x, s.ld_x);
       std::vector<float> x = random_matrix(s.rows, s.cols, s.ld_x, seed++);
@@ -194,6 +198,7 @@ TEST(QuantActivation, Bf16InputMatchesFloatInputBitForBit) {
 
 TEST(QuantActivation, ZeroGroupsGetScaleOne) {
   for (QuantScheme quant : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(quant))) continue;  // FP8 recipes only (bf16: store_activation)
     const int64_t rows = 4, cols = 300;
     std::vector<float> x = random_matrix(rows, cols, cols, 7);
     // Row 1 all zeros (a padding row); for per-tensor the whole matrix is zeroed below.
@@ -216,12 +221,14 @@ TEST(QuantActivation, ZeroGroupsGetScaleOne) {
         for (int g = 3; g < 6; ++g) EXPECT_EQ(scales[static_cast<size_t>(g)], 1.0f) << "group " << g;
         EXPECT_NE(scales[0], 1.0f);
         break;
+      case QuantScheme::kBf16: break;
     }
   }
 }
 
 TEST(QuantActivation, ZeroRowsIsANoOp) {
   for (QuantScheme quant : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(quant))) continue;  // FP8 recipes only (bf16: store_activation)
     float scale = std::nanf("");
     quantize_activation(quant, static_cast<const float*>(nullptr), 0, 7168, 7168, nullptr, 7168, &scale);
     if (quant == QuantScheme::kPerTensor) {
@@ -235,6 +242,7 @@ TEST(QuantActivation, BadArgumentsThrow) {
   std::vector<fp8_t> q(256);
   std::vector<float> s(256);
   for (QuantScheme quant : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(quant))) continue;  // FP8 recipes only (bf16: store_activation)
     EXPECT_THROW(quantize_activation(quant, x.data(), -1, 128, 128, q.data(), 128, s.data()), Error);
     EXPECT_THROW(quantize_activation(quant, x.data(), 1, 0, 128, q.data(), 128, s.data()), Error);
     EXPECT_THROW(quantize_activation(quant, x.data(), 2, 128, 100, q.data(), 128, s.data()), Error);
@@ -261,6 +269,7 @@ TEST(QuantWeight, AllSchemesMeetTheErrorBound) {
   };
   std::uint32_t seed = 1000;
   for (QuantScheme quant : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(quant))) continue;  // FP8 recipes only (bf16: store_activation)
     for (const Shape s :
          {Shape{1, 1}, Shape{128, 128}, Shape{300, 200}, Shape{129, 130}, Shape{256, 7168}, Shape{4096, 256}}) {
       std::ostringstream os;
@@ -281,6 +290,7 @@ TEST(QuantWeight, AllSchemesMeetTheErrorBound) {
               case QuantScheme::kPerTensor: return 0;
               case QuantScheme::kPerTokenPerChannel: return n;
               case QuantScheme::kBlock128: return (n / kQuantBlock) * kb_count + k / kQuantBlock;
+              case QuantScheme::kBf16: break;
             }
             return -1;
           },
@@ -307,6 +317,48 @@ TEST(QuantWeight, ZeroBlockGetsScaleOne) {
   for (int g = 0; g < 5; ++g) EXPECT_NE(scales[static_cast<size_t>(g)], 1.0f) << "block " << g;
   for (int64_t r = 256; r < n; ++r)
     for (int64_t c = 128; c < k; ++c) ASSERT_EQ(q[static_cast<size_t>(r * k + c)], 0x00) << r << ", " << c;
+}
+
+// The unquantized recipe stores its operands, it does not quantize them: bf16 tokens are copied bit
+// for bit (NaN and signed zero included), fp32 rounds to nearest even, scales are neither needed nor
+// touched, and the FP8 entry points refuse it with an Error naming it.
+TEST(Bf16Recipe, StoresRowsAsTheyAreAndRefusesFp8Quantization) {
+  const int64_t rows = 3, cols = 5, ld = 7;
+  std::vector<bf16_t> x(static_cast<size_t>(rows * ld));
+  std::mt19937 rng(54);
+  for (auto& v : x) v = static_cast<bf16_t>(rng());
+  x[2] = 0x7FC1;  // a NaN with a payload
+  x[3] = 0x8000;  // -0
+  std::vector<bf16_t> q(static_cast<size_t>(rows * cols), 0xFFFF);
+  float untouched = 123.0f;
+  store_activation(QuantScheme::kBf16, x.data(), rows, cols, ld, reinterpret_cast<std::uint8_t*>(q.data()), cols,
+                   &untouched);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(q[static_cast<size_t>(r * cols + c)], x[static_cast<size_t>(r * ld + c)]) << r << ", " << c;
+  EXPECT_EQ(untouched, 123.0f);
+  store_activation(QuantScheme::kBf16, x.data(), rows, cols, ld, reinterpret_cast<std::uint8_t*>(q.data()), cols,
+                   nullptr);  // no scales needed
+  // fp32: round to nearest even, once.
+  const std::vector<float> f = {1.0f + 1.0f / 256.0f, 1.0f + 3.0f / 256.0f, -2.5f};
+  std::vector<bf16_t> fq(3);
+  store_activation(QuantScheme::kBf16, f.data(), 1, 3, 3, reinterpret_cast<std::uint8_t*>(fq.data()), 3, nullptr);
+  EXPECT_EQ(fq[0], bf16_encode(1.0f));  // a tie, to even
+  EXPECT_EQ(fq[1], bf16_encode(1.0f + 4.0f / 256.0f));
+  EXPECT_EQ(bf16_decode(fq[2]), -2.5f);
+  std::vector<float> w = {0.5f, -0.25f, 3.0f, 1e-3f};
+  std::vector<bf16_t> wq(4);
+  store_weight(QuantScheme::kBf16, w.data(), 2, 2, reinterpret_cast<std::uint8_t*>(wq.data()), nullptr);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(wq[i], bf16_encode(w[i])) << i;
+  std::vector<fp8_t> codes(static_cast<size_t>(rows * cols));
+  std::vector<float> scales(16);
+  try {
+    quantize_activation(QuantScheme::kBf16, x.data(), rows, cols, ld, codes.data(), cols, scales.data());
+    ADD_FAILURE() << "quantize_activation accepted the bf16 recipe";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(quantize_weight(QuantScheme::kBf16, w.data(), 2, 2, codes.data(), scales.data()), Error);
 }
 
 }  // namespace

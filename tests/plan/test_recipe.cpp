@@ -26,6 +26,7 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 // The rules written out once more, from the table's words, independently of numerics/scales.h.
 std::int64_t expected_activation_scales(const RecipeInfo& r, std::int64_t rows, std::int64_t cols) {
   switch (r.activation_scales) {
+    case ActivationScales::kNone: return 0;
     case ActivationScales::kPerTensor: return 1;
     case ActivationScales::kPerRow: return rows;
     case ActivationScales::kGroup1x128: return rows * ceil_div(cols, 128);
@@ -34,6 +35,7 @@ std::int64_t expected_activation_scales(const RecipeInfo& r, std::int64_t rows, 
 }
 std::int64_t expected_weight_scales(const RecipeInfo& r, std::int64_t n, std::int64_t k) {
   switch (r.weight_scales) {
+    case WeightScales::kNone: return 0;
     case WeightScales::kPerTensor: return 1;
     case WeightScales::kPerOutputChannel: return n;
     case WeightScales::kBlock128x128: return ceil_div(n, 128) * ceil_div(k, 128);
@@ -69,7 +71,8 @@ TEST(Recipe, ScaleLayoutsFollowTheRows) {
             << ctx << " rows " << rows;
         EXPECT_EQ(numerics::weight_scale_count(r.scheme, rows, cols), expected_weight_scales(r, rows, cols))
             << ctx << " n " << rows;
-        // The last element's scale is the last scale (per-tensor: the only one).
+        // The last element's scale is the last scale (per-tensor: the only one; unquantized: none).
+        if (!has_activation_scales(r)) continue;
         EXPECT_EQ(numerics::activation_scale_index(r.scheme, rows - 1, cols - 1, cols),
                   expected_activation_scales(r, rows, cols) - 1)
             << ctx;
@@ -92,7 +95,8 @@ TEST(Recipe, ScaleLayoutsFollowTheRows) {
 }
 
 // The planner declares a1q_scale and act_scale in the rows' shapes, on every experts row of the
-// registry that runs the problem (DeepSeek-V3 and Qwen3-30B-A3B sizes, both formats).
+// registry that runs the problem (DeepSeek-V3 and Qwen3-30B-A3B sizes, both formats); a recipe
+// without scales declares neither, and its act in place of act_q.
 TEST(Recipe, PlannedScaleRegionsFollowTheRows) {
   for (const char* name : {"deepseek-v3", "qwen3-30b-a3b"}) {
     const ModelConfig model = load_model(name);
@@ -109,9 +113,18 @@ TEST(Recipe, PlannedScaleRegionsFollowTheRows) {
               std::string(entry.name) + " (" + std::string(device_name(entry.device)) + ") " + p.describe();
           const WorkspacePlan plan = plan_layer(p, entry, par.ep);
           const Region* a1q_scale = plan.find_region("a1q_scale");
-          ASSERT_NE(a1q_scale, nullptr) << ctx;
-          EXPECT_EQ(a1q_scale->dtype, DType::kFp32) << ctx;
-          EXPECT_EQ(a1q_scale->bytes, 4 * tensors * expected_activation_scales(r, rows, p.K)) << ctx;
+          if (!has_activation_scales(r)) {
+            for (const char* scales : {"a1q_scale", "act_scale", "a1q_scale_permuted", "act_q"})
+              EXPECT_EQ(plan.find_region(scales), nullptr) << ctx << ": " << scales;
+            const Region* act = plan.find_region("act");
+            ASSERT_NE(act, nullptr) << ctx;
+            EXPECT_EQ(act->dtype, r.activation_dtype) << ctx;
+            EXPECT_FALSE(r.requantizes_intermediate) << ctx;
+          } else {
+            ASSERT_NE(a1q_scale, nullptr) << ctx;
+            EXPECT_EQ(a1q_scale->dtype, DType::kFp32) << ctx;
+            EXPECT_EQ(a1q_scale->bytes, 4 * tensors * expected_activation_scales(r, rows, p.K)) << ctx;
+          }
           const Region* a1q = plan.find_region("a1q");
           ASSERT_NE(a1q, nullptr) << ctx;
           EXPECT_EQ(a1q->dtype, r.activation_dtype) << ctx;
@@ -169,13 +182,14 @@ TEST(Recipe, GemmConfigsFollowTheRows) {
     int unfused = 0, fused = 0;
     for (const auto& c : plan::kGemmConfigs) {
       const std::string ctx = std::string(r.name) + " " + std::string(c.name);
-      EXPECT_EQ(plan::supports(c, 4096, 7168, r.scheme),
-                4096 % c.n_multiple == 0 && !c.fused_w1 && (r.block_scaled_gemm ? c.block_scaled : c.token_scaled))
+      EXPECT_EQ(plan::supports(c, 4096, 7168, r.scheme), r.cuda_experts && 4096 % c.n_multiple == 0 && !c.fused_w1 &&
+                                                             (r.block_scaled_gemm ? c.block_scaled : c.token_scaled))
           << ctx;
       unfused += plan::supports(c, 4096, 7168, r.scheme) && plan::supports(c, 7168, 2048, r.scheme);
       fused += plan::supports(c, 4096, 7168, r.scheme, true);
     }
-    EXPECT_GT(unfused, 0) << r.name;
+    // The CUDA configs are FP8 GEMMs: a recipe without CUDA experts (bf16) runs on none.
+    EXPECT_EQ(unfused > 0, r.cuda_experts) << r.name;
     EXPECT_EQ(fused > 0, r.fused_w1) << r.name;
   }
 }

@@ -14,6 +14,7 @@
 #include "moekit/check.h"
 #include "moekit/limits.h"
 #include "moekit/problem.h"
+#include "moekit/recipe.h"
 #include "moekit/registry.h"
 #include "moekit/workspace.h"
 #include "plan/gemm_config.h"
@@ -106,6 +107,10 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
     ASSERT_TRUE(shared.has_value());
     const std::int64_t I = activation_out_dim(act, p.N);
     const std::string ctx = p.describe();
+    // The recipe's row, read here in its own words: scales or none, act_q (FP8) or act (bf16).
+    const RecipeInfo recipe = recipe_info(quant);
+    const bool scaled = has_activation_scales(recipe);
+    const char* act_name = recipe.requantizes_intermediate ? "act_q" : "act";
 
     // The contract: batched M is max_tokens_per_rank * num_dispatchers, already global.
     if (format == ActivationFormat::kBatchedExperts) {
@@ -121,11 +126,18 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
       const std::string c = std::string(entry.name) + " (" + std::string(device_name(entry.device)) + ") " + ctx;
       const std::string why = entry.make({})->unsupported(p);
       if (!why.empty()) {
-        // What an implementation cannot run is refused with its reason, never planned wrong.
-        EXPECT_TRUE(entry.device == Device::kCuda && quant == QuantScheme::kBlock128) << c << ": " << why;
+        // What an implementation cannot run is refused with its reason, never planned wrong: the CUDA
+        // experts refuse a recipe they have no kernels for (bf16) saying what to run instead.
+        EXPECT_TRUE(entry.device == Device::kCuda && (quant == QuantScheme::kBlock128 || !recipe.cuda_experts))
+            << c << ": " << why;
         expect_error([&] { plan_layer(p, entry, par.ep); }, {std::string(entry.name), why.substr(0, 20)});
+        if (!recipe.cuda_experts)
+          expect_error([&] { plan_layer(p, entry, par.ep); },
+                       {recipe.name, "no kernels", "--device cpu", "--quant per-token", "block128"});
         continue;
       }
+      // Every CPU row runs every recipe; a CUDA row runs every recipe that has CUDA experts.
+      EXPECT_TRUE(entry.device == Device::kCpu || recipe.cuda_experts) << c;
       const WorkspacePlan plan = plan_layer(p, entry, par.ep, 0, {}, shared);
       EXPECT_EQ(plan.section(kSharedExpertsSection).owner, plan_shared_experts(*shared, entry.device).name) << c;
       expect_live_regions_disjoint(plan, c);
@@ -146,10 +158,17 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
         // The experts' input/output too (a prepare/finalize may add per-rank state, sized by the
         // tokens of one rank: that is not M).
         for (const char* io : {"a1q", "a1q_scale", "expert_num_tokens", "expert_output"})
-          EXPECT_EQ(same.region(io).bytes, plan.region(io).bytes) << c << ": " << io;
+          if (scaled || std::string_view(io) != "a1q_scale") {
+            EXPECT_EQ(same.region(io).bytes, plan.region(io).bytes) << c << ": " << io;
+          }
       }
 
-      const auto scale = plan.region("act_scale").shape;
+      // A recipe without scales declares no scale region (not an empty one) and no act_q.
+      if (!scaled) {
+        for (const char* none : {"a1q_scale", "act_scale", "a1q_scale_permuted", "act_q"})
+          EXPECT_EQ(plan.find_region(none), nullptr) << c << ": " << none;
+      }
+      const auto scale = scaled ? plan.region("act_scale").shape : std::vector<std::int64_t>{};
       // A fused W1 (fuse_w1, never make_problem's default) has no w1_out on any device.
       const bool fused = plan::fuses_w1(p);
       EXPECT_EQ(plan.find_region("w1_out") == nullptr, fused) << c;
@@ -166,8 +185,9 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
         if (!fused) {
           EXPECT_EQ(plan.region("w1_out").shape, (std::vector<std::int64_t>{E_local, p.M, p.N})) << c;
         }
-        EXPECT_EQ(plan.region("act_q").shape, (std::vector<std::int64_t>{E_local, p.M, I})) << c;
-        EXPECT_EQ(plan.region("act_q").dtype, DType::kFp8E4m3) << c;
+        EXPECT_EQ(plan.region(act_name).shape, (std::vector<std::int64_t>{E_local, p.M, I})) << c;
+        EXPECT_EQ(plan.region(act_name).dtype, recipe.activation_dtype) << c;
+        EXPECT_EQ(plan.region("a1q").dtype, recipe.activation_dtype) << c;
         EXPECT_EQ(plan.region("expert_output").shape, (std::vector<std::int64_t>{E_local, p.M, p.K})) << c;
         EXPECT_EQ(plan.region("a1q").shape, (std::vector<std::int64_t>{E_local, p.M, p.K})) << c;
         EXPECT_EQ(plan.region("expert_num_tokens").shape, (std::vector<std::int64_t>{E_local})) << c;
@@ -177,6 +197,7 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
             EXPECT_EQ(scale, (std::vector<std::int64_t>{E_local, p.M})) << c;
             break;
           case QuantScheme::kBlock128: EXPECT_EQ(scale, (std::vector<std::int64_t>{E_local, p.M, I / 128})) << c; break;
+          case QuantScheme::kBf16: EXPECT_TRUE(scale.empty()) << c; break;
         }
         // Exact experts' total: no aliasing in the batched design, every region aligned to 256 bytes.
         std::int64_t sum = 0;
@@ -196,14 +217,16 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
           EXPECT_EQ(plan.region("w1_out").shape, (std::vector<std::int64_t>{rows, p.N})) << c;
         }
         EXPECT_EQ(plan.region("w2_out").shape, (std::vector<std::int64_t>{rows, p.K})) << c;
-        EXPECT_EQ(plan.region("act_q").shape, (std::vector<std::int64_t>{rows, I})) << c;
+        EXPECT_EQ(plan.region(act_name).shape, (std::vector<std::int64_t>{rows, I})) << c;
+        EXPECT_EQ(plan.region(act_name).dtype, recipe.activation_dtype) << c;
+        EXPECT_EQ(plan.region("a1q_permuted").dtype, recipe.activation_dtype) << c;
         EXPECT_EQ(plan.region("pair_row").shape, (std::vector<std::int64_t>{rows})) << c;
         EXPECT_EQ(plan.region("a1q").shape, (std::vector<std::int64_t>{p.M, p.K})) << c;
         // Declared aliasing really shares bytes: w2_out starts where w1_out starts (fused: where
         // a1q_permuted does, since act_q is born in W1 while the tokens are read).
         if (!fused) {
           EXPECT_EQ(plan.region("w1_out").offset, plan.region("w2_out").offset) << c;
-          EXPECT_EQ(plan.region("a1q_permuted").offset, plan.region("act_q").offset) << c;
+          EXPECT_EQ(plan.region("a1q_permuted").offset, plan.region(act_name).offset) << c;
         } else {
           EXPECT_EQ(plan.region("a1q_permuted").offset, plan.region("w2_out").offset) << c;
         }
@@ -349,6 +372,71 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
     EXPECT_EQ(sp.region("a1q_permuted").offset, sp.region("w2_out").offset);
     EXPECT_NE(sp.region("a1q_permuted").offset, sp.region("act_q").offset);
   }
+}
+
+// The unquantized recipe (bf16, --quant bf16): no scales, the activation's output kept in bf16 (act,
+// twice act_q's bytes). CPU only for now: the CUDA experts refuse it at plan time (no kernels yet).
+// DeepSeek-V3 DP 32, 16 local experts, M = 8192, batched:
+//   w1_out 16 x 8192 x 4096 x 2 = 1073741824, act 16 x 8192 x 2048 x 2 = 536870912: 1.5 GiB
+//   (FP8 per-token: 1.25 GiB + 512 KiB of act_scale). I/O: a1q 16 x 8192 x 7168 x 2 = 1879048192
+//   (FP8's 896 MiB doubled), no a1q_scale, counts 64, expert_output 1879048192.
+// Standard, 256 tokens, top-8: 2048 rows; expert_offsets 17 x 4 -> 256, pair_row 2048 x 4 = 8192,
+//   "gemm_in" max(a1q_permuted 2048 x 7168 x 2 = 29360128, act 2048 x 2048 x 2 = 8388608),
+//   "gemm_out" max(w1_out 2048 x 4096 x 2 = 16777216, w2_out 2048 x 7168 x 2 = 29360128):
+//   256 + 8192 + 29360128 + 29360128 = 58728704 (56 MiB).
+TEST(GoldenFigures, DeepSeekV3Dp32Bf16) {
+  const ModelConfig model = load_model("deepseek-v3");
+  const MoeProblem p =
+      make_problem(model, ParallelConfig{32, 32, 256, 16}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
+  ASSERT_EQ(p.M, 8192);
+  const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
+  EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{1073741824 + 536870912});
+  EXPECT_EQ(cpu.section_bytes("experts"), 3 * kGiB / 2);
+  EXPECT_EQ(cpu.region("act").dtype, DType::kBf16);
+  EXPECT_EQ(cpu.find_region("act_scale"), nullptr);
+  EXPECT_EQ(cpu.find_region("a1q_scale"), nullptr);
+  EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{1879048192});
+  EXPECT_EQ(cpu.region("a1q").bytes + cpu.region("expert_num_tokens").bytes + cpu.region("expert_output").bytes,
+            std::int64_t{1879048192} + 64 + 1879048192);
+  // The GPU refuses it now, saying what to run instead.
+  expect_error([&] { plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32); },
+               {"bf16", "--device cpu", "--quant per-token"});
+  // 16 x (4096 x 7168 + 7168 x 2048) bf16 weights, no scales: twice the FP8 bytes.
+  EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (4096 * 7168 + 7168 * 2048));
+
+  const MoeProblem s =
+      make_problem(model, ParallelConfig{32, 32, 256, 16}, ActivationFormat::kStandard, QuantScheme::kBf16);
+  const WorkspacePlan sp = plan_layer(s, find_experts("standard-fp8", Device::kCpu), 32);
+  EXPECT_EQ(sp.section_bytes("experts"), std::int64_t{256 + 8192 + 29360128 + 29360128});
+  EXPECT_EQ(sp.region("a1q_permuted").offset, sp.region("act").offset);
+  EXPECT_EQ(sp.region("w1_out").offset, sp.region("w2_out").offset);
+  expect_error([&] { plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32); }, {"bf16", "--device cpu"});
+}
+
+// Qwen3-30B-A3B (K = 2048, I = 768, 128 experts, top-8, a bf16 checkpoint) in bf16, DP 8 EP 8:
+// 16 local experts, 256 tokens a rank, batched M = 256 x 8 = 2048:
+//   w1_out 16 x 2048 x 1536 x 2 = 100663296, act 16 x 2048 x 768 x 2 = 50331648: 144 MiB;
+//   a1q 16 x 2048 x 2048 x 2 = 134217728, expert_output the same.
+// Standard, 256 tokens: 2048 rows; expert_offsets 256, pair_row 8192, "gemm_in" max(a1q_permuted
+//   2048 x 2048 x 2 = 8388608, act 2048 x 768 x 2 = 3145728), "gemm_out" max(w1_out 2048 x 1536 x 2 =
+//   6291456, w2_out 8388608): 256 + 8192 + 8388608 + 8388608 = 16785664.
+TEST(GoldenFigures, Qwen3MoeBf16) {
+  const ModelConfig model = load_model("qwen3-30b-a3b");
+  const MoeProblem p =
+      make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
+  ASSERT_EQ(p.E_local, 16);
+  ASSERT_EQ(p.M, 2048);
+  ASSERT_EQ(p.K, 2048);
+  ASSERT_EQ(p.N, 1536);
+  const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 8);
+  EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{100663296 + 50331648});
+  EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{134217728});
+  EXPECT_EQ(cpu.region("expert_output").bytes, std::int64_t{134217728});
+  EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (1536 * 2048 + 2048 * 768));
+  const MoeProblem s =
+      make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kStandard, QuantScheme::kBf16);
+  EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCpu), 8).section_bytes("experts"),
+            std::int64_t{256 + 8192 + 8388608 + 8388608});
 }
 
 TEST(GoldenFigures, DeepSeekV3Dp32Ep32EightLocalExperts) {

@@ -62,17 +62,21 @@ def test_recipes_are_the_tables_rows():
     """moekit.recipes() is the C++ recipe table: every name plans, with the row's operand dtypes and
     scale shapes (DeepSeek-V3 on one rank: 256 experts, M = 256, K = 7168)."""
     rows = moekit.recipes()
-    assert [r["name"] for r in rows] == ["per-tensor", "per-token", "block128"]
-    scales_per_expert = {"per-tensor": 1, "per-row": 256, "1x128": 256 * 7168 // 128}
+    assert [r["name"] for r in rows] == ["per-tensor", "per-token", "block128", "bf16"]
+    scales_per_expert = {"per-tensor": 1, "per-row": 256, "1x128": 256 * 7168 // 128, "none": 0}
     for r in rows:
         p = {p.name: p for p in moekit.plan("deepseek-v3", dp=1, ep=1, max_tokens_per_rank=256, quant=r["name"],
                                             device="cpu")}["batched-fp8 (cpu)"]
         assert p.quant == r["name"]
         assert p.region("a1q").dtype == r["activation_dtype"], r
-        assert p.region("a1q_scale").bytes == 256 * scales_per_expert[r["activation_scales"]] * 4, r
+        if r["activation_scales"] == "none":  # no scale region is declared at all
+            assert "a1q_scale" not in [g.name for g in p.regions], r
+        else:
+            assert p.region("a1q_scale").bytes == 256 * scales_per_expert[r["activation_scales"]] * 4, r
         assert r["device_vs_cpu_tolerance"] > 0
-    assert [r["fused_w1"] for r in rows] == [False, False, True]
-    with pytest.raises(moekit.Error, match="per-tensor, per-token, block128"):
+    assert [r["fused_w1"] for r in rows] == [False, False, True, False]
+    assert [r["cuda_experts"] for r in rows] == [True, True, True, False]
+    with pytest.raises(moekit.Error, match="per-tensor, per-token, block128, bf16"):
         moekit.plan("deepseek-v3", quant="fp4")
 
 
@@ -96,7 +100,7 @@ def test_plan_errors_are_moekit_errors():
         moekit.plan("deepseek-v3", dispatch="magic")
 
 
-@pytest.mark.parametrize("quant", ["per-token", "block128"])
+@pytest.mark.parametrize("quant", ["per-token", "block128", "bf16"])
 def test_forward_equals_the_cli(tmp_path, quant):
     model = small_model(tmp_path)
     T, seed = 6, 3
@@ -119,6 +123,10 @@ def test_forward_equals_the_cli(tmp_path, quant):
     assert np.array_equal(again, out)
     chunked = moekit.MoeLayer(model, weights=w, max_tokens_per_rank=4, quant=quant)
     assert np.array_equal(chunked.forward(w["hidden"], w["router_logits"]), out)
+    if quant == "bf16":  # bf16 bits and no scales; an FP8 layer refuses them by name, never misreads them
+        assert w["w1"].dtype == np.uint16 and w["w1_scale"].size == 0
+        with pytest.raises(moekit.Error, match="w1: dtype uint16 where uint8 FP8 e4m3 codes is needed"):
+            moekit.MoeLayer(model, weights=w, max_tokens_per_rank=T, quant="per-token")
     # enqueue with the step's most tokens of any rank declared (one rank: its own T).
     declared = np.full_like(out, 0xFFFF)
     layer.enqueue(w["hidden"], w["router_logits"], declared, max_tokens_any_rank=T)
@@ -501,3 +509,13 @@ def test_without_torch_moekit_runs_on_numpy(tmp_path):
     rc, out, err = _import_moekit_in_child(tmp_path, None)
     assert rc == 0, err
     assert out.split() == ["torch", "False", "torch", "is", "not", "installed"], out
+
+
+def test_ops_refuse_the_bf16_recipe():
+    """The ops take FP8 codes: quant='bf16' is an Error naming what runs it, never a misread of the bytes."""
+    E, M, K, I = 2, 4, 128, 64
+    w1, w2 = np.zeros((E, 2 * I, K), np.uint16), np.zeros((E, K, I), np.uint16)
+    no_scales = np.zeros((E, 0), np.float32)
+    with pytest.raises(moekit.Error, match="quant='bf16' takes bf16 a1q and weights, which the ops do not take yet"):
+        moekit.ops.batched_experts(np.zeros((E, M, K), np.uint8), np.zeros((1,), np.float32), np.zeros(E, np.int32),
+                                   w1, no_scales, w2, no_scales, np.zeros((E, M, K), np.uint16), quant="bf16")
