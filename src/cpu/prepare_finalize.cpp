@@ -127,7 +127,8 @@ class AllToAll final : public PrepareFinalize {
         }
         std::memcpy(rec, hdr.data(), static_cast<std::size_t>(rl.header_bytes));
         std::memcpy(rec + rl.row_offset, tok_q_.data() + t * row_bytes, static_cast<std::size_t>(row_bytes));
-        std::memcpy(rec + rl.scale_offset, tok_scale_.data() + t * spr, static_cast<std::size_t>(4 * spr));
+        if (spr > 0)  // an unquantized recipe's rows carry no scales (tok_scale_ is empty)
+          std::memcpy(rec + rl.scale_offset, tok_scale_.data() + t * spr, static_cast<std::size_t>(4 * spr));
       }
     }
     comm_->all_to_all_v(send_buf_.data(), times(send_count_, rb), times(send_off_, rb), recv_buf_.data(),
