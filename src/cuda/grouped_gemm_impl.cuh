@@ -38,6 +38,27 @@ namespace moekit::cuda::detail {
 
 using namespace cute;
 
+// Whether CUTLASS's arguments of instance G have GroupedGemmArrays' layout (the device prepare step
+// writes them without CUTLASS): the problem shape as 3 packed ints, each stride its one int64 leading
+// dimension ((cap, k) tokens / (n, k) weights: k; D: n), swapped or not.
+template <class G>
+bool packed_layout_matches() {
+  const typename G::Shape3 s{7, 11, 13};
+  const int ints[3] = {7, 11, 13};
+  const int cap = 5, n = 48, k = 96;
+  const typename G::StrideA sa =
+      cutlass::make_cute_packed_stride(typename G::StrideA{}, G::kSwapAB ? make_shape(n, k, 1) : make_shape(cap, k, 1));
+  const typename G::StrideB sb =
+      cutlass::make_cute_packed_stride(typename G::StrideB{}, G::kSwapAB ? make_shape(cap, k, 1) : make_shape(n, k, 1));
+  const typename G::StrideD sd = cutlass::make_cute_packed_stride(
+      typename G::StrideD{}, G::kSwapAB ? make_shape(n, cap, 1) : make_shape(cap, n, 1));
+  std::int64_t a = 0, b = 0, d = 0;
+  std::memcpy(&a, &sa, 8);
+  std::memcpy(&b, &sb, 8);
+  std::memcpy(&d, &sd, 8);
+  return std::memcmp(&s, ints, sizeof(ints)) == 0 && a == k && b == k && d == n;
+}
+
 template <plan::GemmConfig kConfig, bool kFastAccum = false>
 struct GroupedFp8Gemm {
   static constexpr plan::GemmConfigInfo kInfo = plan::gemm_config_info(kConfig);
@@ -108,23 +129,7 @@ struct GroupedFp8Gemm {
   static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
                 "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
 
-  static bool layout_matches() {
-    const Shape3 s{7, 11, 13};
-    const int ints[3] = {7, 11, 13};
-    // (cap, k) tokens / (n, k) weights: leading dimension k; D: leading dimension n.
-    const int cap = 5, n = 48, k = 96;
-    const StrideA sa =
-        cutlass::make_cute_packed_stride(StrideA{}, kSwapAB ? make_shape(n, k, 1) : make_shape(cap, k, 1));
-    const StrideB sb =
-        cutlass::make_cute_packed_stride(StrideB{}, kSwapAB ? make_shape(cap, k, 1) : make_shape(n, k, 1));
-    const StrideD sd =
-        cutlass::make_cute_packed_stride(StrideD{}, kSwapAB ? make_shape(n, cap, 1) : make_shape(cap, n, 1));
-    std::int64_t a = 0, b = 0, d = 0;
-    std::memcpy(&a, &sa, 8);
-    std::memcpy(&b, &sb, 8);
-    std::memcpy(&d, &sd, 8);
-    return std::memcmp(&s, ints, sizeof(ints)) == 0 && a == k && b == k && d == n;
-  }
+  static bool layout_matches() { return packed_layout_matches<GroupedFp8Gemm>(); }
 };
 
 // The block-scaled epilogue: bf16 D, or fp32 D for the fused recipe's small experts (CUTLASS's TMA
@@ -255,23 +260,7 @@ struct GroupedSixteenBitGemm {
   static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
                 "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
 
-  // The FP8 instance's checks (shapes as 3 ints, each stride its leading dimension) on these types.
-  static bool layout_matches() {
-    const Shape3 s{7, 11, 13};
-    const int ints[3] = {7, 11, 13};
-    const int cap = 5, n = 48, k = 96;
-    const StrideA sa =
-        cutlass::make_cute_packed_stride(StrideA{}, kSwapAB ? make_shape(n, k, 1) : make_shape(cap, k, 1));
-    const StrideB sb =
-        cutlass::make_cute_packed_stride(StrideB{}, kSwapAB ? make_shape(cap, k, 1) : make_shape(n, k, 1));
-    const StrideD sd =
-        cutlass::make_cute_packed_stride(StrideD{}, kSwapAB ? make_shape(n, cap, 1) : make_shape(cap, n, 1));
-    std::int64_t a = 0, b = 0, d = 0;
-    std::memcpy(&a, &sa, 8);
-    std::memcpy(&b, &sb, 8);
-    std::memcpy(&d, &sd, 8);
-    return std::memcmp(&s, ints, sizeof(ints)) == 0 && a == k && b == k && d == n;
-  }
+  static bool layout_matches() { return packed_layout_matches<GroupedSixteenBitGemm>(); }
 };
 
 // The persistent scheduler's tile order: the token tiles of one weight tile adjacent, so that the
