@@ -551,6 +551,9 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     const int r0 = row0 + warp * 16 + lane / 4;                  // and r0 + 8
     const std::uint32_t a_desc0 = a_desc_base + (half ? 0 : wg * (64 * BG::kTileK >> 4));
     // Scales of rows past the group: its last row's (finite; those rows are never written).
+    // The four scale streams advance one float a k-block: pointers stepped in the loop, not rebuilt
+    // from 64-bit offsets each k-block (NOTES: rebuilt, one offset spilled and was reloaded from local
+    // memory every k-block in the clustered build).
     const float* sa0 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0, m - 1)) * p.k_blocks;
     const float* sa1 = p.args.ptr_col[it.g] + static_cast<std::int64_t>(min(r0 + 8, m - 1)) * p.k_blocks;
     const float* sb0 = p.args.ptr_row[it.g] + static_cast<std::int64_t>(min(2 * nt, n_blocks - 1)) * p.k_blocks;
@@ -568,10 +571,10 @@ __global__ void __launch_bounds__(BlockGemm::kThreads, 1)
     for (int kb = 0; kb < p.k_blocks; ++kb) {
       const float a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;
       if (kb + 1 < p.k_blocks) {  // the next k-block's scales load under this one's MMAs
-        na0 = __ldg(sa0 + kb + 1);
-        na1 = __ldg(sa1 + kb + 1);
-        nb0 = __ldg(sb0 + kb + 1);
-        nb1 = __ldg(sb1 + kb + 1);
+        na0 = __ldg(++sa0);
+        na1 = __ldg(++sa1);
+        nb0 = __ldg(++sb0);
+        nb1 = __ldg(++sb1);
       }
       TxBarrier::wait(&s.full[stage], phase);
       // NOTES: ptxas builds these descriptors in vector registers and moves them to uniform ones for
