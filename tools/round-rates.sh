@@ -17,7 +17,17 @@ fi
 timeout 240 $B/bench_gpu_experts $OUT/rates.json --case 8192 512 --case 8192 1024 > $OUT/rates.log 2>&1
 echo "rates rc=$? $((SECONDS-t0)) s"
 grep -E "^(device|ceilings|one read)|selected|stages" $OUT/rates.log | cut -c1-250
+# The layer as JSON (committed with the round: the floor beside every row), printed as a table.
 for q in block128 per-token; do
-  timeout 150 $B/moekit bench layer --experts batched-fp8 --quant $q --tokens 512,2048,8192 --iters 20 > $OUT/layer_$q.txt 2>&1
-  echo "layer $q rc=$? $((SECONDS-t0)) s"; cut -c1-200 $OUT/layer_$q.txt
+  timeout 150 $B/moekit bench layer --experts batched-fp8 --quant $q --tokens 512,2048,8192 --iters 20 --format json \
+    > $OUT/layer_$q.json 2> $OUT/layer_$q.err
+  echo "layer $q rc=$? $((SECONDS-t0)) s"
+  python3 - $OUT/layer_$q.json <<'PY' || tail -5 $OUT/layer_$q.err
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(f"{j['device']}, {j['quant']}, ceilings {j['ceilings']['copy_gbs']:.0f} GB/s, {j['ceilings']['fp8_tflops']:.0f} TFLOP/s")
+for r in j["rows"]:
+    print(f"  {r['experts']:14s} T {r['T']:5d}  {r['median_ms']:8.4f} ms  p99 {r['p99_ms']:8.4f}  floor {r['floor_ms']:7.4f}"
+          f"  x floor {r['median_ms'] / r['floor_ms']:5.2f}  experts {r['stages_ms'].get('experts', 0):7.4f} ms")
+PY
 done
