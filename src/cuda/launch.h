@@ -54,14 +54,14 @@ struct BatchedExpertsLaunch {
   MoeProblem problem;
   ExpertWeightsView weights;
   bool contiguous = false;
-  const std::uint8_t* a1q = nullptr;  // batched a1q, or the standard experts' a1q_permuted
-  const float* a1q_scale = nullptr;
+  const std::uint8_t* a1q = nullptr;  // batched a1q, or the standard experts' a1q_permuted (FP8 or bf16 bytes)
+  const float* a1q_scale = nullptr;   // null without activation scales
   const std::int32_t* expert_num_tokens = nullptr;  // counts per local expert
   std::uint16_t* output = nullptr;                  // batched expert_output, or the standard experts' w2_out
   std::uint16_t* w1_out = nullptr;                  // null in the fused recipe
   float* w1_small = nullptr;                        // the fused recipe's small experts' fp32 W1 rows (gemms.w1_small)
-  std::uint8_t* act_q = nullptr;
-  float* act_scale = nullptr;
+  std::uint8_t* act_q = nullptr;                    // act_q (FP8 codes), or the 16-bit recipe's bf16 act as bytes
+  float* act_scale = nullptr;                       // null without activation scales
   std::byte* gemm_args_w1 = nullptr;
   std::byte* gemm_args_w2 = nullptr;
   std::byte* gemm_scratch = nullptr;
