@@ -155,7 +155,8 @@ inline constexpr int kMaxRowMapExperts = 512;  // the row map's shared memory: 3
 // token's row written to every row pair_row names for it (tokens * topk entries, -1 skipped), or to
 // row t when pair_row is null. Scales per destination row (numerics/scales.h); per-tensor: one
 // scale over all tokens, written to scale_tensors entries (E_local batched, 1 standard); amax_scratch
-// is one uint32 of device memory.
+// is one uint32 of device memory. An unquantized recipe (bf16): each row copied as it is into q
+// (2K bytes a row), no scales (scales and amax_scratch unread).
 struct QuantizeLaunch {
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   const std::uint16_t* hidden = nullptr;
@@ -176,7 +177,8 @@ void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std
                     std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream,
                     bool accumulate = false);
 
-// The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it.
+// The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it;
+// rows of K elements of the recipe's activation dtype (FP8: K bytes, bf16: 2K), no scales without them.
 void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int topk, std::int64_t K, QuantScheme quant,
                          const std::uint8_t* a1q, const float* a1q_scale, std::uint8_t* permuted, float* permuted_scale,
                          void* stream);
