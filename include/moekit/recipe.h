@@ -128,7 +128,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .block_scaled_gemm = false,
               .fused_w1 = false,
               .fast_accumulation = false,  // no FP8 tensor-core sums to keep short
-              .cuda_experts = false,       // issue 54: the CUDA bf16 kernels come in a later slice
+              .cuda_experts = true,        // the configs' 16-bit instances (plan::sixteen_bit_gemm)
               .device_vs_cpu_tolerance = kDeviceVsCpuBf16};
   }
   // Not a scheme: no name (recipe_rows_complete below refuses a scheme without a row).
@@ -149,8 +149,8 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
 }
 
 // The recipe a checkpoint without a quantization_config (bf16, fp16, fp32 weights) runs unless the
-// user names one: its weights are quantized at load. Still FP8 per-token while the bf16 recipe has
-// no CUDA kernels (issue 54); quant = "auto" turns to kBf16 when they exist.
+// user names one: its weights are quantized at load. Still FP8 per-token: the bf16 recipe's CUDA
+// kernels are new, and quant = "auto" turns to kBf16 once they are verified on the GPU (issue 54).
 inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kPerTokenPerChannel;
 
 // Every recipe, in QuantScheme order (all_quant_schemes(), the CLI's list of names).

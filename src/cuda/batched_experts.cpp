@@ -11,6 +11,7 @@
 #include "cuda/backend.h"
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "plan/experts_recipe.h"
 
 namespace moekit::cuda {
@@ -138,8 +139,11 @@ void declare_gemm_regions(const MoeProblem& p, const plan::ExpertsGemmPlan& g, W
 void fill_gemm_regions(BatchedExpertsLaunch& l, Workspace& ws) {
   l.w1_out = ws.plan().find_region("w1_out") ? ws.get<std::uint16_t>("w1_out") : nullptr;  // none when W1 is fused
   l.w1_small = ws.plan().find_region("w1_small") ? ws.get<float>("w1_small") : nullptr;
-  l.act_q = ws.get<std::uint8_t>("act_q");
-  l.act_scale = ws.get<float>("act_scale");
+  // W2's A operand: act_q + act_scale (FP8), or act (bf16, no scales) as its bytes.
+  const MoeProblem& p = ws.problem();
+  l.act_q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>(plan::act_region(p.quant)));
+  const RecipeInfo recipe = recipe_info(p.quant);
+  l.act_scale = has_activation_scales(recipe) ? ws.get<float>("act_scale") : nullptr;
   l.gemm_args_w1 = ws.get<std::byte>("gemm_args_w1");
   l.gemm_args_w2 = ws.get<std::byte>("gemm_args_w2");
   l.gemm_scratch = ws.get<std::byte>("gemm_scratch");

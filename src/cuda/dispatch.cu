@@ -211,6 +211,23 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
   }
 }
 
+// The unquantized recipe's (bf16) "quantization": each token's bf16 row copied as it is to every
+// destination row (16-byte copies, K % 8 == 0), no scales: cpu::quantize_activation's copy.
+__global__ void __launch_bounds__(kQuantThreads) copy_rows_kernel(QuantArgs a) {
+  pdl_enter();  // cuda/pdl.cuh: before any global memory access
+  const int destinations = a.pair_row != nullptr ? a.topk : 1;
+  const int vecs = a.K / 8;  // 8 bf16 values a uint4
+  for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+    const uint4* src = reinterpret_cast<const uint4*>(a.hidden + static_cast<std::int64_t>(t) * a.K);
+    for (int k = 0; k < destinations; ++k) {
+      const std::int64_t r = a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k] : t;
+      if (r < 0) continue;
+      uint4* dst = reinterpret_cast<uint4*>(a.q + r * a.K * 2);
+      for (int v = threadIdx.x; v < vecs; v += kQuantThreads) dst[v] = src[v];
+    }
+  }
+}
+
 __global__ void per_tensor_scale_kernel(const std::uint32_t* amax, float* scales, int count) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -274,17 +291,19 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 // --- permutation (standard experts) -------------------------------------------------------------------
 
-__global__ void permute_kernel(const std::int32_t* __restrict__ pair_row, int tokens, int topk, int K, int spr,
+// Rows of row_bytes (K FP8 codes: K bytes; K bf16 values: 2K), a multiple of 16; spr scales a row
+// (0: an unquantized recipe, no scale pointers).
+__global__ void permute_kernel(const std::int32_t* __restrict__ pair_row, int tokens, int topk, int row_bytes, int spr,
                                const std::uint8_t* __restrict__ a1q, const float* __restrict__ a1q_scale,
                                std::uint8_t* __restrict__ permuted, float* __restrict__ permuted_scale) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
-    const uint4* src = reinterpret_cast<const uint4*>(a1q + static_cast<std::int64_t>(t) * K);
+    const uint4* src = reinterpret_cast<const uint4*>(a1q + static_cast<std::int64_t>(t) * row_bytes);
     for (int k = 0; k < topk; ++k) {
       const std::int32_t row = pair_row[static_cast<std::int64_t>(t) * topk + k];
       if (row < 0) continue;
-      uint4* dst = reinterpret_cast<uint4*>(permuted + static_cast<std::int64_t>(row) * K);
-      for (int v = threadIdx.x; v < K / 16; v += blockDim.x) dst[v] = src[v];
+      uint4* dst = reinterpret_cast<uint4*>(permuted + static_cast<std::int64_t>(row) * row_bytes);
+      for (int v = threadIdx.x; v < row_bytes / 16; v += blockDim.x) dst[v] = src[v];
       for (int j = threadIdx.x; j < spr; j += blockDim.x)
         permuted_scale[static_cast<std::int64_t>(row) * spr + j] = a1q_scale[static_cast<std::int64_t>(t) * spr + j];
     }
@@ -340,6 +359,16 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
                     l.scales,
                     l.amax_scratch};
   const int grid = grid_for(l.tokens, 8192);
+  const RecipeInfo recipe = recipe_info(l.quant);
+  if (!has_activation_scales(recipe)) {  // bf16 tokens into a bf16 recipe: rows copied, no scales
+    MOEKIT_CUDA_REQUIRE(recipe.activation_dtype == DType::kBf16,
+                        "the CUDA dispatch copies bf16 tokens into the " + std::string(recipe.name) +
+                            " recipe's operands, which are " + std::string(dtype_name(recipe.activation_dtype)));
+    if (l.tokens == 0) return;
+    launch_pdl(copy_rows_kernel, grid, kQuantThreads, 0, stream, a);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (numerics::activation_scale_per_tensor(l.quant)) {
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(l.amax_scratch, 0, sizeof(std::uint32_t), stream));
     if (l.tokens > 0) {
@@ -375,9 +404,13 @@ void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int 
     MOEKIT_CUDA_CHECK(cudaMemcpyAsync(permuted_scale, a1q_scale, sizeof(float), cudaMemcpyDeviceToDevice, stream));
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 16 == 0, "the CUDA permutation takes K a multiple of 16");
+  // A row in the recipe's activation dtype: K FP8 codes or K bf16 values (2K bytes).
+  const std::int64_t row_bytes = K * dtype_size(recipe_info(quant).activation_dtype);
+  const std::int64_t spr = numerics::activation_scales_per_row(quant, K);
+  MOEKIT_CUDA_REQUIRE(spr == 0 || (a1q_scale != nullptr && permuted_scale != nullptr),
+                      "the CUDA permutation of a scaled recipe needs a1q_scale and a1q_scale_permuted");
   launch_pdl(permute_kernel, grid_for(tokens, 8192), 256, 0, stream, pair_row, static_cast<int>(tokens), topk,
-             static_cast<int>(K), static_cast<int>(numerics::activation_scales_per_row(quant, K)), a1q, a1q_scale,
-             permuted, permuted_scale);
+             static_cast<int>(row_bytes), static_cast<int>(spr), a1q, a1q_scale, permuted, permuted_scale);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,8 @@
-// The FP8 experts' kernels on Hopper, for both formats: a1q with its scales and the per-expert
-// counts in device memory -> the experts' output, valid rows only. Batched: (E_local, M, K) in and
-// out, expert g's rows at g * M. Contiguous (the standard experts, after their permutation): expert
-// g's rows at the prefix of the counts.
+// The experts' kernels on Hopper, for both formats: a1q with its scales (FP8), or bf16 without
+// scales (the 16-bit recipe: its GEMMs on the configs' 16-bit instances, the activation into a bf16
+// act), and the per-expert counts in device memory -> the experts' output, valid rows only. Batched: (E_local, M, K) in
+// and out, expert g's rows at g * M. Contiguous (the standard experts, after their permutation): expert g's rows at the
+// prefix of the counts.
 //   prepare (one block: reads the counts once, validates, writes row_offsets and both GEMMs'
 //   arguments) -> grouped FP8 GEMM with W1 -> activation fused with FP8 quantization -> grouped FP8
 //   GEMM with W2 written straight into the output.
@@ -60,12 +61,16 @@ constexpr int kPrepareThreads = 1024;
 // One GEMM's per-group operands and its launches (plan::GemmLaunches), for the prepare kernel.
 struct GemmOperands {
   std::byte* args;        // launch j's arrays at args + j * groups * kGemmArgsBytesPerGroup
-  const std::uint8_t* A;  // group g at A + row_start * k
-  const float* sa;        // per row (row_start + row) or per group
-  const std::uint8_t* B;  // group g at B + g * n * k
-  const float* sb;        // per column (g * n + col) or per group (g)
+  const std::uint8_t* A;  // group g at A + row_start * k elements
+  const float* sa;        // per row (row_start + row) or per group; null without scales
+  const std::uint8_t* B;  // group g at B + g * n * k elements
+  const float* sb;        // per column (g * n + col) or per group (g); null without scales
   std::uint16_t* D;       // group g at D + row_start * n
   int n, k;
+  // Bytes of an A and a B element: 1 (FP8 codes) or 2 (bf16, the 16-bit recipe). The kernels'
+  // strides count elements (k); the group's first row moves by bytes.
+  int element_bytes = 1;
+  bool scaled = true;        // the recipe has scales (RecipeInfo); else ptr_col / ptr_row are null
   float* D_small = nullptr;  // the w1_fp32 launches' D (w1_small): group g at D_small + g * small_rows * n
   int small_rows = 0;
   int sa_per_row;             // scales per row of A: 1 (per token) or ceil(k / 128) (1x128 groups)
@@ -82,11 +87,14 @@ __device__ void write_launch_args(const GemmOperands& op, int j, int groups, int
                                   bool per_row, bool contiguous) {
   const GroupedGemmArrays a =
       GroupedGemmArrays::at(op.args + static_cast<std::int64_t>(j) * groups * kGemmArgsBytesPerGroup, groups);
-  const void* tokens = op.A + row_start * op.k;
-  const void* weights = op.B + static_cast<std::int64_t>(g) * op.n * op.k;
+  const void* tokens = op.A + row_start * op.k * op.element_bytes;
+  const void* weights = op.B + static_cast<std::int64_t>(g) * op.n * op.k * op.element_bytes;
   // Per-tensor: one activation scale per expert tensor (batched) or for all rows (contiguous).
-  const float* sa = per_row ? op.sa + row_start * op.sa_per_row : (contiguous ? op.sa : op.sa + g);
-  const float* sb = per_row ? op.sb + g * op.sb_per_group : op.sb + g;
+  // Unscaled (bf16): no scale pointers (the 16-bit instances read none).
+  const float* sa = !op.scaled ? nullptr
+                    : per_row  ? op.sa + row_start * op.sa_per_row
+                               : (contiguous ? op.sa : op.sa + g);
+  const float* sb = !op.scaled ? nullptr : per_row ? op.sb + g * op.sb_per_group : op.sb + g;
   const int k_blocks = static_cast<int>(numerics::ceil_div(op.k, kQuantBlock));
   if (op.block) {
     const int weight_blocks = static_cast<int>(numerics::ceil_div(op.n, kQuantBlock));
@@ -442,6 +450,61 @@ __global__ void __launch_bounds__(kActThreads)
   }
 }
 
+// The 16-bit recipe's activation (RecipeInfo::requantizes_intermediate false: bf16): W1's bf16 output
+// rows (the expert's W1 bias added in fp32) -> the activation in fp32 -> act in bf16, rounded once
+// to nearest even (cpu::activation_quant's store_activation); no amax, no scales. A block a valid
+// row (ActivationRows: never a padding row), 8 output columns a thread a step: 16-byte loads of 8
+// gate and 8 up values (interleaved rows: 16 consecutive values, gate / up pairs), one 16-byte
+// store; any I % 8 == 0 (validate_problem's I % 16 == 0 gives it). Napkin math, DeepSeek-V3
+// m_e = 256 x 16 experts: 4096 rows x (4096 + 2048) x 2 bytes = 50 MB, ~17 us at ~3 TB/s.
+template <Activation kAct>
+__global__ void __launch_bounds__(kActThreads)
+    activation_bf16_kernel(SwigluOaiParams swiglu, numerics::W1Rows w1, ActivationRows rows,
+                           const __nv_bfloat16* __restrict__ w1_rows, const float* __restrict__ w1_bias, int N, int I,
+                           __nv_bfloat16* __restrict__ act) {
+  // cuda/pdl.cuh: before any global memory access. No early launch_dependents (W2 follows, as for
+  // the FP8 kernels above).
+  pdl_wait();
+  __shared__ std::int32_t staged[kActStagedExperts + 1];
+  const int total = rows.begin(staged);
+  for (int i = blockIdx.x; i < total; i += gridDim.x) {
+    int e = 0;
+    std::int64_t in_row = 0, out_row = 0;
+    if (!rows.at(i, in_row, out_row, e)) continue;
+    const __nv_bfloat16* row = w1_rows + in_row * N;
+    const float* bias = w1_bias != nullptr ? w1_bias + static_cast<std::int64_t>(e) * N : nullptr;
+    auto load8_biased = [&](int col, float(&v)[8]) {
+      load8(row + col, v);
+      if (bias != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] += bias[col + j];
+      }
+    };
+    for (int c0 = static_cast<int>(threadIdx.x) * 8; c0 < I; c0 += kActThreads * 8) {
+      float g8[8], u8[8];
+      if constexpr (numerics::w1_rows(kAct, QuantScheme::kBf16) == numerics::W1Rows::kInterleaved) {
+        float lo[8], hi[8];
+        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
+        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          g8[j] = lo[2 * j], u8[j] = lo[2 * j + 1];
+          g8[j + 4] = hi[2 * j], u8[j + 4] = hi[2 * j + 1];
+        }
+      } else {
+        load8_biased(numerics::gate_column(w1, I, c0), g8);
+        load8_biased(numerics::up_column(w1, I, c0), u8);
+      }
+      uint4 packed;
+      auto* o = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        o[j] = __float2bfloat16_rn(numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu));
+      *reinterpret_cast<uint4*>(act + out_row * I + c0) = packed;
+    }
+  }
+}
+
 __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float* act_scale, int E_local) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -484,9 +547,12 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
     op = {l.gemm_args_w2,     l.act_q,  l.act_scale,           l.weights.w2,
           l.weights.w2_scale, l.output, static_cast<int>(p.K), static_cast<int>(p.I())};
   }
+  const RecipeInfo recipe = recipe_info(p.quant);
+  op.element_bytes = static_cast<int>(dtype_size(recipe.activation_dtype));
+  op.scaled = has_activation_scales(recipe) && has_weight_scales(recipe);
   op.sa_per_row = static_cast<int>(numerics::activation_scales_per_row(p.quant, op.k));
   op.sb_per_group = numerics::weight_scale_count(p.quant, op.n, op.k);
-  op.block = recipe_info(p.quant).block_scaled_gemm;
+  op.block = recipe.block_scaled_gemm;
   op.launches = launches.count;
   if (which == 1 && l.gemms.w1_small) {
     op.D_small = l.w1_small;
@@ -507,6 +573,29 @@ GemmOperands operands(const BatchedExpertsLaunch& l, int which) {
 // g * M); contiguous, all M * topk rows of a1q_permuted may be one expert's.
 std::int64_t expert_capacity(const BatchedExpertsLaunch& l) {
   return l.contiguous ? l.problem.M * l.problem.topk : l.problem.M;
+}
+
+// The 16-bit recipe's activation: w1_out (bf16) -> act (bf16), one kernel whatever ActivationKernel
+// asks (no amax to keep in registers: the generic / row-per-block split is the FP8 quantization's).
+void launch_activation_bf16(const BatchedExpertsLaunch& l, cudaStream_t stream) {
+  const MoeProblem& p = l.problem;
+  const RecipeInfo recipe = recipe_info(p.quant);
+  MOEKIT_CUDA_REQUIRE(recipe.activation_dtype == DType::kBf16 && recipe.intermediate_dtype == DType::kBf16 &&
+                          !l.gemms.fused_w1 && l.w1_out != nullptr && l.act_q != nullptr,
+                      "launch_activation_quant: the " + std::string(recipe.name) +
+                          " recipe's activation reads a bf16 w1_out and writes a bf16 act (no fused W1)");
+  MOEKIT_CUDA_REQUIRE(p.I() % 8 == 0, "launch_activation_quant: I = " + std::to_string(p.I()) +
+                                          " must be a multiple of 8 (16-byte rows)");
+  ActivationRows rows{l.row_offsets, static_cast<int>(p.E_local), static_cast<int>(p.M), 0, l.contiguous};
+  rows.locate = l.weights.w1_bias != nullptr;
+  const numerics::W1Rows w1 = numerics::w1_rows(p.activation, p.quant);
+  numerics::with_activation(p.activation, [&]<Activation kAct>() {
+    auto* k = activation_bf16_kernel<kAct>;
+    launch_pdl(k, blocks_per_sm(reinterpret_cast<const void*>(k)) * l.num_sms, kActThreads, 0, stream, p.swiglu, w1,
+               rows, reinterpret_cast<const __nv_bfloat16*>(l.w1_out), l.weights.w1_bias, static_cast<int>(p.N),
+               static_cast<int>(p.I()), reinterpret_cast<__nv_bfloat16*>(l.act_q));
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace
@@ -533,6 +622,8 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
     g.scales_per_row = !numerics::activation_scale_per_tensor(p.quant);
     g.block_scaled = recipe_info(p.quant).block_scaled_gemm;
     g.fast_accumulation = p.accumulation == Accumulation::kFast;
+    // FP8 codes with scales, or the 16-bit recipe's bf16 operands on the configs' 16-bit instances.
+    g.operand = plan::sixteen_bit_gemm(p.quant) ? recipe_info(p.quant).activation_dtype : DType::kFp8E4m3;
     g.scratch = l.gemm_scratch;
     g.scratch_bytes = kGemmScratchBytes;
     g.num_sms = l.num_sms;
@@ -560,6 +651,7 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
+  if (!recipe_info(l.problem.quant).requantizes_intermediate) return launch_activation_bf16(l, stream);
   // The fused recipe runs it on w1_small's experts only (fp32 rows); the others' activation ran in
   // the fused W1's epilogue.
   const bool small = l.gemms.fused_w1;

@@ -54,14 +54,14 @@ struct BatchedExpertsLaunch {
   MoeProblem problem;
   ExpertWeightsView weights;
   bool contiguous = false;
-  const std::uint8_t* a1q = nullptr;  // batched a1q, or the standard experts' a1q_permuted
-  const float* a1q_scale = nullptr;
+  const std::uint8_t* a1q = nullptr;  // batched a1q, or the standard experts' a1q_permuted (FP8 or bf16 bytes)
+  const float* a1q_scale = nullptr;   // null without activation scales
   const std::int32_t* expert_num_tokens = nullptr;  // counts per local expert
   std::uint16_t* output = nullptr;                  // batched expert_output, or the standard experts' w2_out
   std::uint16_t* w1_out = nullptr;                  // null in the fused recipe
   float* w1_small = nullptr;                        // the fused recipe's small experts' fp32 W1 rows (gemms.w1_small)
-  std::uint8_t* act_q = nullptr;
-  float* act_scale = nullptr;
+  std::uint8_t* act_q = nullptr;                    // act_q (FP8 codes), or the 16-bit recipe's bf16 act as bytes
+  float* act_scale = nullptr;                       // null without activation scales
   std::byte* gemm_args_w1 = nullptr;
   std::byte* gemm_args_w2 = nullptr;
   std::byte* gemm_scratch = nullptr;
@@ -155,7 +155,8 @@ inline constexpr int kMaxRowMapExperts = 512;  // the row map's shared memory: 3
 // token's row written to every row pair_row names for it (tokens * topk entries, -1 skipped), or to
 // row t when pair_row is null. Scales per destination row (numerics/scales.h); per-tensor: one
 // scale over all tokens, written to scale_tensors entries (E_local batched, 1 standard); amax_scratch
-// is one uint32 of device memory.
+// is one uint32 of device memory. An unquantized recipe (bf16): each row copied as it is into q
+// (2K bytes a row), no scales (scales and amax_scratch unread).
 struct QuantizeLaunch {
   QuantScheme quant = QuantScheme::kPerTokenPerChannel;
   const std::uint16_t* hidden = nullptr;
@@ -176,7 +177,8 @@ void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std
                     std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream,
                     bool accumulate = false);
 
-// The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it.
+// The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it;
+// rows of K elements of the recipe's activation dtype (FP8: K bytes, bf16: 2K), no scales without them.
 void launch_permute_rows(const std::int32_t* pair_row, std::int64_t tokens, int topk, std::int64_t K, QuantScheme quant,
                          const std::uint8_t* a1q, const float* a1q_scale, std::uint8_t* permuted, float* permuted_scale,
                          void* stream);

@@ -15,6 +15,7 @@
 #include "cuda/ep_launch.h"
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "numerics/scales.h"
 #include "plan/ep_layout.h"
 #include "plan/experts_recipe.h"
@@ -22,11 +23,17 @@
 namespace moekit::cuda {
 namespace {
 
-// The CUDA dispatches quantize to FP8 as they scatter: a recipe without CUDA kernels (bf16) is
-// refused when it is declared, with what to run instead (the experts refuse it the same way).
+// The CUDA dispatches quantize to FP8 as they scatter (or copy bf16 rows, the unquantized recipe): a
+// recipe without CUDA kernels (RecipeInfo::cuda_experts) is refused when it is declared, with what to
+// run instead (the experts refuse it the same way).
 void require_cuda_recipe(std::string_view who, const MoeProblem& p) {
   const std::string why = plan::recipe_unsupported(who, Device::kCuda, p);
   MOEKIT_CHECK(why.empty(), "{}", why);
+}
+
+// a1q's scales, or null for a recipe without activation scales (bf16: no a1q_scale region).
+float* a1q_scale(Workspace& ws) {
+  return has_activation_scales(recipe_info(ws.problem().quant)) ? ws.get<float>("a1q_scale") : nullptr;
 }
 
 void declare_quant_scratch(const MoeProblem& p, WorkspaceBuilder& b) {
@@ -49,8 +56,8 @@ QuantizeLaunch quantize(const MoeProblem& p, const PrepareArgs& a, Workspace& ws
   q.K = p.K;
   q.topk = static_cast<int>(p.topk);
   q.pair_row = pair_row;
-  q.q = ws.get<std::uint8_t>("a1q");
-  q.scales = ws.get<float>("a1q_scale");
+  q.q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q"));
+  q.scales = a1q_scale(ws);
   q.scale_tensors = scale_tensors;
   q.amax_scratch = reinterpret_cast<std::uint32_t*>(ws.get<std::int32_t>("tensor_amax"));
   return q;
@@ -108,7 +115,11 @@ class Scatter final : public PrepareFinalize {
     launch_row_map(a.topk_ids, a.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), false, p.M,
                    pair_row, counts, nullptr, ws.get<std::int32_t>("row_map_tiles"), status, stream);
     launch_quantize_tokens(quantize(p, a, ws, pair_row, p.E_local), stream);
-    return {ws.get<std::uint8_t>("a1q"),           ws.get<float>("a1q_scale"), counts, nullptr, a.num_tokens,
+    return {reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q")),
+            a1q_scale(ws),
+            counts,
+            nullptr,
+            a.num_tokens,
             ws.get<std::uint16_t>("expert_output")};
   }
 
@@ -142,7 +153,12 @@ class Local final : public PrepareFinalize {
                  p.E_local, p.E);
     check_tokens(p, a);
     launch_quantize_tokens(quantize(p, a, ws, nullptr, 1), stream);
-    return {ws.get<std::uint8_t>("a1q"), ws.get<float>("a1q_scale"), nullptr, a.topk_ids, a.num_tokens, nullptr};
+    return {reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q")),
+            a1q_scale(ws),
+            nullptr,
+            a.topk_ids,
+            a.num_tokens,
+            nullptr};
   }
 
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream stream) override {
@@ -198,7 +214,7 @@ class NcclAllToAll final : public PrepareFinalize {
              {P, mt, rb},
              Stage::kPrepare,
              Stage::kPrepare,
-             "records packed per destination for ncclSend (header, FP8 row, scales)"});
+             "records packed per destination for ncclSend (header, the row in the recipe's dtype, scales)"});
       b.add({"ep_recv_count", DType::kInt32, {P}, Stage::kPrepare, Stage::kFinalize, "records from each source"});
     }
     b.add({"ep_recv",
@@ -408,8 +424,8 @@ class NcclAllToAll final : public PrepareFinalize {
     s.recv_ids = ws.get<std::int32_t>("ep_recv_ids");
     s.pair_row = ws.get<std::int32_t>("ep_pair_row");
     s.row_map_tiles = ws.get<std::int32_t>("row_map_tiles");
-    s.a1q = ws.get<std::uint8_t>("a1q");
-    s.a1q_scale = ws.get<float>("a1q_scale");
+    s.a1q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q"));
+    s.a1q_scale = a1q_scale(ws);
     s.expert_num_tokens = ws.get<std::int32_t>("expert_num_tokens");
     s.combine_recv = ws.get<float>("ep_combine_recv");
     s.status = ws.get<std::int32_t>("dispatch_status");

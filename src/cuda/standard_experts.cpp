@@ -10,6 +10,7 @@
 #include "cuda/backend.h"
 #include "cuda/launch.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "plan/experts_recipe.h"
 
 namespace moekit::cuda {
@@ -70,14 +71,16 @@ class CudaStandardExperts final : public Experts {
     launch_row_map(in.topk_ids, in.num_tokens * p.topk, static_cast<int>(p.topk), static_cast<int>(p.E_local), true,
                    p.M * p.topk, pair_row, ws.get<std::int32_t>("expert_counts"),
                    ws.get<std::int32_t>("expert_offsets"), ws.get<std::int32_t>("row_map_tiles"), status, stream);
+    // A recipe without activation scales (bf16) has no a1q_scale_permuted: its rows move alone.
+    float* permuted_scale = has_activation_scales(recipe_info(p.quant)) ? ws.get<float>("a1q_scale_permuted") : nullptr;
     launch_permute_rows(pair_row, in.num_tokens, static_cast<int>(p.topk), p.K, p.quant, in.a1q, in.a1q_scale,
-                        ws.get<std::uint8_t>("a1q_permuted"), ws.get<float>("a1q_scale_permuted"), stream);
+                        reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q_permuted")), permuted_scale, stream);
     BatchedExpertsLaunch l;
     l.problem = p;
     l.weights = w;
     l.contiguous = true;
-    l.a1q = ws.get<std::uint8_t>("a1q_permuted");
-    l.a1q_scale = ws.get<float>("a1q_scale_permuted");
+    l.a1q = reinterpret_cast<std::uint8_t*>(ws.get<std::byte>("a1q_permuted"));
+    l.a1q_scale = permuted_scale;
     l.expert_num_tokens = ws.get<std::int32_t>("expert_counts");
     l.output = ws.get<std::uint16_t>("w2_out");
     fill_gemm_regions(l, ws);

@@ -24,7 +24,10 @@ GemmConfig select_gemm_config(std::int64_t rows, std::int64_t n, std::int64_t k,
   MOEKIT_CHECK(rows >= 0 && n >= 1 && k >= 1, "select_gemm_config: rows = {}, n = {}, k = {}", rows, n, k);
   for (const auto& c : kGemmConfigs)
     if (eligible(c, n, k, quant, false, accumulation) && (c.max_rows < 0 || rows <= c.max_rows)) return c.id;
-  MOEKIT_FAIL("no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be multiples of 16", n, k);
+  MOEKIT_FAIL(
+      "no grouped GEMM config runs n = {}, k = {} for the {} recipe: every config needs n and k to be "
+      "multiples of 16",
+      n, k, quant_name(quant));
 }
 
 GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max_rows, QuantScheme quant, bool fused_w1,
@@ -48,9 +51,9 @@ GemmLaunches plan_gemm_launches(std::int64_t n, std::int64_t k, std::int64_t max
     lo = hi + 1;
   }
   MOEKIT_CHECK(l.count > 0,
-               "no grouped FP8 GEMM config runs n = {}, k = {}: every config needs n and k to be "
+               "no grouped GEMM config runs n = {}, k = {} for the {} recipe: every config needs n and k to be "
                "multiples of 16",
-               n, k);
+               n, k, quant_name(quant));
   // A splitting config's ragged tails go to the launches of up to half its token tile, when the
   // plan holds every such row count (the ranges are contiguous from 0: launch 0 starts there).
   // (Splitting configs keep tokens on their M side: ragged_tail_splitters_write_rows.)

@@ -231,23 +231,37 @@ constexpr const GemmConfigInfo& gemm_config_info(GemmConfig config) {
   return kGemmConfigs[0];  // unreachable for a valid enum (every enumerator has a row: tested)
 }
 
-// Every FP8 GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
-// instance for the scaling (the recipe's block_scaled_gemm: moekit/recipe.h); the fused recipe's W1
-// (a recipe with fused_w1) runs on the fused W1 configs and, for small experts, the fp32-D ones
-// (w1_fp32); the fused W1 configs run nothing else. A recipe without CUDA experts (cuda_experts:
-// bf16 for now) runs on none of these FP8 configs.
-constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
-                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
-  return recipe_info(quant).cuda_experts && n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
-         (fused_w1
-              ? (config.fused_w1 || config.w1_fp32) && recipe_info(quant).fused_w1
-              : !config.fused_w1 && (recipe_info(quant).block_scaled_gemm ? config.block_scaled : config.token_scaled));
-}
-
 // A 16-bit GEMM (bf16 or fp16 operands, no scales) on the config's 16-bit instances: k % 8 == 0
 // (16-byte TMA rows of 2-byte elements) and its n_multiple.
 constexpr bool supports_sixteen_bit(const GemmConfigInfo& config, std::int64_t n, std::int64_t k) {
   return config.sixteen_bit && n > 0 && k > 0 && k % 8 == 0 && n % config.n_multiple == 0;
+}
+
+// Whether a recipe's GEMMs run on the configs' 16-bit instances (operands bf16 or fp16, no scales),
+// not on their FP8 ones: its operands are 2-byte values without weight scales.
+constexpr bool sixteen_bit_gemm(QuantScheme quant) {
+  const RecipeInfo r = recipe_info(quant);
+  return !has_weight_scales(r) && dtype_size(r.activation_dtype) == 2 && dtype_size(r.weight_dtype) == 2;
+}
+
+// FP8: every GEMM needs k % 16 == 0 (16-byte TMA rows); each config adds its n_multiple and an
+// instance for the scaling (the recipe's block_scaled_gemm: moekit/recipe.h); the fused recipe's W1
+// (a recipe with fused_w1) runs on the fused W1 configs and, for small experts, the fp32-D ones
+// (w1_fp32); the fused W1 configs run nothing else. A 16-bit recipe (sixteen_bit_gemm: bf16) runs
+// on the configs with 16-bit instances (supports_sixteen_bit) but the fast-accumulation-only one
+// (pingpong-64x256: FP8 fast accumulation's tile; past 64 rows the 16-bit measurements chose
+// cooperative-128x256), and never fuses W1: the rule takes swapab-128x32 for m_e <= 32,
+// swapab-128x64 for m_e <= 64, cooperative-128x256 past that (tests/plan/test_recipe.cpp).
+// A recipe without CUDA experts (cuda_experts) runs on none.
+constexpr bool supports(const GemmConfigInfo& config, std::int64_t n, std::int64_t k,
+                        QuantScheme quant = QuantScheme::kPerTokenPerChannel, bool fused_w1 = false) {
+  if (!recipe_info(quant).cuda_experts) return false;
+  if (sixteen_bit_gemm(quant))
+    return !fused_w1 && !config.fused_w1 && !config.fast_accumulation_only && supports_sixteen_bit(config, n, k);
+  return n > 0 && k > 0 && k % 16 == 0 && n % config.n_multiple == 0 &&
+         (fused_w1
+              ? (config.fused_w1 || config.w1_fp32) && recipe_info(quant).fused_w1
+              : !config.fused_w1 && (recipe_info(quant).block_scaled_gemm ? config.block_scaled : config.token_scaled));
 }
 
 // Whether the rule may choose `config` for a GEMM of depth k (its max_k); supports() says whether it runs.

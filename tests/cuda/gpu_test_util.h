@@ -16,6 +16,7 @@
 #include "cuda/backend.h"
 #include "moekit/model.h"
 #include "moekit/problem.h"
+#include "moekit/recipe.h"
 #include "synthetic/random.h"
 
 #define MOEKIT_REQUIRE_GPU()                                            \
@@ -49,7 +50,7 @@ inline MoeProblem problem_for(const std::string& model_name, std::int64_t E_loca
 }
 
 struct BatchedInputs {
-  std::vector<std::uint8_t> a1q;  // (E_local, M, K), padding rows 0x7F (NaN)
+  std::vector<std::uint8_t> a1q;  // (E_local, M, K) FP8 codes or bf16 values (bytes), padding rows NaN
   std::vector<float> a1q_scale;   // per plan shape, padding NaN
   std::vector<std::int32_t> expert_num_tokens;
 };
@@ -60,7 +61,9 @@ inline BatchedInputs make_batched_inputs(const MoeProblem& p, const std::vector<
   BatchedInputs in;
   const std::int64_t K = p.K, M = p.M;
   in.expert_num_tokens = counts;
-  in.a1q.assign(static_cast<std::size_t>(p.E_local * M * K), 0x7F);
+  // The recipe's operand: FP8 codes (NaN 0x7F) or bf16 values (2 bytes each, NaN 0xFFFF).
+  const std::int64_t ab = dtype_size(recipe_info(p.quant).activation_dtype);
+  in.a1q.assign(static_cast<std::size_t>(p.E_local * M * K * ab), ab == 1 ? 0x7F : 0xFF);
   const std::int64_t spr = numerics::activation_scales_per_row(p.quant, K);
   const std::size_t scale_count =
       static_cast<std::size_t>(p.quant == QuantScheme::kPerTensor ? p.E_local : p.E_local * M * spr);
@@ -76,7 +79,7 @@ inline BatchedInputs make_batched_inputs(const MoeProblem& p, const std::vector<
       for (std::int64_t c = 0; c < K; ++c) x[static_cast<std::size_t>(r * K + c)] = row_scale * rng.normal();
     }
     float* scales = p.quant == QuantScheme::kPerTensor ? in.a1q_scale.data() + e : in.a1q_scale.data() + e * M * spr;
-    cpu::quantize_activation(p.quant, x.data(), m, K, K, in.a1q.data() + e * M * K, K, scales);
+    cpu::store_activation(p.quant, x.data(), m, K, K, in.a1q.data() + e * M * K * ab, K, scales);
   }
   return in;
 }

@@ -1,7 +1,8 @@
 // The Hopper batched FP8 experts, through the Experts seam over a Workspace from plan_layer,
 // against the CPU experts (themselves checked against float64) on fresh random data, stage by stage:
 // DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, gpt-oss and Qwen3-30B shapes, every activation,
-// per-token, per-tensor and block-scaled (1x128 activation groups, 128x128 weight blocks); m_e
+// per-token, per-tensor, block-scaled (1x128 activation groups, 128x128 weight blocks) and the
+// unquantized recipe (bf16 operands, no scales, the activation stored in bf16); m_e
 // patterns all zero, one expert full (m_e = M), uniform, random skew and sizes no tile divides; every
 // config the table says supports the shapes. The workspace carries guard bands; every region and
 // padding row is poisoned with NaN; the guards must survive, padding rows of the output stay
@@ -28,8 +29,10 @@
 #include "cuda/launch_cache.h"
 #include "gpu_test_util.h"
 #include "moekit/check.h"
+#include "moekit/recipe.h"
 #include "moekit/registry.h"
 #include "numerics/scales.h"
+#include "plan/experts_recipe.h"
 #include "synthetic/synthetic.h"
 #include "test_names.h"
 
@@ -44,7 +47,8 @@ using numerics::bf16_decode;
 //   rounding boundary, plus the tensor cores' FP8 accumulation: a few 1e-3. Bound 5e-3.
 // - End to end against the CPU backend: check::device_vs_cpu_tolerance (a bf16 W1 output one ulp
 //   apart flips the FP8 code of the activation computed from it: ~1.5e-2; per-tensor, the expert's one
-//   scale may move too). Indexing or scaling bugs give O(1) errors.
+//   scale may move too; bf16: both devices round the same stored values, 8e-3). Indexing or scaling
+//   bugs give O(1) errors.
 constexpr double kStageTolerance = 5e-3;
 constexpr std::int64_t kGuardBytes = 4096;
 
@@ -74,11 +78,13 @@ class GpuExperts {
   // Poisons the workspace (regions NaN, guards their pattern), then writes the inputs.
   ExpertsInput load(const testing::BatchedInputs& in) {
     ws_.poison(nullptr);
+    // A recipe without activation scales (bf16) has no a1q_scale region: its rows go alone.
+    const bool scaled = has_activation_scales(recipe_info(p_.quant));
     put("a1q", in.a1q.data(), static_cast<std::int64_t>(in.a1q.size()));
-    put("a1q_scale", in.a1q_scale.data(), static_cast<std::int64_t>(in.a1q_scale.size() * 4));
+    if (scaled) put("a1q_scale", in.a1q_scale.data(), static_cast<std::int64_t>(in.a1q_scale.size() * 4));
     put("expert_num_tokens", in.expert_num_tokens.data(), static_cast<std::int64_t>(in.expert_num_tokens.size() * 4));
-    return {ws_.get<std::uint8_t>("a1q"),
-            ws_.get<float>("a1q_scale"),
+    return {reinterpret_cast<const std::uint8_t*>(ws_.get<std::byte>("a1q")),
+            scaled ? ws_.get<float>("a1q_scale") : nullptr,
             ws_.get<std::int32_t>("expert_num_tokens"),
             nullptr,
             p_.max_tokens_per_rank,
@@ -123,8 +129,8 @@ class GpuExperts {
 struct CpuResult {
   std::vector<std::uint16_t> output;  // (E_local, M, K)
   std::vector<std::uint16_t> w1_out;  // (E_local, M, N): W1 into bf16, valid rows (the unfused stage)
-  std::vector<std::uint8_t> act_q;    // (E_local, M, I): the CPU experts' own activation codes
-  std::vector<float> act_scale;       // and scales (the fused recipe's, where it applies)
+  std::vector<std::uint8_t> act_q;    // (E_local, M, I): the CPU experts' own activation codes (bf16: act's bytes)
+  std::vector<float> act_scale;       // and scales (the fused recipe's, where it applies; none for bf16)
 };
 
 CpuResult cpu_oracle(const MoeProblem& p, const synthetic::HostExpertWeights& w, const testing::BatchedInputs& in,
@@ -135,27 +141,34 @@ CpuResult cpu_oracle(const MoeProblem& p, const synthetic::HostExpertWeights& w,
   ws.poison(nullptr);
   const auto experts = entry.make({&pool, nullptr});
   auto* out = ws.get<std::uint16_t>("expert_output");
+  const bool scaled = has_activation_scales(recipe_info(p.quant));
   experts->run(p,
-               {in.a1q.data(), in.a1q_scale.data(), in.expert_num_tokens.data(), nullptr, p.max_tokens_per_rank, out},
+               {in.a1q.data(), scaled ? in.a1q_scale.data() : nullptr, in.expert_num_tokens.data(), nullptr,
+                p.max_tokens_per_rank, out},
                w.view(), ws, nullptr);
   CpuResult r;
   r.output.assign(out, out + p.E_local * p.M * p.K);
-  const auto* q = ws.get<std::uint8_t>("act_q");
-  r.act_q.assign(q, q + ws.plan().region("act_q").bytes);
-  const auto* s = ws.get<float>("act_scale");
-  r.act_scale.assign(s, s + ws.plan().region("act_scale").bytes / 4);
-  // W1 into bf16 on the CPU (the unfused GPU stage's oracle), whatever recipe the experts followed.
+  const char* act = plan::act_region(p.quant);  // act_q (FP8) or act (bf16)
+  const auto* q = reinterpret_cast<const std::uint8_t*>(ws.get<std::byte>(act));
+  r.act_q.assign(q, q + ws.plan().region(act).bytes);
+  if (scaled) {
+    const auto* s = ws.get<float>("act_scale");
+    r.act_scale.assign(s, s + ws.plan().region("act_scale").bytes / 4);
+  }
+  // W1 into bf16 on the CPU (the unfused GPU stage's oracle), whatever recipe the experts followed,
+  // in the recipe's operand type (cpu::run_expert_gemm: FP8 with scales or bf16).
   r.w1_out.assign(static_cast<std::size_t>(p.E_local * p.M * p.N), 0xFFFF);
   const ExpertWeightsView view = w.view();
   const std::int64_t a_spr = numerics::activation_scales_per_row(p.quant, p.K);
+  const std::int64_t ab = dtype_size(recipe_info(p.quant).activation_dtype);
   for (std::int64_t e = 0; e < p.E_local; ++e) {
     const std::int64_t m = in.expert_num_tokens[static_cast<std::size_t>(e)];
     if (m <= 0 || m > p.M) continue;
-    const float* a_scale =
-        p.quant == QuantScheme::kPerTensor ? in.a1q_scale.data() + e : in.a1q_scale.data() + e * p.M * a_spr;
-    cpu::fp8_gemm(
-        cpu::expert_gemm(p, view, 1, e, m, in.a1q.data() + e * p.M * p.K, a_scale, r.w1_out.data() + e * p.M * p.N),
-        pool);
+    const float* a_scale = !scaled                              ? nullptr
+                           : p.quant == QuantScheme::kPerTensor ? in.a1q_scale.data() + e
+                                                                : in.a1q_scale.data() + e * p.M * a_spr;
+    cpu::run_expert_gemm(p, view, 1, e, m, in.a1q.data() + e * p.M * p.K * ab, a_scale, r.w1_out.data() + e * p.M * p.N,
+                         pool);
   }
   return r;
 }
@@ -182,8 +195,9 @@ class W2Stage {
  public:
   W2Stage(const MoeProblem& p, ExpertWeightsView w, const GpuRun& r, cpu::ThreadPool& pool)
       : p_(p), w_(w), r_(r), pool_(pool), out_(static_cast<std::size_t>(p.M * p.K)) {}
+  // act: m rows of I elements of the recipe's operand (FP8 codes with act_scale, or bf16 and null).
   void add(std::int64_t e, std::int64_t m, const std::uint8_t* act, const float* act_scale) {
-    cpu::fp8_gemm(cpu::expert_gemm(p_, w_, 2, e, m, act, act_scale, out_.data()), pool_);
+    cpu::run_expert_gemm(p_, w_, 2, e, m, act, act_scale, out_.data(), pool_);
     for (std::int64_t i = 0; i < m * p_.K; ++i) {
       const double x = bf16_decode(r_.output[static_cast<std::size_t>(e * p_.M * p_.K + i)]);
       const double y = bf16_decode(out_[static_cast<std::size_t>(i)]);
@@ -241,6 +255,46 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
   EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
   std::printf("  %-62s W1 %.1e  act codes %lld/%lld  W2 %.1e\n", ctx.c_str(), w1_err, static_cast<long long>(code_diff),
               static_cast<long long>(codes), w2_err);
+}
+
+// The unquantized recipe (bf16), stage by stage: W1 as above; the GPU's bf16 act against the CPU
+// activation of the GPU's own w1_out rows rounded once to bf16 (expf / erff differ from the host's
+// by an ulp or two: a value moves by one bf16 ulp, its neighbouring bits, only where the fp32 value
+// sits at a rounding boundary); W2 against the CPU W2 GEMM of the GPU's own act.
+void check_bf16_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, const GpuRun& r,
+                       const CpuResult& ref, const std::vector<std::int32_t>& counts, cpu::ThreadPool& pool,
+                       const std::string& ctx) {
+  const std::int64_t N = p.N, I = p.I(), M = p.M;
+  const auto* gpu_w1 = reinterpret_cast<const std::uint16_t*>(r.workspace.data() + r.placed.region("w1_out").offset);
+  const auto* gpu_act = reinterpret_cast<const std::uint16_t*>(r.workspace.data() + r.placed.region("act").offset);
+  const double w1_err = rel_err_valid(p, gpu_w1, ref.w1_out.data(), N, counts);
+  EXPECT_LT(w1_err, kStageTolerance) << ctx << ": W1 GEMM";
+  std::int64_t values = 0, one_ulp = 0, far = 0;
+  W2Stage w2(p, w.view(), r, pool);
+  for (std::int64_t e = 0; e < p.E_local; ++e) {
+    const std::int64_t m = counts[static_cast<std::size_t>(e)];
+    if (m <= 0 || m > M) continue;
+    std::vector<float> act(static_cast<std::size_t>(m * I));
+    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant, p.swiglu);
+    std::vector<std::uint16_t> q(static_cast<std::size_t>(m * I));
+    cpu::store_activation(p.quant, act.data(), m, I, I, reinterpret_cast<std::uint8_t*>(q.data()), I, nullptr);
+    for (std::int64_t i = 0; i < m * I; ++i) {
+      const std::uint16_t a = q[static_cast<std::size_t>(i)], b = gpu_act[e * M * I + i];
+      if (a == b) continue;
+      if (std::abs(static_cast<int>(a) - static_cast<int>(b)) == 1)  // neighbouring bf16s of one sign
+        ++one_ulp;
+      else
+        ++far;
+    }
+    values += m * I;
+    w2.add(e, m, reinterpret_cast<const std::uint8_t*>(gpu_act + e * M * I), nullptr);
+  }
+  EXPECT_EQ(far, 0) << ctx << ": bf16 activation values more than one ulp from the CPU's";
+  EXPECT_LE(one_ulp, values / 500) << ctx << ": bf16 activation values one ulp apart: " << one_ulp << " of " << values;
+  const double w2_err = w2.relative();
+  EXPECT_LT(w2_err, kStageTolerance) << ctx << ": W2 GEMM";
+  std::printf("  %-62s W1 %.1e  act one ulp %lld/%lld  W2 %.1e\n", ctx.c_str(), w1_err, static_cast<long long>(one_ulp),
+              static_cast<long long>(values), w2_err);
 }
 
 // The fused W1 (no w1_out): its activation codes and scales against the CPU experts' own (the same
@@ -373,6 +427,8 @@ TEST_P(BatchedExpertsGpu, MatchesCpuInsideTheContract) {
       std::printf("  %-62s end to end vs CPU %.3e\n", ctx.c_str(), rel);
       if (fused)
         check_fused_stages(p, w, r, ref, counts, pool, ctx);
+      else if (!recipe_info(p.quant).requantizes_intermediate)
+        check_bf16_stages(p, w, r, ref, counts, pool, ctx);
       else
         check_stages(p, w, r, ref, counts, pool, ctx);
       if (pattern == "skew") {
@@ -426,7 +482,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kRelu2, true},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kSiluNoMul, true},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kPerTokenPerChannel, Activation::kGeluNoMul},
-                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGeluNoMul, true}),
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBlock128, Activation::kGeluNoMul, true},
+                      // The unquantized recipe (bf16): the configs' 16-bit instances, every activation.
+                      Case{"deepseek-v3", 4, 256, QuantScheme::kBf16},
+                      Case{"qwen3-235b-a22b", 4, 192, QuantScheme::kBf16},
+                      Case{"mixtral-8x7b", 2, 160, QuantScheme::kBf16}, Case{"gpt-oss-120b", 3, 96, QuantScheme::kBf16},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kGelu},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kGeluTanh},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kRelu2},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kSiluNoMul},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kGeluNoMul}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
       if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));
@@ -766,7 +832,9 @@ TEST_P(GraphReplay, MatchesEagerRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplay,
-                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128), quant_param_name);
+                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128,
+                                           QuantScheme::kBf16),
+                         quant_param_name);
 
 // A step captured once with the rule's three row ranges, replayed over counts that fall in one
 // range, in each, or in none: every replay equals an eager run of the same counts bit for bit (the
@@ -777,13 +845,12 @@ struct ReplayCase {
   bool fuse_w1;
 };
 
-// The three recipes (per-token; block128 unfused and fused) and their test names.
+// The recipes (per-token; block128 unfused and fused; bf16) and their test names.
 const auto kRecipes =
     ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false}, ReplayCase{QuantScheme::kBlock128, false},
-                      ReplayCase{QuantScheme::kBlock128, true});
+                      ReplayCase{QuantScheme::kBlock128, true}, ReplayCase{QuantScheme::kBf16, false});
 std::string recipe_name(const ::testing::TestParamInfo<ReplayCase>& info) {
-  return std::string(info.param.quant == QuantScheme::kBlock128 ? "block128" : "per_token") +
-         (info.param.fuse_w1 ? "_fused" : "");
+  return testing::test_name(std::string(quant_name(info.param.quant))) + (info.param.fuse_w1 ? "_fused" : "");
 }
 
 class GraphReplayFollowsTheCounts : public ::testing::TestWithParam<ReplayCase> {};

@@ -184,6 +184,15 @@ std::vector<Case> cases() {
     all.push_back({"tiny-gated", experts, QuantScheme::kPerTokenPerChannel, Activation::kSilu, 13});
     all.push_back({"tiny-gated", experts, QuantScheme::kPerTensor, Activation::kSilu, 13});
     all.push_back({"tiny-gated", experts, QuantScheme::kBlock128, Activation::kSilu, 300, 0, true});
+    // The unquantized recipe (bf16: the configs' 16-bit instances, act in bf16, bf16 rows through
+    // the scatter / permutation): every activation, the edge sizes, each of the rule's three row
+    // ranges (600 tokens: experts past 64 rows on cooperative-128x256), DeepSeek-V3's shapes,
+    // gpt-oss's interleaved rows and expert biases, Qwen2-MoE's gated shared expert.
+    for (Activation a : all_activations()) all.push_back({"tiny", experts, QuantScheme::kBf16, a, 13});
+    for (std::int64_t T : {0, 1, 37, 600}) all.push_back({"tiny", experts, QuantScheme::kBf16, Activation::kSilu, T});
+    all.push_back({"deepseek-v3", experts, QuantScheme::kBf16, Activation::kSilu, 24, 64});
+    all.push_back({"gpt-oss-120b", experts, QuantScheme::kBf16, Activation::kSwigluOai, 13, 72});
+    all.push_back({"tiny-gated", experts, QuantScheme::kBf16, Activation::kSilu, 13});
   }
   return all;
 }

@@ -196,6 +196,9 @@ std::vector<Case> cases() {
   all.push_back({"deepseek-v3", 32, q, {24, 24}});
   all.push_back({"deepseek-v3", 32, q, {24, 17}, "nccl-reference"});
   all.push_back({"qwen3-30b-a3b", 32, QuantScheme::kPerTokenPerChannel, {40, 40}});
+  // The unquantized recipe: records of K bf16 values (2K bytes) and no scales.
+  all.push_back({"tiny", 0, QuantScheme::kBf16, {37, 1}});
+  all.push_back({"qwen3-30b-a3b", 32, QuantScheme::kBf16, {40, 40}});
   return all;
 }
 
@@ -237,6 +240,9 @@ std::vector<Case> one_rank_cases() {
   all.push_back({"tiny", 0, q, {600}, "nccl", true});
   all.push_back({"deepseek-v3", 32, q, {24}, "nccl-reference", true});
   all.push_back({"deepseek-v3", 32, QuantScheme::kBlock128, {24}, "nccl", true});
+  // bf16 records (2K-byte rows, no scales) through both transports' kernels.
+  all.push_back({"tiny", 0, QuantScheme::kBf16, {13}, "nccl", true});
+  all.push_back({"deepseek-v3", 32, QuantScheme::kBf16, {24}, "nccl", true});
   return all;
 }
 

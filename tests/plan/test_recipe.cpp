@@ -175,23 +175,67 @@ TEST(Recipe, ValidationFollowsTheRows) {
   }
 }
 
-// Which GEMM configs run a recipe (plan::supports) follows block_scaled_gemm, and each recipe has
-// at least one config for DeepSeek-V3's W1 and W2.
+// Which GEMM configs run a recipe (plan::supports) follows block_scaled_gemm (FP8) or the configs'
+// 16-bit instances (a 16-bit recipe: bf16), and each recipe has at least one config for
+// DeepSeek-V3's W1 and W2.
 TEST(Recipe, GemmConfigsFollowTheRows) {
   for (const RecipeInfo& r : kRecipes) {
     int unfused = 0, fused = 0;
+    const bool sixteen_bit = plan::sixteen_bit_gemm(r.scheme);
+    EXPECT_EQ(sixteen_bit, !has_weight_scales(r)) << r.name;
     for (const auto& c : plan::kGemmConfigs) {
       const std::string ctx = std::string(r.name) + " " + std::string(c.name);
-      EXPECT_EQ(plan::supports(c, 4096, 7168, r.scheme), r.cuda_experts && 4096 % c.n_multiple == 0 && !c.fused_w1 &&
-                                                             (r.block_scaled_gemm ? c.block_scaled : c.token_scaled))
+      const bool instance = sixteen_bit ? c.sixteen_bit && !c.fast_accumulation_only
+                                        : (r.block_scaled_gemm ? c.block_scaled : c.token_scaled);
+      EXPECT_EQ(plan::supports(c, 4096, 7168, r.scheme),
+                r.cuda_experts && 4096 % c.n_multiple == 0 && !c.fused_w1 && instance)
           << ctx;
       unfused += plan::supports(c, 4096, 7168, r.scheme) && plan::supports(c, 7168, 2048, r.scheme);
       fused += plan::supports(c, 4096, 7168, r.scheme, true);
     }
-    // The CUDA configs are FP8 GEMMs: a recipe without CUDA experts (bf16) runs on none.
     EXPECT_EQ(unfused > 0, r.cuda_experts) << r.name;
     EXPECT_EQ(fused > 0, r.fused_w1) << r.name;
   }
+}
+
+// The 16-bit rule: swapab-128x32 for m_e <= 32, swapab-128x64 for m_e <= 64, cooperative-128x256
+// past that (pingpong-64x256 is FP8 fast accumulation only), never a fused W1, for the W1 and W2
+// of DeepSeek-V3 and Qwen3-30B-A3B and a K only a multiple of 16.
+TEST(Recipe, SixteenBitRule) {
+  using plan::GemmConfig;
+  struct Gemm {
+    std::int64_t n, k;
+  };
+  for (const Gemm g : {Gemm{4096, 7168}, Gemm{7168, 2048}, Gemm{1536, 2048}, Gemm{2048, 768}, Gemm{4096, 7184}}) {
+    const std::string ctx = "n = " + std::to_string(g.n) + ", k = " + std::to_string(g.k);
+    for (const std::int64_t rows : {0, 1, 31, 32})
+      EXPECT_EQ(plan::select_gemm_config(rows, g.n, g.k, QuantScheme::kBf16), GemmConfig::kSwapAB128x32) << ctx;
+    for (const std::int64_t rows : {33, 64})
+      EXPECT_EQ(plan::select_gemm_config(rows, g.n, g.k, QuantScheme::kBf16), GemmConfig::kSwapAB128x64) << ctx;
+    for (const std::int64_t rows : {65, 128, 300, 8192})
+      EXPECT_EQ(plan::select_gemm_config(rows, g.n, g.k, QuantScheme::kBf16), GemmConfig::kCooperative128x256) << ctx;
+    const plan::GemmLaunches l = plan::plan_gemm_launches(g.n, g.k, 8192, QuantScheme::kBf16);
+    ASSERT_EQ(l.count, 3) << ctx;
+    EXPECT_EQ(l.config[0], GemmConfig::kSwapAB128x32) << ctx;
+    EXPECT_EQ(l.config[1], GemmConfig::kSwapAB128x64) << ctx;
+    EXPECT_EQ(l.config[2], GemmConfig::kCooperative128x256) << ctx;
+    for (int j = 0; j < l.count; ++j) {
+      EXPECT_EQ(l.tail_tile[j], 0) << ctx;  // nothing splits ragged tails
+      EXPECT_TRUE(plan::supports_sixteen_bit(plan::gemm_config_info(l.config[j]), g.n, g.k)) << ctx;
+    }
+    for (const auto& c : plan::kGemmConfigs)
+      EXPECT_FALSE(plan::supports(c, g.n, g.k, QuantScheme::kBf16, true)) << ctx << " " << c.name;
+  }
+  // The problem's plan: both GEMMs on the rule, no fused W1 even where the problem asks for one.
+  const ModelConfig model = load_model("deepseek-v3");
+  const MoeProblem p = make_problem(model, ParallelConfig{1, 8, 256, 0}, ActivationFormat::kBatchedExperts,
+                                    QuantScheme::kBf16, Activation::kSilu);
+  EXPECT_FALSE(p.fuse_w1);
+  const plan::ExpertsGemmPlan g = plan::plan_experts_gemms(p, 256);
+  EXPECT_FALSE(g.fused_w1);
+  EXPECT_FALSE(g.w1_small);
+  EXPECT_EQ(g.w1.config[g.w1.count - 1], GemmConfig::kCooperative128x256);
+  EXPECT_EQ(g.w2.config[g.w2.count - 1], GemmConfig::kCooperative128x256);
 }
 
 }  // namespace

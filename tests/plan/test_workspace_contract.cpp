@@ -127,7 +127,8 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
       const std::string why = entry.make({})->unsupported(p);
       if (!why.empty()) {
         // What an implementation cannot run is refused with its reason, never planned wrong: the CUDA
-        // experts refuse a recipe they have no kernels for (bf16) saying what to run instead.
+        // experts refuse a recipe they have no kernels for (RecipeInfo::cuda_experts) saying what to
+        // run instead.
         EXPECT_TRUE(entry.device == Device::kCuda && (quant == QuantScheme::kBlock128 || !recipe.cuda_experts))
             << c << ": " << why;
         expect_error([&] { plan_layer(p, entry, par.ep); }, {std::string(entry.name), why.substr(0, 20)});
@@ -375,8 +376,7 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
 }
 
 // The unquantized recipe (bf16, --quant bf16): no scales, the activation's output kept in bf16 (act,
-// twice act_q's bytes). CPU only for now: the CUDA experts refuse it at plan time (no kernels yet).
-// DeepSeek-V3 DP 32, 16 local experts, M = 8192, batched:
+// twice act_q's bytes), on both devices. DeepSeek-V3 DP 32, 16 local experts, M = 8192, batched:
 //   w1_out 16 x 8192 x 4096 x 2 = 1073741824, act 16 x 8192 x 2048 x 2 = 536870912: 1.5 GiB
 //   (FP8 per-token: 1.25 GiB + 512 KiB of act_scale). I/O: a1q 16 x 8192 x 7168 x 2 = 1879048192
 //   (FP8's 896 MiB doubled), no a1q_scale, counts 64, expert_output 1879048192.
@@ -384,6 +384,10 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
 //   "gemm_in" max(a1q_permuted 2048 x 7168 x 2 = 29360128, act 2048 x 2048 x 2 = 8388608),
 //   "gemm_out" max(w1_out 2048 x 4096 x 2 = 16777216, w2_out 2048 x 7168 x 2 = 29360128):
 //   256 + 8192 + 29360128 + 29360128 = 58728704 (56 MiB).
+// The GPU adds what its kernels need, as for FP8: gemm_args 2 GEMMs x 3 launches x 16 experts x 128
+//   = 2 x 6144, gemm_scratch 1 MiB, status 32 -> 256, and row_offsets 17 x 4 -> 256 (batched) or
+//   expert_counts 64 -> 256 and row_map_tiles 2 tiles x 16 x 4 -> 256 (standard). Its NCCL records
+//   carry 7168 bf16 (80 B header + 14336 B row, no scales: 14416 B) from 32 sources x 256 tokens.
 TEST(GoldenFigures, DeepSeekV3Dp32Bf16) {
   const ModelConfig model = load_model("deepseek-v3");
   const MoeProblem p =
@@ -398,9 +402,14 @@ TEST(GoldenFigures, DeepSeekV3Dp32Bf16) {
   EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{1879048192});
   EXPECT_EQ(cpu.region("a1q").bytes + cpu.region("expert_num_tokens").bytes + cpu.region("expert_output").bytes,
             std::int64_t{1879048192} + 64 + 1879048192);
-  // The GPU refuses it now, saying what to run instead.
-  expect_error([&] { plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32); },
-               {"bf16", "--device cpu", "--quant per-token"});
+  const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
+  EXPECT_EQ(gpu.section_bytes("experts"), std::int64_t{1073741824 + 536870912 + 6144 + 6144 + 1048576 + 256 + 256});
+  EXPECT_EQ(gpu.region("act").dtype, DType::kBf16);
+  for (const char* none : {"act_q", "act_scale", "a1q_scale", "w1_small"})
+    EXPECT_EQ(gpu.find_region(none), nullptr) << none;
+  EXPECT_EQ(gpu.region("a1q").bytes, std::int64_t{1879048192});
+  EXPECT_EQ(gpu.sections[1].owner, "nccl (cuda)");
+  EXPECT_EQ(gpu.region("ep_recv").bytes, std::int64_t{32} * 256 * 14416);
   // 16 x (4096 x 7168 + 7168 x 2048) bf16 weights, no scales: twice the FP8 bytes.
   EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (4096 * 7168 + 7168 * 2048));
 
@@ -410,7 +419,11 @@ TEST(GoldenFigures, DeepSeekV3Dp32Bf16) {
   EXPECT_EQ(sp.section_bytes("experts"), std::int64_t{256 + 8192 + 29360128 + 29360128});
   EXPECT_EQ(sp.region("a1q_permuted").offset, sp.region("act").offset);
   EXPECT_EQ(sp.region("w1_out").offset, sp.region("w2_out").offset);
-  expect_error([&] { plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32); }, {"bf16", "--device cpu"});
+  const WorkspacePlan sg = plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32);
+  EXPECT_EQ(sg.section_bytes("experts"),
+            std::int64_t{256 + 8192 + 29360128 + 29360128 + 256 + 256 + 6144 + 6144 + 1048576 + 256});
+  EXPECT_EQ(sg.region("a1q_permuted").offset, sg.region("act").offset);
+  EXPECT_EQ(sg.find_region("a1q_scale_permuted"), nullptr);
 }
 
 // Qwen3-30B-A3B (K = 2048, I = 768, 128 experts, top-8, a bf16 checkpoint) in bf16, DP 8 EP 8:
@@ -437,6 +450,12 @@ TEST(GoldenFigures, Qwen3MoeBf16) {
       make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kStandard, QuantScheme::kBf16);
   EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCpu), 8).section_bytes("experts"),
             std::int64_t{256 + 8192 + 8388608 + 8388608});
+  // The GPU: + gemm_args 2 x 3 x 16 x 128, scratch 1 MiB, status 256, and row_offsets 256 (batched)
+  // or expert_counts 256 + row_map_tiles 256 (standard), as DeepSeek-V3's above.
+  EXPECT_EQ(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 8).section_bytes("experts"),
+            std::int64_t{100663296 + 50331648 + 6144 + 6144 + 1048576 + 256 + 256});
+  EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCuda), 8).section_bytes("experts"),
+            std::int64_t{256 + 8192 + 8388608 + 8388608 + 256 + 256 + 6144 + 6144 + 1048576 + 256});
 }
 
 TEST(GoldenFigures, DeepSeekV3Dp32Ep32EightLocalExperts) {

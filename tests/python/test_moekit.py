@@ -75,7 +75,7 @@ def test_recipes_are_the_tables_rows():
             assert p.region("a1q_scale").bytes == 256 * scales_per_expert[r["activation_scales"]] * 4, r
         assert r["device_vs_cpu_tolerance"] > 0
     assert [r["fused_w1"] for r in rows] == [False, False, True, False]
-    assert [r["cuda_experts"] for r in rows] == [True, True, True, False]
+    assert [r["cuda_experts"] for r in rows] == [True, True, True, True]
     with pytest.raises(moekit.Error, match="per-tensor, per-token, block128, bf16"):
         moekit.plan("deepseek-v3", quant="fp4")
 

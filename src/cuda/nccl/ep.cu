@@ -3,7 +3,8 @@
 //
 // One step, rank s of P (layouts: plan/ep_layout.h):
 //   pack      each token quantized once to FP8 by one block (cuda/quantize.cuh: the CPU's codes)
-//             and written as one record per destination rank (header, FP8 row, scales).
+//             and written as one record per destination rank (header, FP8 row, scales); the
+//             unquantized recipe's (bf16) records carry the token's bf16 row and no scales.
 //             Device-initiated: stored straight into the destination's window at [s][token]
 //             through NCCL's LSA pointers, the header stamped with the step's epoch; then CTA b
 //             signals CTA b of every peer (a release flag in its window) and waits for theirs,
@@ -238,6 +239,7 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
   __shared__ std::int32_t ids[plan::kMaxEpTopk];
   __shared__ float weights[plan::kMaxEpTopk];
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
+  const bool scaled = has_activation_scales(recipe_info(s.quant));
   const int tid = static_cast<int>(threadIdx.x), K = static_cast<int>(s.K);
   const auto epoch = device_initiated ? static_cast<std::int32_t>(s.epochs[blockIdx.x] + 1) : 0;
   for (std::int64_t t = blockIdx.x; t < s.tokens; t += gridDim.x) {
@@ -248,9 +250,15 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
         flag_status(s.status, kStatusBadExpertId, static_cast<int>(t), tid, ids[tid]);
     }
     __syncthreads();
-    QuantRow row;
-    row.load(reinterpret_cast<const __nv_bfloat16*>(s.hidden) + t * s.K, K);
-    const QuantRow::Encoded codes = row.encode(s.quant, row.token_scale(s.quant), K);  // once for every rank
+    // FP8: the row encoded once for every rank. Unquantized (bf16): the token's own row is the
+    // record's row (rl.row_bytes = 2K), copied to each rank; no scales.
+    const auto* hidden = reinterpret_cast<const __nv_bfloat16*>(s.hidden) + t * s.K;
+    QuantRow::Encoded codes{};
+    if (scaled) {
+      QuantRow row;
+      row.load(hidden, K);
+      codes = row.encode(s.quant, row.token_scale(s.quant), K);
+    }
     int ordinal = 0;
     std::uint64_t destinations = 0;
     for (int r = 0; r < s.ranks; ++r) {
@@ -275,8 +283,14 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
         hdr[plan::kEpHeaderOrdinal] = ordinal;
         hdr[plan::kEpHeaderEpoch] = epoch;
       }
-      QuantRow::write(codes, s.quant, K, reinterpret_cast<std::uint8_t*>(rec + rl.row_offset),
-                      reinterpret_cast<float*>(rec + rl.scale_offset));
+      if (scaled) {
+        QuantRow::write(codes, s.quant, K, reinterpret_cast<std::uint8_t*>(rec + rl.row_offset),
+                        reinterpret_cast<float*>(rec + rl.scale_offset));
+      } else {
+        const auto* src = reinterpret_cast<const uint4*>(hidden);
+        auto* dst = reinterpret_cast<uint4*>(rec + rl.row_offset);
+        for (std::int64_t v = tid; v < rl.row_bytes / 16; v += blockDim.x) dst[v] = src[v];
+      }
       ++ordinal;
     }
     if (tid == 0) s.token_destinations[t] = static_cast<std::int64_t>(destinations);  // for the final sum
@@ -373,9 +387,10 @@ __global__ void __launch_bounds__(kCopyThreads) fan_out_kernel(EpStep s) {
     for (int k = 0; k < s.topk; ++k) {
       const std::int32_t row = s.pair_row[i * s.topk + k];  // -1 for records not of this step
       if (row < 0) continue;
+      // The record's row as it is: K FP8 codes or K bf16 values (rl.row_bytes, a multiple of 16).
       const auto* src = reinterpret_cast<const uint4*>(rec + rl.row_offset);
-      auto* dst = reinterpret_cast<uint4*>(s.a1q + static_cast<std::int64_t>(row) * s.K);
-      for (std::int64_t v = threadIdx.x; v < s.K / 16; v += blockDim.x) dst[v] = src[v];
+      auto* dst = reinterpret_cast<uint4*>(s.a1q + static_cast<std::int64_t>(row) * rl.row_bytes);
+      for (std::int64_t v = threadIdx.x; v < rl.row_bytes / 16; v += blockDim.x) dst[v] = src[v];
       const auto* scales = reinterpret_cast<const float*>(rec + rl.scale_offset);
       for (std::int64_t q = threadIdx.x; q < rl.scales_per_row; q += blockDim.x)
         s.a1q_scale[static_cast<std::int64_t>(row) * rl.scales_per_row + q] = scales[q];
