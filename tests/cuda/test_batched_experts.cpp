@@ -278,9 +278,16 @@ void check_bf16_stages(const MoeProblem& p, const synthetic::HostExpertWeights& 
     cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant, p.swiglu);
     std::vector<std::uint16_t> q(static_cast<std::size_t>(m * I));
     cpu::store_activation(p.quant, act.data(), m, I, I, reinterpret_cast<std::uint8_t*>(q.data()), I, nullptr);
+    // Near zero, gelu's 1 + erf(x / sqrt 2) cancels: erff's ulp or two at -1 is a large relative
+    // error of a tiny value (gelu(-5) = -1.4e-6, moved by ~3e-7), many bf16 ulps but nothing W2 can
+    // see. Differences below 2^-16 of the expert's largest activation (1/256 of a bf16 ulp there) are
+    // that noise; the rest must be one ulp, and rare.
+    float amax = 0.0f;
+    for (const float v : act) amax = std::max(amax, std::abs(v));
     for (std::int64_t i = 0; i < m * I; ++i) {
       const std::uint16_t a = q[static_cast<std::size_t>(i)], b = gpu_act[e * M * I + i];
       if (a == b) continue;
+      if (std::abs(bf16_decode(a) - bf16_decode(b)) <= std::ldexp(amax, -16)) continue;
       if (std::abs(static_cast<int>(a) - static_cast<int>(b)) == 1)  // neighbouring bf16s of one sign
         ++one_ulp;
       else
