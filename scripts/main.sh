@@ -10,6 +10,7 @@ bash scripts/install-deps.sh
 if nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; else cuda=OFF; fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=$cuda >/dev/null
 cmake --build build -j "${MOEKIT_JOBS:-$(nproc)}" --target moekit
+# DeepSeek-V3 runs its checkpoint's recipe, block128 FP8 (--quant auto; bf16 checkpoints run bf16).
 ./build/src/moekit plan --model deepseek-v3 --dp 32 --ep 32 --max-tokens-per-rank 256 --local-experts 16 \
   --gpu-memory 141GiB
 if [[ $cuda == AUTO ]]; then

@@ -149,9 +149,12 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
 }
 
 // The recipe a checkpoint without a quantization_config (bf16, fp16, fp32 weights) runs unless the
-// user names one: its weights are quantized at load. Still FP8 per-token: the bf16 recipe's CUDA
-// kernels are new, and quant = "auto" turns to kBf16 once they are verified on the GPU (issue 54).
-inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kPerTokenPerChannel;
+// user names one (quant = "auto"): its own precision, bf16 (bf16 values loaded bit for bit, fp16 and
+// fp32 rounded once to bf16); FP8 is asked for (per-token, block128), the weights quantized at load.
+inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kBf16;
+// The recipe planned for a checkpoint in a format moekit does not run (int4, FP8 in other blocks),
+// named in the plan's note: per-token FP8, which any float weights convert into.
+inline constexpr QuantScheme kUnrunFormatQuant = QuantScheme::kPerTokenPerChannel;
 
 // Every recipe, in QuantScheme order (all_quant_schemes(), the CLI's list of names).
 inline constexpr int kNumRecipes = 4;
@@ -175,7 +178,7 @@ static_assert(recipe_rows_complete(),
 constexpr QuantScheme recipe_for_weight_scales(WeightScales scales) {
   for (const RecipeInfo& r : kRecipes)
     if (r.weight_scales == scales && r.weight_dtype == DType::kFp8E4m3) return r.scheme;
-  return kUnquantizedCheckpointQuant;  // unreachable: every layout has a recipe (static_assert below)
+  return kUnrunFormatQuant;  // unreachable: every layout has a recipe (static_assert below)
 }
 constexpr bool every_weight_scales_has_a_recipe() {
   for (const WeightScales w : {WeightScales::kPerTensor, WeightScales::kPerOutputChannel, WeightScales::kBlock128x128})

@@ -21,6 +21,7 @@
 #include "cpu/thread_pool.h"
 #include "moekit/check.h"
 #include "moekit/limits.h"
+#include "moekit/model.h"
 #include "moekit/recipe.h"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
@@ -506,6 +507,7 @@ struct Checkpoint::Impl {
     std::optional<Mxfp4Reads> mxfp4;     // gpt-oss's MXFP4 experts instead
     bool per_expert = true;              // one tensor per expert (else fused tensors)
     std::string stored_as;
+    bool stored_bf16 = false;  // the routed experts' float tensors are bf16 (an unquantized recipe reads them bit for bit)
     std::optional<ExpertMatrices> shared;
     std::optional<MoeProblem> shared_problem;
   };
@@ -559,6 +561,7 @@ struct Checkpoint::Impl {
       const Matrix& g0 = r.routed.front().gate;
       r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
                                                      : std::string(checkpoint::dtype_name(g0.dtype));
+      r.stored_bf16 = g0.dtype == TensorDType::kBF16;
       if (!has_weight_scales(recipe))
         for (const ExpertMatrices& x : r.routed)
           for (const Matrix* m : {&x.gate, &x.up, &x.down})
@@ -729,7 +732,10 @@ struct Checkpoint::Impl {
                        all_stored ? fmt::format("loaded as stored ({})", quant_name(p.quant))
                        : has_weight_scales(recipe_info(p.quant))
                            ? fmt::format("quantized to {} at load", quant_name(p.quant))
-                           : fmt::format("read as {} (unquantized)", dtype_name(recipe_info(p.quant).weight_dtype)));
+                       : r.stored_bf16 && recipe_info(p.quant).weight_dtype == DType::kBf16
+                           ? std::string("read as bf16, bit for bit (unquantized)")
+                           : fmt::format("rounded once to {} at load (unquantized)",
+                                         dtype_name(recipe_info(p.quant).weight_dtype)));
   }
 
   void load_expert_biases(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {
@@ -833,7 +839,7 @@ struct Checkpoint::Impl {
 
   // A problem of the model for the header checks: its sizes, its activation, every expert on one rank.
   MoeProblem header_problem() const {
-    const QuantScheme q = model.checkpoint_quant.value_or(kUnquantizedCheckpointQuant);
+    const QuantScheme q = choose_quant(model, "auto").quant;  // what a load with quant = "auto" runs
     return make_problem(model, ParallelConfig{1, 1, 1, 0}, ActivationFormat::kBatchedExperts, q, model.activation);
   }
 

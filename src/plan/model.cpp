@@ -24,10 +24,10 @@ QuantChoice choose_quant(const ModelConfig& m, std::string_view name) {
                                : fmt::format("the checkpoint's quantization_config is {}", m.checkpoint_format);
   if (name.empty() || name == "auto") {
     if (m.checkpoint_quant) return {*m.checkpoint_quant, fmt::format("{} ({})", quant_name(*m.checkpoint_quant), from)};
-    const QuantScheme fallback = kUnquantizedCheckpointQuant;
-    if (m.checkpoint_format.empty()) return {fallback, fmt::format("{} ({})", quant_name(fallback), from)};
-    return {fallback,
-            fmt::format("{} FP8 planned instead: {}, a format moekit does not run", quant_name(fallback), from)};
+    if (m.checkpoint_format.empty())
+      return {kUnquantizedCheckpointQuant, fmt::format("{} ({})", quant_name(kUnquantizedCheckpointQuant), from)};
+    return {kUnrunFormatQuant, fmt::format("{} FP8 planned instead: {}, a format moekit does not run",
+                                           quant_name(kUnrunFormatQuant), from)};
   }
   const QuantScheme q = parse_quant(name);
   if (!m.checkpoint_format.empty() && !has_weight_scales(recipe_info(q)))

@@ -63,10 +63,10 @@ TEST(Model, CheckpointQuantizationPicksTheDefaultScheme) {
   const QuantChoice asked = choose_quant(ds, "per-token");
   EXPECT_EQ(asked.quant, QuantScheme::kPerTokenPerChannel);
   EXPECT_NE(asked.note.find("requantized"), std::string::npos) << asked.note;
-  // Unquantized (bf16) checkpoints: per-token.
+  // Unquantized (bf16) checkpoints: their own precision, bf16.
   const ModelConfig qwen = load_model("qwen3-30b-a3b");
   EXPECT_FALSE(qwen.checkpoint_quant.has_value());
-  EXPECT_EQ(choose_quant(qwen, "auto").quant, QuantScheme::kPerTokenPerChannel);
+  EXPECT_EQ(choose_quant(qwen, "auto").quant, QuantScheme::kBf16);
   EXPECT_NE(choose_quant(qwen, "auto").note.find("unquantized"), std::string::npos);
   // gpt-oss ships MXFP4 experts: converted exactly to per-token FP8 at load (its 2880 is no multiple
   // of 128), and the note says so.

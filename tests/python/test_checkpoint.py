@@ -81,7 +81,9 @@ def test_untrusted_checkpoints_are_refused_by_name(tmp_path):
     """The binding reads checkpoints through the same checks as the CLI: a bad value is named by shard,
     tensor and element; a FIFO is never opened; a tensor named twice in the index is refused."""
     ck = moekit.Checkpoint(_tiny_qwen(tmp_path / "good"))
-    assert ck.load_layer(0).note.endswith("quantized to per-token at load")
+    # fp32 tensors, no quantization_config: quant="auto" runs them in bf16; FP8 is asked for.
+    assert ck.load_layer(0).note.endswith("rounded once to bf16 at load (unquantized)")
+    assert ck.load_layer(0, quant="per-token").note.endswith("quantized to per-token at load")
 
     def nan(t):
         t["model.layers.0.mlp.experts.2.down_proj.weight"][5, 7] = np.nan
