@@ -507,7 +507,8 @@ struct Checkpoint::Impl {
     std::optional<Mxfp4Reads> mxfp4;     // gpt-oss's MXFP4 experts instead
     bool per_expert = true;              // one tensor per expert (else fused tensors)
     std::string stored_as;
-    bool stored_bf16 = false;  // the routed experts' float tensors are bf16 (an unquantized recipe reads them bit for bit)
+    bool stored_bf16 =
+        false;  // the routed experts' float tensors are bf16 (an unquantized recipe reads them bit for bit)
     std::optional<ExpertMatrices> shared;
     std::optional<MoeProblem> shared_problem;
   };
@@ -727,15 +728,13 @@ struct Checkpoint::Impl {
     const std::string which = out.first_expert >= 0
                                   ? fmt::format("experts {}-{}", out.first_expert, out.first_expert + p.E_local - 1)
                                   : fmt::format("{} slots of experts {}", p.E_local, fmt::join(experts, ","));
-    return fmt::format("{}{}: {} ({}), {}", nm.prefix, which, r.stored_as,
-                       r.per_expert ? "one tensor per expert" : "fused tensors",
-                       all_stored ? fmt::format("loaded as stored ({})", quant_name(p.quant))
-                       : has_weight_scales(recipe_info(p.quant))
-                           ? fmt::format("quantized to {} at load", quant_name(p.quant))
-                       : r.stored_bf16 && recipe_info(p.quant).weight_dtype == DType::kBf16
-                           ? std::string("read as bf16, bit for bit (unquantized)")
-                           : fmt::format("rounded once to {} at load (unquantized)",
-                                         dtype_name(recipe_info(p.quant).weight_dtype)));
+    return fmt::format(
+        "{}{}: {} ({}), {}", nm.prefix, which, r.stored_as, r.per_expert ? "one tensor per expert" : "fused tensors",
+        all_stored                                ? fmt::format("loaded as stored ({})", quant_name(p.quant))
+        : has_weight_scales(recipe_info(p.quant)) ? fmt::format("quantized to {} at load", quant_name(p.quant))
+        : r.stored_bf16 && recipe_info(p.quant).weight_dtype == DType::kBf16
+            ? std::string("read as bf16, bit for bit (unquantized)")
+            : fmt::format("rounded once to {} at load (unquantized)", dtype_name(recipe_info(p.quant).weight_dtype)));
   }
 
   void load_expert_biases(const Names& nm, const std::vector<std::int64_t>& experts, HostExpertWeights& out) {
