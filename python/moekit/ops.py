@@ -50,6 +50,10 @@ sums into fp32 every 128 elements of K; "fast" (per-token and per-tensor only) k
 loop in the tensor cores' FP8 accumulation: faster, and 12-21% low at K = 7168 on all-positive
 products. The CPU sums in fp32 either way.
 
+quant="bf16" (named, never inferred): the unquantized recipe, a bf16 checkpoint's own numbers: a1q,
+w1 and w2 bfloat16 (or their uint16 bits), the scales None (or empty: (0,), (E_local, 0)), fp32 sums,
+W1's output and the activation's kept in bf16 (no FP8 step between the GEMMs).
+
 Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
 zero copy (but for the conversions named above). `quant` is inferred from the scales' shapes (pass
 "per-token", "per-tensor" or "block128" where two schemes fit). `fuse_w1`: None (default) fuses
@@ -253,12 +257,24 @@ def _f32(x):
     return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
+def _scales(x, like, shape):
+    """`x`, or for None (the bf16 recipe has no scales) an empty float32 array of `shape` where `like` is."""
+    if x is not None:
+        return x
+    if _is_torch(like):
+        return _torch.empty(shape, dtype=_torch.float32, device=like.device)
+    return _np().empty(shape, _np().float32)
+
+
 def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, out, activation: str = "silu",
                     quant: Optional[str] = None, stream: Any = None, fuse_w1: Optional[bool] = None,
                     max_rows: int = 0, swiglu_limit: float = 7.0, swiglu_alpha: float = 1.702,
                     accumulation: str = "precise", w1_layout: str = "gate_up", workspace=None):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
     target = _bf16_scratch(out) if _is_fp16(out) else out
+    E_local = int(w1.shape[0])
+    a1q_scale, w1_scale, w2_scale = (_scales(a1q_scale, a1q, (0,)), _scales(w1_scale, w1, (E_local, 0)),
+                                     _scales(w2_scale, w2, (E_local, 0)))
     _moekit.batched_experts(_plain(a1q), _plain(a1q_scale), _plain(expert_num_tokens), _plain(w1), _plain(w1_scale),
                             _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "", fuse_w1, _THREADS,
                             _stream(a1q, stream), int(max_rows), float(swiglu_limit), float(swiglu_alpha),
@@ -282,6 +298,9 @@ def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w
     returns `out`."""
     ids = _local_ids(topk_ids, expert_map, int(w1.shape[0]))
     target = _bf16_scratch(out) if _is_fp16(out) else out
+    E_local = int(w1.shape[0])
+    a1q_scale, w1_scale, w2_scale = (_scales(a1q_scale, a1q, (0,)), _scales(w1_scale, w1, (E_local, 0)),
+                                     _scales(w2_scale, w2, (E_local, 0)))
     _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(ids), _plain(_f32(topk_weights)), _plain(w1),
                              _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "",
                              fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), float(swiglu_alpha),

@@ -663,6 +663,7 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
   std::vector<QuantScheme> fits;
   std::string shapes;
   for (QuantScheme q : all_quant_schemes()) {
+    if (!has_activation_scales(recipe_info(q))) continue;  // an unquantized recipe is named (quant='bf16')
     const std::vector<std::int64_t> want = numerics::activation_scale_shape(q, rows, K, batched);
     const std::int64_t experts = have_w1.empty() ? 0 : have_w1[0];
     if (scale_shape_fits(have, want, false) &&
@@ -671,7 +672,9 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
     shapes += fmt::format("{}{}: a1q_scale {}, w1_scale (E_local, {})", shapes.empty() ? "" : "; ", quant_name(q),
                           dims_text(want), numerics::weight_scale_count(q, N, K));
   }
-  MOEKIT_CHECK(fits.size() == 1, "experts op: a1q_scale {} and w1_scale {} fit {}: pass quant= ({})",
+  MOEKIT_CHECK(fits.size() == 1,
+               "experts op: a1q_scale {} and w1_scale {} fit {}: pass quant= ({}; bf16 operands without scales: "
+               "quant='bf16')",
                shape_text(a1q_scale), shape_text(w1_scale), fits.empty() ? "no scheme" : "more than one scheme",
                shapes);
   return fits.front();
@@ -687,12 +690,6 @@ struct OpOptions {
 };
 
 MoeProblem finish_op_problem(MoeProblem p, QuantScheme quant, const OpOptions& o) {
-  // The ops take FP8 codes and their scales (uint8 a1q, w1, w2): an unquantized recipe's bf16 arrays
-  // would be read as twice the bytes they hold.
-  MOEKIT_CHECK(has_activation_scales(recipe_info(quant)),
-               "moekit.ops: quant='{}' takes bf16 a1q and weights, which the ops do not take yet (issue 54): run it "
-               "through moekit.MoeLayer or moekit.Runtime on the CPU, or pass an FP8 recipe (per-token, block128)",
-               quant_name(quant));
   p.num_dispatchers = 1;
   p.activation = parse_activation(o.activation);
   p.swiglu = o.swiglu;
@@ -742,6 +739,15 @@ WorkspacePlan op_plan(const char* name, const MoeProblem& p, Experts& experts, D
   return b.finish();
 }
 
+// The experts' input rows in the recipe's activation dtype: FP8 codes (uint8), or bf16 values
+// (bfloat16, or their uint16 bits: numpy has no bfloat16) for the unquantized recipe.
+void require_a1q(const Array& a1q, const MoeProblem& p, const std::vector<std::int64_t>& shape, const Place& where) {
+  if (recipe_info(p.quant).activation_dtype == DType::kBf16)
+    require(a1q, "a1q", {kBfloat, kUInt, kInt}, 16, shape, "bfloat16 (or its uint16 bits) for quant='bf16'", where);
+  else
+    require(a1q, "a1q", {kUInt, kInt}, 8, shape, "uint8 FP8 e4m3 codes", where);
+}
+
 // The ops never copy weights: a W1 whose rows the recipe reads in another order is refused, naming
 // the one-time arrangement (w1_needs_block_pairs: block128's gated activations read block pairs).
 void require_w1_layout(const std::string& w1_layout, const MoeProblem& p) {
@@ -777,7 +783,7 @@ class ExpertsOp {
                            {activation_name, fuse_w1, swiglu, accumulation});
     require_w1_layout(w1_layout, p);
     const Place where = place_of(a1q);
-    require(a1q, "a1q", {kUInt, kInt}, 8, {p.E_local, p.M, p.K}, "uint8 FP8 e4m3 codes", where);
+    require_a1q(a1q, p, {p.E_local, p.M, p.K}, where);
     require(a1q_scale, "a1q_scale", {kFloat}, 32,
             numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true), "float32", where,
             ShapeRule::kScale);
@@ -828,7 +834,7 @@ class ExpertsOp {
         scheme_of(quant, a1q_scale, w1_scale, {T}, N, K, false), {activation_name, fuse_w1, swiglu, accumulation});
     require_w1_layout(w1_layout, p);
     const Place where = place_of(a1q);
-    require(a1q, "a1q", {kUInt, kInt}, 8, {T, p.K}, "uint8 FP8 e4m3 codes", where);
+    require_a1q(a1q, p, {T, p.K}, where);
     require(a1q_scale, "a1q_scale", {kFloat}, 32, numerics::activation_scale_shape(p.quant, {T}, p.K, false), "float32",
             where, ShapeRule::kScale);
     require(topk_ids, "topk_ids", {kInt}, 32, {T, p.topk}, "int32 local expert ids (-1: none)", where);

@@ -511,11 +511,3 @@ def test_without_torch_moekit_runs_on_numpy(tmp_path):
     assert out.split() == ["torch", "False", "torch", "is", "not", "installed"], out
 
 
-def test_ops_refuse_the_bf16_recipe():
-    """The ops take FP8 codes: quant='bf16' is an Error naming what runs it, never a misread of the bytes."""
-    E, M, K, I = 2, 4, 128, 64
-    w1, w2 = np.zeros((E, 2 * I, K), np.uint16), np.zeros((E, K, I), np.uint16)
-    no_scales = np.zeros((E, 0), np.float32)
-    with pytest.raises(moekit.Error, match="quant='bf16' takes bf16 a1q and weights, which the ops do not take yet"):
-        moekit.ops.batched_experts(np.zeros((E, M, K), np.uint8), np.zeros((1,), np.float32), np.zeros(E, np.int32),
-                                   w1, no_scales, w2, no_scales, np.zeros((E, M, K), np.uint16), quant="bf16")
