@@ -63,6 +63,7 @@
 #include "cuda/launch.h"
 #include "cuda/launch_cache.h"
 #include "moekit/model.h"
+#include "moekit/recipe.h"
 #include "moekit/registry.h"
 #include "moekit/workspace.h"
 #include "numerics/scales.h"
@@ -318,6 +319,13 @@ int main(int argc, char** argv) {
       p.max_tokens_per_rank = M;
       p.num_dispatchers = 1;
       if (fast_accumulation && quant != QuantScheme::kBlock128) p.accumulation = Accumulation::kFast;
+      if (!has_weight_scales(recipe_info(quant))) {  // its operands, floor and peak are 16-bit, not FP8
+        std::printf(
+            "%s M = %lld: not run: this benchmark's operands, floor and peak are FP8's (the 16-bit GEMMs: "
+            "bench_gemm_sixteen_bit)\n",
+            std::string(quant_name(quant)).c_str(), static_cast<long long>(M));
+        continue;
+      }
       try {
         validate_problem(p);
       } catch (const Error& e) {  // e.g. block128 with I not a multiple of 128 (gpt-oss)

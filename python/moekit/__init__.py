@@ -210,7 +210,8 @@ def _to_torch(arrays: dict, device: str) -> dict:
         v = arrays.pop(k)
         t = torch.from_numpy(v.view(np.int16) if v.dtype == np.uint16 else v)
         t = t.view(torch.bfloat16) if v.dtype == np.uint16 else t
-        t = t.view(torch.float8_e4m3fn) if k in _FP8_KEYS else t
+        # FP8 codes (uint8) only: the bf16 recipe's w1 / w2 are uint16 bits, bfloat16 above.
+        t = t.view(torch.float8_e4m3fn) if k in _FP8_KEYS and v.dtype == np.uint8 else t
         out[k] = t.to(device)
         del v, t
     return out
@@ -508,8 +509,9 @@ class Checkpoint:
     ck.config_path, ck.model_type, ck.moe_layers (the layers holding an MoE block)
     ck.load_layer(layer, quant="auto", rank=0, ranks=1, shared_experts=True, device="cpu") ->
       LoadedLayer: this rank's experts (E / ranks of them) in `quant` ("auto": the checkpoint's own FP8
-      scheme, per-token for bf16 checkpoints); FP8 weights of that granularity load as stored, others
-      are quantized at load by moekit's quantizer (LoadedLayer.note says which). device="cuda" (or
+      scheme, bf16 for checkpoints without a quantization_config); FP8 weights of that granularity
+      load as stored, bf16 values under "bf16" bit for bit, others are quantized at load by moekit's
+      quantizer (LoadedLayer.note says which). device="cuda" (or
       "cuda:N") puts them on that GPU as torch tensors in the dtypes a CUDA Runtime reads, the host copy
       freed as each array lands (host memory: about one layer at a time); "cpu": NumPy arrays.
     """
@@ -566,8 +568,8 @@ class MoeLayer:
       weights: a mapping with w1, w1_scale, w2, w2_scale (and e_score_correction_bias when the
                model routes with it): this rank's experts, arrays in the layouts of the module
                docstring on the layer's device; kept referenced, never copied
-      quant: "auto" (the model's quantization_config: block128 for DeepSeek-V3 / Kimi-K2, per-token
-             for unquantized checkpoints), "per-token", "per-tensor" or "block128"
+      quant: "auto" (the model's quantization_config: block128 for DeepSeek-V3 / Kimi-K2, bf16 for
+             unquantized checkpoints), "per-token", "per-tensor", "block128" or "bf16"
       device: "cpu" or "cuda" (the current GPU); default: where the weights are
       group: None for one rank holding every expert; a torch.distributed process group (or
              moekit.TorchGroup, or any object with rank(), size(), all_gather(bytes)) for expert

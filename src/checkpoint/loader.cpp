@@ -562,7 +562,10 @@ struct Checkpoint::Impl {
       const Matrix& g0 = r.routed.front().gate;
       r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
                                                      : std::string(checkpoint::dtype_name(g0.dtype));
-      r.stored_bf16 = g0.dtype == TensorDType::kBF16;
+      r.stored_bf16 = std::all_of(r.routed.begin(), r.routed.end(), [](const ExpertMatrices& x) {
+        return x.gate.dtype == TensorDType::kBF16 && x.up.dtype == TensorDType::kBF16 &&
+               x.down.dtype == TensorDType::kBF16;
+      });
       if (!has_weight_scales(recipe))
         for (const ExpertMatrices& x : r.routed)
           for (const Matrix* m : {&x.gate, &x.up, &x.down})

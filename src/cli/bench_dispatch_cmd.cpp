@@ -216,8 +216,10 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
         row.dispatch_pipelined = {worst[8], worst[9]};
         row.combine_pipelined = {worst[10], worst[11]};
         row.round_trip_pipelined = {worst[12], worst[13]};
+        // The experts' input and output regions (an unquantized recipe has no a1q_scale).
+        const auto* a1q_scale = plan.find_region("a1q_scale");
         row.buffer_bytes = plan.section_bytes("prepare-finalize") - plan.region("a1q").bytes -
-                           plan.region("a1q_scale").bytes - plan.region("expert_num_tokens").bytes -
+                           (a1q_scale != nullptr ? a1q_scale->bytes : 0) - plan.region("expert_num_tokens").bytes -
                            plan.region("expert_output").bytes;
         if (r == 0) {
           std::lock_guard lock(mutex);
@@ -284,7 +286,8 @@ int bench_dispatch_command(const DispatchBenchRequest& req) {
         human_bytes(r.buffer_bytes), r.dispatch_pipelined.median_us, r.combine_pipelined.median_us,
         r.round_trip_pipelined.median_us);
   }
-  std::cout << "MB: bytes one rank sends to other GPUs (records: header + FP8 row + scales; partials: fp32 rows); "
+  std::cout << "MB: bytes one rank sends to other GPUs (records: header + the row in the recipe's dtype + its scales; "
+               "partials: fp32 rows); "
                "buffers: the transport's own regions beside the experts' input/output; pipelined: medians of replays "
                "enqueued back to back (no host synchronization between them; graph replay only)\n";
   return 0;

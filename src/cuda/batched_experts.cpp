@@ -42,8 +42,8 @@ class CudaBatchedExperts final : public Experts {
       if (c.fused_w1 ? !plan::supports(c, p.N, p.K, p.quant, true)
                      : !plan::supports(c, p.N, p.K, p.quant) || !plan::supports(c, p.K, p.I(), p.quant))
         return fmt::format(
-            "GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) with {} scales (see "
-            "plan/gemm_config.h: its n multiple and the scalings it has instances for)",
+            "GEMM config {} does not run W1 (n = {}, k = {}) and W2 (n = {}, k = {}) for the {} recipe (see "
+            "plan/gemm_config.h: its n multiple and the recipes it has instances for)",
             c.name, p.N, p.K, p.K, p.I(), quant_name(p.quant));
     }
     return {};

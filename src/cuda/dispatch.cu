@@ -348,7 +348,9 @@ void launch_row_map(const std::int32_t* ids, std::int64_t num_pairs, int topk, i
 void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   MOEKIT_CUDA_REQUIRE(l.K % 16 == 0 && l.K <= kQuantThreads * 8 * kQuantChunks,
-                      "the CUDA quantizer takes K a multiple of 16 and at most 8192, got " + std::to_string(l.K));
+                      "the CUDA dispatch takes rows of K a multiple of 16 and at most 8192 (its FP8 quantizer's "
+                      "bound, which the bf16 row copy shares), got " +
+                          std::to_string(l.K));
   const QuantArgs a{l.quant,
                     reinterpret_cast<const __nv_bfloat16*>(l.hidden),
                     static_cast<int>(l.tokens),

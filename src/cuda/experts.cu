@@ -4,8 +4,8 @@
 // and out, expert g's rows at g * M. Contiguous (the standard experts, after their permutation): expert g's rows at the
 // prefix of the counts.
 //   prepare (one block: reads the counts once, validates, writes row_offsets and both GEMMs'
-//   arguments) -> grouped FP8 GEMM with W1 -> activation fused with FP8 quantization -> grouped FP8
-//   GEMM with W2 written straight into the output.
+//   arguments) -> grouped GEMM with W1 -> the activation (fused with its FP8 quantization; bf16:
+//   rounded to bf16) -> grouped GEMM with W2 written straight into the output.
 // No host synchronization: a step replays from a CUDA graph. Padding rows are never read into a
 // result and never written. Napkin math for DeepSeek-V3, E_local = 16, m_e = 256:
 // 2 * 16 * 256 * (4096*7168 + 7168*2048) = 361 GFLOP -> 0.29 ms at ~1250 TFLOP/s; weights

@@ -511,3 +511,17 @@ def test_without_torch_moekit_runs_on_numpy(tmp_path):
     assert out.split() == ["torch", "False", "torch", "is", "not", "installed"], out
 
 
+
+
+def test_device_copies_keep_bf16_weights_bf16():
+    """The CUDA load's host-to-torch step (_to_torch, run here on the CPU): FP8 codes (uint8) become
+    float8_e4m3fn, the bf16 recipe's weights (uint16 bits) bfloat16 of the same shape, never FP8 views
+    of twice the columns."""
+    torch = pytest.importorskip("torch")
+    arrays = {"w1": np.arange(2 * 4 * 8, dtype=np.uint16).reshape(2, 4, 8), "w1_scale": np.zeros((2, 0), np.float32),
+              "w2": np.zeros((2, 8, 2), np.uint8), "w2_scale": np.ones((2, 8), np.float32)}
+    t = moekit._to_torch(arrays, "cpu")
+    assert t["w1"].dtype == torch.bfloat16 and tuple(t["w1"].shape) == (2, 4, 8)
+    assert t["w1"].view(torch.int16)[1, 3, 7].item() == 2 * 4 * 8 - 1
+    assert t["w2"].dtype == torch.float8_e4m3fn and tuple(t["w2"].shape) == (2, 8, 2)
+    assert t["w2_scale"].dtype == torch.float32 and not arrays  # each host array dropped once copied

@@ -759,7 +759,9 @@ void launch_ep_dispatch(const EpStep& s, NcclGroup& g, bool device_initiated, vo
   const Window w = device_initiated ? window_of(g) : Window{};
   MOEKIT_CUDA_REQUIRE(
       s.K % 16 == 0 && s.K <= kQuantThreads * 8 * kQuantChunks,
-      "the NCCL dispatch quantizes rows of K a multiple of 16 and at most 8192, got " + std::to_string(s.K));
+      "the NCCL dispatch takes rows of K a multiple of 16 and at most 8192 (its FP8 quantizer's bound, which the "
+      "bf16 row copy shares), got " +
+          std::to_string(s.K));
   if (!device_initiated) {
     launch_pdl(plan_kernel, 1, kPlanThreads, 0, stream, s);
     MOEKIT_CUDA_CHECK_LAUNCH();
