@@ -41,8 +41,17 @@ using namespace cute;
 // Whether CUTLASS's arguments of instance G have GroupedGemmArrays' layout (the device prepare step
 // writes them without CUTLASS): the problem shape as 3 packed ints, each stride its one int64 leading
 // dimension ((cap, k) tokens / (n, k) weights: k; D: n), swapped or not.
+// Their sizes, at compile time: the shape 3 ints, each stride one int64.
+template <class G>
+constexpr bool packed_argument_sizes() {
+  return sizeof(typename G::Shape3) == 3 * sizeof(int) && sizeof(typename G::StrideA) == 8 &&
+         sizeof(typename G::StrideB) == 8 && sizeof(typename G::StrideD) == 8;
+}
 template <class G>
 bool packed_layout_matches() {
+  static_assert(packed_argument_sizes<G>(),
+                "CUTLASS's problem shape is not 3 packed ints, or a stride not one int64: GroupedGemmArrays no "
+                "longer matches them");
   const typename G::Shape3 s{7, 11, 13};
   const int ints[3] = {7, 11, 13};
   const int cap = 5, n = 48, k = 96;
@@ -123,12 +132,8 @@ struct GroupedFp8Gemm {
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
   // The device prepare step writes GroupedGemmArrays without CUTLASS: shapes as 3 ints, each
-  // stride as its one dynamic int64 (the leading dimension). Checked here at compile time (sizes)
-  // and once at run time (values, in layout_matches()).
-  static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
-  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
-                "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
-
+  // stride as its one dynamic int64 (the leading dimension). packed_layout_matches checks the sizes
+  // at compile time and the values once at run time.
   static bool layout_matches() { return packed_layout_matches<GroupedFp8Gemm>(); }
 };
 
@@ -193,15 +198,15 @@ struct GroupedFp8BlockGemm {
   using StrideD = typename GemmKernel::InternalStrideD;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
-  static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
-  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
-                "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
   static_assert(sizeof(LayoutSFA) == 5 * sizeof(int) && sizeof(LayoutSFB) == 5 * sizeof(int),
                 "a CUTLASS block-scale layout is not five ints: write_block_scale_layout no longer matches it");
 
   // The per-token checks, plus write_block_scale_layout against CUTLASS's layouts for a problem
   // (m, n, k) = (5, 384, 320): tokens 5 rows x 3 k-blocks, weights 3 blocks x 3 k-blocks.
   static bool layout_matches() {
+    static_assert(packed_argument_sizes<GroupedFp8BlockGemm>(),
+                  "CUTLASS's problem shape is not 3 packed ints, or a stride not one int64: GroupedGemmArrays no "
+                  "longer matches them");
     const int m = 5, n = 384, k = 320;
     const auto sfa = ScaleConfig::tile_atom_to_shape_SFA(make_shape(kSwapAB ? n : m, kSwapAB ? m : n, k, 1));
     const auto sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(kSwapAB ? n : m, kSwapAB ? m : n, k, 1));
@@ -256,9 +261,6 @@ struct GroupedSixteenBitGemm {
   using StrideB = typename GemmKernel::InternalStrideB;
   using StrideD = typename GemmKernel::InternalStrideD;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
-  static_assert(sizeof(Shape3) == 3 * sizeof(int), "CUTLASS's problem shape is not 3 packed ints");
-  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
-                "a CUTLASS stride is not one int64: GroupedGemmArrays no longer matches it");
 
   static bool layout_matches() { return packed_layout_matches<GroupedSixteenBitGemm>(); }
 };
