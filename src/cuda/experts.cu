@@ -293,6 +293,39 @@ __device__ __forceinline__ void load8(const float* p, float (&out)[8]) {
   out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
 
+// The activation of 8 output columns from c0 on (a multiple of 8) of one W1 output row in layout
+// w1, the expert's bias (fp32, null: none) added to the inputs: c0's 8 gate (and up) inputs are
+// contiguous in every layout; interleaved, they are the 16 values from column 2 c0 on, gate at even
+// columns. Both 16-byte-vector activation kernels (FP8 row per block, bf16) read through it.
+template <Activation kAct, class In>
+__device__ __forceinline__ void activation8(const In* row, const float* bias, numerics::W1Rows w1, int I, int c0,
+                                            const SwigluOaiParams& swiglu, float (&out)[8]) {
+  auto load8_biased = [&](int col, float(&v)[8]) {
+    load8(row + col, v);
+    if (bias != nullptr) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] += bias[col + j];
+    }
+  };
+  float g8[8], u8[8];
+  // Interleaved rows follow the activation alone (numerics::w1_rows), whatever the recipe.
+  if constexpr (numerics::w1_rows(kAct, QuantScheme::kPerTokenPerChannel) == numerics::W1Rows::kInterleaved) {
+    float lo[8], hi[8];
+    load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
+    load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      g8[j] = lo[2 * j], u8[j] = lo[2 * j + 1];
+      g8[j + 4] = hi[2 * j], u8[j + 4] = hi[2 * j + 1];
+    }
+  } else {
+    load8_biased(numerics::gate_column(w1, I, c0), g8);
+    load8_biased(numerics::up_column(w1, I, c0), u8);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu);
+}
+
 // W1's output at column `col` of a row, with the expert's bias (fp32, null: none) added: the bias
 // reaches the activation in fp32 (the CPU adds it before w1_out's bf16 rounding: an ulp apart at most).
 template <class In>
@@ -408,35 +441,8 @@ __global__ void __launch_bounds__(kActThreads)
     if (!rows.at(i, in_row, row_idx, e)) continue;
     const In* row = w1_rows + in_row * N;
     const float* bias = w1_bias != nullptr ? w1_bias + static_cast<std::int64_t>(e) * N : nullptr;
-    // 8 W1 outputs from column `col` on, with the bias (fp32) added.
-    auto load8_biased = [&](int col, float(&v)[8]) {
-      load8(row + col, v);
-      if (bias != nullptr) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] += bias[col + j];
-      }
-    };
     QuantRowOf<kChunks> q;
-    q.load_with(I, [&](int c0, float(&out)[8]) {
-      // c0 is a multiple of 8: its 8 gate (and up) inputs are contiguous in every layout; interleaved,
-      // they are the 16 values from column 2 c0 on, gate at even columns.
-      float g8[8], u8[8];
-      if constexpr (numerics::w1_rows(kAct, QuantScheme::kPerTokenPerChannel) == numerics::W1Rows::kInterleaved) {
-        float lo[8], hi[8];
-        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
-        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          g8[j] = lo[2 * j], u8[j] = lo[2 * j + 1];
-          g8[j + 4] = hi[2 * j], u8[j + 4] = hi[2 * j + 1];
-        }
-      } else {
-        load8_biased(numerics::gate_column(w1, I, c0), g8);
-        load8_biased(numerics::up_column(w1, I, c0), u8);
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu);
-    });
+    q.load_with(I, [&](int c0, float(&out)[8]) { activation8<kAct>(row, bias, w1, I, c0, swiglu, out); });
     auto* out = reinterpret_cast<std::uint8_t*>(act_q + row_idx * I);
     if constexpr (kPass == 0) {  // per-tensor: the expert's amax (non-negative floats order like their bits)
       const float amax = block_max<kActThreads>(q.amax_thread);
@@ -473,33 +479,13 @@ __global__ void __launch_bounds__(kActThreads)
     if (!rows.at(i, in_row, out_row, e)) continue;
     const __nv_bfloat16* row = w1_rows + in_row * N;
     const float* bias = w1_bias != nullptr ? w1_bias + static_cast<std::int64_t>(e) * N : nullptr;
-    auto load8_biased = [&](int col, float(&v)[8]) {
-      load8(row + col, v);
-      if (bias != nullptr) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] += bias[col + j];
-      }
-    };
     for (int c0 = static_cast<int>(threadIdx.x) * 8; c0 < I; c0 += kActThreads * 8) {
-      float g8[8], u8[8];
-      if constexpr (numerics::w1_rows(kAct, QuantScheme::kBf16) == numerics::W1Rows::kInterleaved) {
-        float lo[8], hi[8];
-        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0), lo);
-        load8_biased(numerics::gate_column(numerics::W1Rows::kInterleaved, I, c0 + 4), hi);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          g8[j] = lo[2 * j], u8[j] = lo[2 * j + 1];
-          g8[j + 4] = hi[2 * j], u8[j + 4] = hi[2 * j + 1];
-        }
-      } else {
-        load8_biased(numerics::gate_column(w1, I, c0), g8);
-        load8_biased(numerics::up_column(w1, I, c0), u8);
-      }
+      float v[8];
+      activation8<kAct>(row, bias, w1, I, c0, swiglu, v);
       uint4 packed;
       auto* o = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        o[j] = __float2bfloat16_rn(numerics::activation_value<float, DeviceMath>(kAct, g8[j], u8[j], swiglu));
+      for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16_rn(v[j]);
       *reinterpret_cast<uint4*>(act + out_row * I + c0) = packed;
     }
   }

@@ -216,6 +216,15 @@ class W2Stage {
   double err_ = 0, norm_ = 0;
 };
 
+// The CPU activation (fp32) of the GPU's own w1_out rows of expert e (m valid rows): what each stage
+// check compares the GPU's activation stage with, isolated from W1's differences.
+std::vector<float> cpu_activation_of_gpu_w1(const MoeProblem& p, const std::uint16_t* gpu_w1, std::int64_t e,
+                                            std::int64_t m) {
+  std::vector<float> act(static_cast<std::size_t>(m * p.I()));
+  cpu::activation_rows(p.activation, gpu_w1 + e * p.M * p.N, m, p.N, p.N, act.data(), p.I(), p.quant, p.swiglu);
+  return act;
+}
+
 // Stage by stage: the GPU's W1 output against the CPU's; the GPU's activation codes against the
 // CPU activation + quantization of the GPU's own W1 output; the GPU's output against the CPU W2
 // GEMM of the GPU's own activation. Each isolates one kernel from the requantization flips.
@@ -237,8 +246,7 @@ void check_stages(const MoeProblem& p, const synthetic::HostExpertWeights& w, co
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m <= 0 || m > M) continue;
     // Activation + quantization of the GPU's own w1_out rows on the CPU.
-    std::vector<float> act(static_cast<std::size_t>(m * I));
-    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant, p.swiglu);
+    const std::vector<float> act = cpu_activation_of_gpu_w1(p, gpu_w1, e, m);
     std::vector<std::uint8_t> q(static_cast<std::size_t>(m * I));
     std::vector<float> qs(static_cast<std::size_t>(numerics::activation_scale_count(p.quant, m, I)));
     cpu::quantize_activation(p.quant, act.data(), m, I, I, q.data(), I, qs.data());
@@ -274,8 +282,7 @@ void check_bf16_stages(const MoeProblem& p, const synthetic::HostExpertWeights& 
   for (std::int64_t e = 0; e < p.E_local; ++e) {
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m <= 0 || m > M) continue;
-    std::vector<float> act(static_cast<std::size_t>(m * I));
-    cpu::activation_rows(p.activation, gpu_w1 + e * M * N, m, N, N, act.data(), I, p.quant, p.swiglu);
+    const std::vector<float> act = cpu_activation_of_gpu_w1(p, gpu_w1, e, m);
     std::vector<std::uint16_t> q(static_cast<std::size_t>(m * I));
     cpu::store_activation(p.quant, act.data(), m, I, I, reinterpret_cast<std::uint8_t*>(q.data()), I, nullptr);
     // Near zero, gelu's 1 + erf(x / sqrt 2) cancels: erff's ulp or two at -1 is a large relative
