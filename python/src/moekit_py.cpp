@@ -176,8 +176,10 @@ void require(const Array& a, const char* what, std::initializer_list<nb::dlpack:
   const Place here = place_of(a);
   MOEKIT_CHECK(here == where, "{}: on {} where {} is needed (every array of a call on one device{})", what, here.text(),
                where.text(), where.cuda() ? ", the one the layer or the op's first array is on" : "");
-  std::int64_t expected = 1;
-  for (std::size_t i = a.ndim(); i-- > 0;) {
+  // An empty array (the bf16 recipe's scales, (E_local, 0)) has no element to lay out: any strides.
+  std::int64_t expected = 1, elements = 1;
+  for (std::size_t i = 0; i < a.ndim(); ++i) elements *= static_cast<std::int64_t>(a.shape(i));
+  for (std::size_t i = a.ndim(); elements > 0 && i-- > 0;) {
     MOEKIT_CHECK(a.shape(i) <= 1 || a.stride(i) == expected,
                  "{}: not C-contiguous (dimension {} has stride {} elements, {} needed): pass "
                  "numpy.ascontiguousarray(...) or tensor.contiguous()",

@@ -70,9 +70,12 @@ void validate_problem(const MoeProblem& p) {
   MOEKIT_CHECK(p.accumulation == Accumulation::kPrecise || recipe.fast_accumulation,
                "fast accumulation (--accumulation fast) runs per-token and per-tensor only: block128 moves its sums "
                "into fp32 at every k-block as it scales them; drop it, or use --quant per-token");
-  // FP8 rows are read by TMA in 16-byte units: K and I must be multiples of 16 elements.
+  // The GEMMs' TMA reads rows in 16-byte units from 16-byte aligned starts (16 FP8 or 8 bf16
+  // elements); every recipe asks the same 16 elements, so one shape runs in each of them.
   MOEKIT_CHECK(p.K % 16 == 0 && I % 16 == 0,
-               "K = {} and I = {} must be multiples of 16 (16-byte aligned FP8 rows for the GEMMs)", p.K, I);
+               "K = {} and I = {} must be multiples of 16 (the GEMMs read 16-byte aligned rows; every recipe asks "
+               "the same): pad the hidden and intermediate sizes to a multiple of 16",
+               p.K, I);
   if (recipe.needs_block_multiple) {
     MOEKIT_CHECK(p.K % kQuantBlock == 0 && I % kQuantBlock == 0,
                  "block128 quantization needs K = {} and I = {} to be multiples of 128; use --quant per-token", p.K, I);

@@ -27,6 +27,17 @@ The CPU runs the grid's cases of at most 0.3 GFLOP and 4e8 weight elements (draw
 E x 3N x K weights dominates a small case: 16 x 4608 x 7168 took 48 s) (CI: about a third of the grid);
 MOEKIT_VLLM_GRID=full runs every case, and MOEKIT_VLLM_DEVICE=cuda runs moekit and both references
 on the GPU, the whole grid (the GPU round).
+
+The unquantized grids (moekit's quant="bf16"): test_moe.py's test_fused_moe (the standard format,
+bf16 and fp16, vLLM's expert_map at ep_size 4, weights with a padded row stride; a = randn / 10,
+weights randn / 10, atol 2e-2, rtol 0) and test_batched_moe.py's bf16 test_fused_moe_batched_experts
+(MNK_FACTORS; weights randn / 15; atol = rtol = 2e-2). vLLM's reference (torch_experts) runs each
+GEMM in the operands' dtype with fp32 sums and a 16-bit result, SiLU-and-mul in that dtype, and the
+top-k sum in fp32: moekit's bf16 recipe rounds where it does, so its tolerance holds against that
+reference for every element; the float64 distance is reported beside it. Where moekit refuses a case
+by contract, the case asserts the refusal and its words: a row stride other than the row (vLLM's
+padding=True: moekit reads packed weights; the case then runs on a packed copy), K = 511 (rows of
+16-byte multiples), and fp16 operands (no fp16 recipe yet).
 """
 import itertools
 import os
@@ -260,15 +271,194 @@ def test_batched_grid(m, n, k, e, topk):
 
 def test_zz_report():
     """The table: each case's distance to float64, moekit's and vLLM's reference's."""
-    if not RESULTS:
+    fp8 = [r for r in RESULTS if r[0] in ("block_fp8", "batched")]
+    if not fp8:
         pytest.skip("no grid case ran")
     print(f"\n{'grid':10s} {'M':>5s} {'N':>5s} {'K':>5s} {'E':>3s} {'topk':>4s}  moekit vs f64  vLLM ref vs f64  "
           "apart")
-    for g, M, N, K, E, topk, a, b, apart in RESULTS:
+    for g, M, N, K, E, topk, a, b, apart in fp8:
         print(f"{g:10s} {M:5d} {N:5d} {K:5d} {E:3d} {topk:4d}  {a:13.3e}  {b:15.3e}  {apart:5d}")
-    a = np.array([r[6] for r in RESULTS])
-    b = np.array([r[7] for r in RESULTS])
-    print(f"{len(RESULTS)} cases: moekit closer to float64 in {int((a < b).sum())}; median moekit {np.median(a):.3e}, "
+    a = np.array([r[6] for r in fp8])
+    b = np.array([r[7] for r in fp8])
+    print(f"{len(fp8)} cases: moekit closer to float64 in {int((a < b).sum())}; median moekit {np.median(a):.3e}, "
           f"vLLM's reference {np.median(b):.3e}")
     if DEVICE == "cuda":
         assert (a <= b * 1.05 + 1e-4).mean() >= 0.95 and np.median(a) <= np.median(b), "moekit not nearer float64"
+
+
+# test_moe.py's test_fused_moe: (M, N, K), E, top-k, ep_size, dtype, padding.
+FUSED_MNK = [(1, 128, 128), (1, 2048, 128), (33, 2048, 128), (32768, 2048, 511), (40000, 1024, 1024)]
+FUSED_E = [8, 64, 192]
+FUSED_TOP_KS = [2, 6]
+# test_batched_moe.py's MNK_FACTORS (test_fused_moe_batched_experts, dtype bf16).
+BATCHED_BF16_MNK = [(1, 128, 128), (1, 128, 2048), (1, 512, 512), (1, 1024, 128), (1, 1024, 2048), (32, 128, 128),
+                    (32, 512, 512), (32, 1024, 2048), (45, 128, 128), (45, 128, 2048), (45, 512, 512),
+                    (45, 1024, 128), (45, 1024, 2048), (64, 512, 512), (64, 1024, 2048), (222, 128, 128),
+                    (222, 128, 2048), (222, 1024, 128), (222, 1024, 2048)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def unquantized_expert(x, w1, w2, exact):
+    """One expert's rows as vLLM's torch_experts computes them: each GEMM in the operands' dtype (fp32
+    sums, a 16-bit result), SiLU-and-mul in that dtype; exact: float64 throughout, nothing rounded."""
+    if exact:
+        h = x.double() @ w1.double().T
+    else:
+        h = (x.float() @ w1.float().T).to(x.dtype)  # what a 16-bit GEMM gives: fp32 sums, one rounding
+    n = h.shape[-1] // 2
+    act = torch.nn.functional.silu(h[:, :n]) * h[:, n:]
+    if exact:
+        return act @ w2.double().T
+    return (act.float() @ w2.float().T).to(x.dtype)
+
+
+def unquantized_references(a, w1, w2, weights, ids):
+    """vLLM's reference (16-bit rows, the top-k sum in fp32, one rounding) and float64, (M, K) each.
+    ids are local expert ids, -1 for a slot no local expert holds (it adds nothing)."""
+    M, K = a.shape
+    topk = ids.shape[1]
+    rows_v = torch.zeros(M, topk, K, dtype=a.dtype, device=a.device)
+    rows_d = torch.zeros(M, topk, K, dtype=torch.float64, device=a.device)
+    for e in ids.unique().tolist():
+        if e < 0:
+            continue
+        t, slot = (ids == e).nonzero(as_tuple=True)
+        rows_v[t, slot] = unquantized_expert(a[t], w1[e], w2[e], False)
+        rows_d[t, slot] = unquantized_expert(a[t], w1[e], w2[e], True)
+    vllm_ref = (rows_v.float() * weights.float()[:, :, None]).sum(dim=1).to(a.dtype)
+    exact = (rows_d * weights.double()[:, :, None]).sum(dim=1)
+    return vllm_ref.float().cpu(), exact.cpu()
+
+
+def refused(call, words):
+    """moekit refuses the case by contract: the error names it (`words` in its text)."""
+    with pytest.raises(moekit.Error) as err:
+        call()
+    assert words in str(err.value), str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("ep_size", [1, 4])
+@pytest.mark.parametrize("topk", FUSED_TOP_KS)
+@pytest.mark.parametrize("E", FUSED_E)
+@pytest.mark.parametrize(("M", "N", "K"), FUSED_MNK)
+def test_fused_moe_unquantized_grid(M, N, K, E, topk, ep_size, dtype, padding):
+    if not runs_here(M, N, K, topk, E):
+        pytest.skip(f"{flops(M, N, K, topk) / 1e9:.1f} GFLOP, {3.0 * E * N * K:.1e} weights: past the CPU's share "
+                    "(MOEKIT_VLLM_GRID=full runs it)")
+    dt = DTYPES[dtype]
+    dev = "cuda" if DEVICE == "cuda" else "cpu"
+    g = torch.Generator(device=dev).manual_seed(7)
+    refusal = dtype == "fp16" or K % 16 != 0  # refused before any value is read: no weights drawn
+    a = (torch.randn(M, K, generator=g, device=dev) / 10).to(dt)
+    if refusal:
+        w1, w2 = torch.zeros(E, 2 * N, K, dtype=dt, device=dev), torch.zeros(E, K, N, dtype=dt, device=dev)
+    else:
+        w1 = (torch.randn(E, 2 * N, K, generator=g, device=dev) / 10).to(dt)
+        w2 = (torch.randn(E, K, N, generator=g, device=dev) / 10).to(dt)
+    score = torch.randn(M, E, generator=g, device=dev).to(dt)
+    weights, ids = torch.topk(torch.softmax(score.float(), dim=-1), topk, dim=-1)  # fused_topk, not renormalized
+    expert_map = None
+    local = ids
+    if ep_size > 1:  # vLLM's: E / ep_size random experts held here (a repeated draw keeps its last slot)
+        local_e = E // ep_size
+        e_ids = torch.randint(0, E, (local_e,), generator=g, device=dev)
+        expert_map = torch.full((E,), -1, dtype=torch.int32, device=dev)
+        expert_map[e_ids] = torch.arange(local_e, dtype=torch.int32, device=dev)
+        w1, w2 = w1[e_ids], w2[e_ids]
+        local = expert_map[ids].long()
+    out = torch.full((M, K), float("nan"), dtype=dt, device=dev)
+
+    def call(w1_, w2_):
+        ops.standard_experts(a, None, ids, weights, w1_, None, w2_, None, out, quant="bf16", expert_map=expert_map)
+        if DEVICE == "cuda":
+            ops.check_status()
+
+    if dtype == "fp16":
+        RESULTS.append((f"fused-{dtype}", M, N, K, E, topk, float("nan"), float("nan"), -1))
+        refused(lambda: call(w1, w2), "dtype float16 where bfloat16")
+        return
+    if K % 16:
+        RESULTS.append((f"fused-{dtype}", M, N, K, E, topk, float("nan"), float("nan"), -1))
+        refused(lambda: call(w1, w2), f"K = {K} and I = {N} must be multiples of 16")
+        return
+    if padding:  # vLLM pads K by 128 and slices it off: a row stride of K + 128
+        w1p = torch.nn.functional.pad(w1, (0, 128))[..., :-128]
+        w2p = torch.nn.functional.pad(w2, (0, 128))[..., :-128]
+        refused(lambda: call(w1p, w2p), "not C-contiguous")
+        w1, w2 = w1p.contiguous(), w2p.contiguous()
+    call(w1, w2)
+    vllm_ref, exact = unquantized_references(a, w1, w2, weights, local)
+    got = out.float().cpu()
+    assert torch.isfinite(got).all(), "an output row was not written"
+    torch.testing.assert_close(got, vllm_ref, atol=2e-2, rtol=0)
+    torch.testing.assert_close(got.double(), exact, atol=2e-2, rtol=0)
+    apart = int(((got - vllm_ref).abs() > 2e-2).sum())
+    if float(exact.norm()) == 0:  # every slot held by another rank: moekit writes zeros
+        assert float(got.abs().max()) == 0, "rows of no local expert: zeros expected"
+        return
+    RESULTS.append((f"fused-{dtype}", M, N, K, E, topk, rel(got, exact), rel(vllm_ref, exact), apart))
+
+
+@pytest.mark.parametrize("topk", TOP_KS)
+@pytest.mark.parametrize("e", BATCHED_E)
+@pytest.mark.parametrize(("m", "n", "k"), BATCHED_BF16_MNK)
+def test_batched_bf16_grid(m, n, k, e, topk):
+    if topk > e:
+        pytest.skip(f"topk = {topk} > e = {e} (vLLM skips it too)")
+    if not runs_here(m, n, k, topk):
+        pytest.skip(f"{flops(m, n, k, topk) / 1e9:.0f} GFLOP: past the CPU's share (MOEKIT_VLLM_GRID=full runs it)")
+    dev = "cuda" if DEVICE == "cuda" else "cpu"
+    g = torch.Generator(device=dev).manual_seed(7)
+    a = (torch.randn(m, k, generator=g, device=dev) / 10).to(torch.bfloat16)
+    score = torch.randn(m, e, generator=g, device=dev).to(torch.bfloat16)
+    w1 = (torch.randn(e, 2 * n, k, generator=g, device=dev) / 15).to(torch.bfloat16)
+    w2 = (torch.randn(e, k, n, generator=g, device=dev) / 15).to(torch.bfloat16)
+    weights, ids = torch.topk(torch.softmax(score.float(), dim=-1), topk, dim=-1)
+    vllm_ref, exact = unquantized_references(a, w1, w2, weights, ids)
+    a_cpu, ids_cpu, weights_cpu = a.cpu(), ids.cpu(), weights.cpu()
+    # Each expert's tokens in its own slab of m rows (a dispatch's output), the rest padding (NaN).
+    counts = torch.zeros(e, dtype=torch.int32)
+    slab = torch.full((e, m, k), float("nan"), dtype=torch.bfloat16)
+    where = []
+    for t in range(m):
+        for s in range(topk):
+            x = int(ids_cpu[t, s])
+            slab[x, counts[x]] = a_cpu[t]
+            where.append((t, s, x, int(counts[x])))
+            counts[x] += 1
+    out = on_device(torch.full((e, m, k), float("nan"), dtype=torch.bfloat16))
+    ops.batched_experts(on_device(slab), None, on_device(counts), w1, None, w2, None, out, quant="bf16")
+    if DEVICE == "cuda":
+        ops.check_status()
+    rows = out.float().cpu()
+    got = torch.zeros(m, k)
+    for t, s, x, r in where:  # the combine, in fp32
+        got[t] += float(weights_cpu[t, s]) * rows[x, r]
+    got = got.to(torch.bfloat16).float()
+    assert torch.isfinite(got).all(), "a valid row was not written"
+    for x in range(e):  # padding rows never written
+        assert torch.isnan(rows[x, int(counts[x]):]).all(), f"expert {x}: a padding row was written"
+    torch.testing.assert_close(got, vllm_ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got.double(), exact, atol=2e-2, rtol=2e-2)
+    apart = int(((got - vllm_ref).abs() > 2e-2 + 2e-2 * vllm_ref.abs()).sum())
+    RESULTS.append(("batched-bf16", m, n, k, e, topk, rel(got, exact), rel(vllm_ref, exact), apart))
+
+
+def test_zz_unquantized_report():
+    """The unquantized table: each case's distance to float64, moekit's and vLLM's reference's."""
+    rows = [r for r in RESULTS if r[0].startswith(("fused-", "batched-bf16"))]
+    if not rows:
+        pytest.skip("no unquantized case ran")
+    ran = [r for r in rows if r[8] >= 0]
+    print(f"\n{len(ran)} unquantized cases ran, {len(rows) - len(ran)} refused by contract (fp16, K = 511)")
+    for g in ("fused-bf16", "batched-bf16"):
+        mine = [r for r in ran if r[0] == g]
+        if mine:
+            a = np.array([r[6] for r in mine])
+            b = np.array([r[7] for r in mine])
+            print(f"{g}: {len(mine)} cases, moekit vs float64 median {np.median(a):.3e} (max {a.max():.3e}), vLLM's "
+                  f"reference {np.median(b):.3e} (max {b.max():.3e}); elements apart beyond the tolerance: "
+                  f"{sum(r[8] for r in mine)}")
