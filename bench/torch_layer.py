@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Baseline for `moekit bench layer`, run on the GPU machine in the same round: the same MoE layer in
-PyTorch - DeepSeek-V3 routing (sigmoid scores, e_score_correction_bias, grouped top-k, renormalized,
-scaled), per-token FP8 quantization of the hidden states, the experts with torch._scaled_grouped_mm
-on the rows permuted by expert (W1 -> SiLU-and-mul -> per-token FP8 -> W2), the top-k weighted
-combine - eager and under torch.compile, for the same tokens per step. Random FP8 weights of the
-same shapes. Merges its times into moekit's JSON, writes the results JSON and a plot.
+PyTorch - the model's routing (DeepSeek-V3: sigmoid scores, e_score_correction_bias, grouped top-k,
+renormalized, scaled; Qwen3-MoE: softmax top-k, renormalized), the experts on the rows permuted by
+expert, the top-k weighted combine - eager and under torch.compile, for the same tokens per step, in
+the recipe moekit ran: FP8 recipes against per-token FP8 (torch._scaled_grouped_mm, W1 -> SiLU-and-mul
+-> per-token FP8 -> W2), the bf16 recipe against bf16 (torch._grouped_mm, W1 -> SiLU-and-mul in bf16 ->
+W2). Random weights of the same shapes. Merges its times into moekit's JSON, writes the results JSON
+and a plot.
 
 usage: torch_layer.py moekit_layer.json results.json plot.png [commit]
 """
@@ -16,23 +18,41 @@ import torch.nn.functional as F
 
 from torch_common import median_p99_ms, random_fp8
 
+# Routing of the models `moekit bench layer` runs here: (n_group, topk_group, routed_scaling_factor)
+# for DeepSeek-V3's grouped sigmoid routing; None: softmax top-k, renormalized (Qwen3-MoE).
+ROUTING = {"deepseek-v3": (8, 4, 2.5), "qwen3-30b-a3b": None, "qwen3-235b-a22b": None}
 
-def make_layer(E, K, I, topk, n_group, topk_group, scale, gen, routing="model"):
+
+def baseline_recipe(res):
+    """The recipe the PyTorch layer runs for moekit's: bf16 for bf16, per-token FP8 for the FP8 ones."""
+    return "bf16" if res.get("quant") == "bf16" else "per-token FP8"
+
+
+def make_layer(E, K, I, topk, routing, gen, bias_mode="model", recipe="per-token FP8"):
     N = 2 * I
-    w1 = random_fp8((E, N, K), gen)
-    w2 = random_fp8((E, K, I), gen)
-    s1 = torch.full((E, N), 1 / (448 * K ** 0.5), device="cuda")
-    s2 = torch.full((E, K), 1 / (448 * I ** 0.5), device="cuda")
+    bf16 = recipe == "bf16"
+    if bf16:  # weights of rms 1 / sqrt(k), as trained ones
+        w1 = torch.randn((E, N, K), device="cuda", generator=gen, dtype=torch.bfloat16).div_(K ** 0.5)
+        w2 = torch.randn((E, K, I), device="cuda", generator=gen, dtype=torch.bfloat16).div_(I ** 0.5)
+    else:
+        w1 = random_fp8((E, N, K), gen)
+        w2 = random_fp8((E, K, I), gen)
+        s1 = torch.full((E, N), 1 / (448 * K ** 0.5), device="cuda")
+        s2 = torch.full((E, K), 1 / (448 * I ** 0.5), device="cuda")
     bias = torch.randn((E,), device="cuda", generator=gen) * 0.1
-    if routing == "uniform":  # moekit bench layer --routing uniform: the correction bias zeroed
+    if bias_mode == "uniform":  # moekit bench layer --routing uniform: the correction bias zeroed
         bias.zero_()
 
     def quant(x):
         s = (x.abs().amax(-1, keepdim=True).float() / 448).clamp(min=1e-12)
         return (x.float() / s).to(torch.float8_e4m3fn), s.squeeze(-1).contiguous()
 
-    def layer(hidden, logits):
-        T = hidden.shape[0]
+    def route(logits):
+        T = logits.shape[0]
+        if routing is None:  # softmax top-k, renormalized
+            w, ids = logits.float().softmax(-1).topk(topk, dim=-1)
+            return ids, w / w.sum(-1, keepdim=True)
+        n_group, topk_group, scale = routing
         scores = logits.sigmoid()
         choice = scores + bias
         groups = choice.view(T, n_group, -1).topk(2, dim=-1)[0].sum(-1)
@@ -40,15 +60,24 @@ def make_layer(E, K, I, topk, n_group, topk_group, scale, gen, routing="model"):
         keep = keep.unsqueeze(-1).expand(T, n_group, E // n_group).reshape(T, E)
         ids = choice.masked_fill(keep == 0, float("-inf")).topk(topk, dim=-1)[1]
         w = scores.gather(1, ids)
-        w = w / (w.sum(-1, keepdim=True) + 1e-20) * scale
-        q, sq = quant(hidden)
+        return ids, w / (w.sum(-1, keepdim=True) + 1e-20) * scale
+
+    def layer(hidden, logits):
+        T = hidden.shape[0]
+        ids, w = route(logits)
         flat = ids.view(-1)
         order = flat.argsort(stable=True)
         offs = torch.bincount(flat, minlength=E).cumsum(0).to(torch.int32)
         rows = order // topk
-        h = torch._scaled_grouped_mm(q[rows], w1.transpose(-2, -1), sq[rows], s1, offs=offs, out_dtype=torch.bfloat16)
-        a, sa = quant(F.silu(h[:, :I]) * h[:, I:])
-        y = torch._scaled_grouped_mm(a, w2.transpose(-2, -1), sa, s2, offs=offs, out_dtype=torch.bfloat16)
+        if bf16:
+            h = torch._grouped_mm(hidden[rows], w1.transpose(-2, -1), offs=offs)
+            y = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], w2.transpose(-2, -1), offs=offs)
+        else:
+            q, sq = quant(hidden)
+            h = torch._scaled_grouped_mm(q[rows], w1.transpose(-2, -1), sq[rows], s1, offs=offs,
+                                         out_dtype=torch.bfloat16)
+            a, sa = quant(F.silu(h[:, :I]) * h[:, I:])
+            y = torch._scaled_grouped_mm(a, w2.transpose(-2, -1), sa, s2, offs=offs, out_dtype=torch.bfloat16)
         out = torch.empty_like(y).index_copy_(0, order, y).view(T, topk, K)
         return (out.float() * w.unsqueeze(-1)).sum(1).to(torch.bfloat16)
 
@@ -57,10 +86,10 @@ def make_layer(E, K, I, topk, n_group, topk_group, scale, gen, routing="model"):
 
 def plot_labels(res):
     """The x-axis label and each moekit curve's label: the recipes the two sides ran (moekit's from
-    its JSON, `moekit bench layer`'s --quant; this baseline's is per-token FP8)."""
+    its JSON, `moekit bench layer`'s --quant; this baseline's from baseline_recipe)."""
     recipe = res.get("quant", "?")
-    xlabel = (f"tokens per step T (DeepSeek-V3, 256 experts on one GPU, top-8; moekit {recipe}, "
-              "PyTorch per-token FP8)")
+    xlabel = (f"tokens per step T ({res.get('model', 'deepseek-v3')}, {res.get('E', 256)} experts on one GPU, "
+              f"top-{res.get('topk', 8)}; moekit {recipe}, PyTorch {baseline_recipe(res)})")
     return xlabel, {name: f"moekit {name} ({recipe})" for name in ("batched-fp8", "standard-fp8")}
 
 
@@ -74,7 +103,11 @@ def main():
     E, K, I, topk = res["E"], res["K"], res["I"], res["topk"]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    layer = make_layer(E, K, I, topk, 8, 4, 2.5, gen, res.get("routing", "model"))
+    model = res.get("model", "deepseek-v3")
+    if model not in ROUTING:
+        sys.exit(f"torch_layer.py: no PyTorch routing for {model} (have: {', '.join(ROUTING)})")
+    res["torch_recipe"] = baseline_recipe(res)
+    layer = make_layer(E, K, I, topk, ROUTING[model], gen, res.get("routing", "model"), res["torch_recipe"])
     compiled = torch.compile(layer)
     tokens = sorted({r["T"] for r in res["rows"]})
     torch_rows = {}

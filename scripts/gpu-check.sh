@@ -11,10 +11,15 @@
 #            PyTorch's grouped-GEMM pipeline in the same round.
 #   python:  the Python package with torch (tests/python), vLLM's fused-MoE grids on the GPU with
 #            moekit and both references, tests/parity on the GPU (transformers' wheels from the bundle);
-#            PY_PARTS="tests vllm parity" picks among them.
+#            PY_PARTS="tests vllm parity" picks among them; PY_TESTS (pytest paths, default tests/python),
+#            VLLM_K (a pytest -k selection of the grids) and SHARED_BENCH=0 (no shared-expert bench after
+#            parity) narrow a round.
+#   bf16:    the bf16 recipe: `moekit bench layer --quant bf16` (DeepSeek-V3 and Qwen3-30B-A3B, every
+#            expert on the GPU) against its floor (cuBLASLt's bf16 rate, 2-byte weights) and PyTorch's bf16
+#            layer (eager, torch.compile) in the same round; the grouped 16-bit GEMMs against cuBLASLt bf16.
 #   ep:      (2+ GPUs) expert parallelism on NCCL: the multi-GPU tests, the whole layer on 2 GPUs
 #            checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
-# `bash scripts/gpu-check.sh [all|tests|bench|experts|python|ep]` (all: tests and bench).
+# `bash scripts/gpu-check.sh [all|tests|bench|experts|python|bf16|ep]` (all: tests and bench).
 # Experiments (profiles, config sweeps, A/B rounds) live in tools/gpu-experiments.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,6 +107,24 @@ if [[ $part == all || $part == bench ]]; then
     "$OUT/layer_plot.png" "$commit" 2>&1 | tee "$OUT/layer_baseline.log"
 fi
 
+if [[ $part == bf16 ]]; then
+  echo "== the bf16 recipe: the layer against its floor and PyTorch's bf16 layer"
+  for model in ${BF16_MODELS:-deepseek-v3 qwen3-30b-a3b}; do
+    # DeepSeek-V3's batched workspace at T = 8192 in bf16 (256 experts x 8192 rows x 2-byte rows) is
+    # 80.3 GiB beside 22.5 GB of weights: past an H100 (the layer says so and names the fix).
+    tokens=1,8,32,128,512,2048,8192
+    [[ $model == deepseek-v3 ]] && tokens=1,8,32,128,512,2048
+    run timeout 240 $BIN/moekit bench layer --model "$model" --quant bf16 --tokens "${BF16_TOKENS:-$tokens}" \
+      --iters 20 --format json > "/tmp/layer_bf16_$model.json" 2>> "$OUT/bench_bf16.log"
+    echo "moekit bench layer $model rc=$?" | tee -a "$OUT/machine.txt"
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/torch_layer.py "/tmp/layer_bf16_$model.json" \
+      "$OUT/layer_bf16_$model.json" "$OUT/layer_bf16_$model.png" "$commit" 2>&1 | tee -a "$OUT/bench_bf16.txt"
+  done
+  echo "== the grouped 16-bit GEMMs (DeepSeek-V3 shapes, E_local 16) against cuBLASLt bf16"
+  run timeout 200 $BIN/bench_gemm_sixteen_bit "$OUT/gemm_bf16.json" --dtype bf16 --case 256 --case 512 --case 1024 2>&1 \
+    | tee -a "$OUT/bench_bf16.txt" | grep -E "ceilings|m_e"
+fi
+
 if [[ $part == experts ]]; then
   echo "== experts benchmark (per-token and block128) and the PyTorch pipeline"
   run timeout 400 $BIN/bench_gpu_experts /tmp/experts.json > "$OUT/bench_experts.log" 2>&1
@@ -126,14 +149,15 @@ fi
 if [[ $part == python && $py_parts == *" tests "* ]]; then
   echo "== the Python package with torch ($(python3 -c 'import torch; print(torch.__version__)'))"
   PYTHONPATH="$PWD/$BIN/python" MOEKIT_CLI="$PWD/$BIN/moekit" MOEKIT_PY_RESULTS="$OUT/python_results.json" \
-    PYTHONUNBUFFERED=1 run timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/python 2>&1 \
+    PYTHONUNBUFFERED=1 run timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider ${PY_TESTS:-tests/python} 2>&1 \
     | tee "$OUT/python_tests.log" | grep -vE '^\s*$' | tail -40
   echo "python tests rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
 fi
 if [[ $part == python && $py_parts == *" vllm "* ]]; then
   echo "== vLLM's fused-MoE test grids, the whole grid on the GPU (moekit, vLLM's reference and float64)"
   PYTHONPATH="$PWD/$BIN/python" MOEKIT_VLLM_DEVICE=cuda PYTHONUNBUFFERED=1 run timeout 540 python3 -m pytest -q -rs -s \
-    -p no:cacheprovider tests/python/test_vllm_grids.py 2>&1 | tee "$OUT/vllm_grid.log" | grep -vE '^\s*$' | tail -40
+    -p no:cacheprovider tests/python/test_vllm_grids.py ${VLLM_K:+-k "$VLLM_K"} 2>&1 | tee "$OUT/vllm_grid.log" \
+    | grep -vE '^\s*$' | tail -40
   echo "vllm grid rc=${PIPESTATUS[0]}" | tee -a "$OUT/machine.txt"
 fi
 if [[ $part == python && $py_parts == *" parity "* ]]; then
@@ -144,7 +168,7 @@ if [[ $part == python && $py_parts == *" parity "* ]]; then
     PYTHONPATH="$site:$PWD/$BIN/python" MOEKIT_PARITY_DEVICE=cuda PYTHONUNBUFFERED=1 run timeout 400 python3 -m pytest \
       -q -s -p no:cacheprovider tests/parity 2>&1 | grep -v ExpertsInterface | tee "$OUT/parity_cuda.log" | tail -70
     echo "== the layer with and without its shared expert (DeepSeek-V3, block128, the modes alternated)"
-    for order in on,off off,on; do
+    for order in $( ((${SHARED_BENCH:-1})) && echo on,off off,on); do
       run timeout 150 $BIN/moekit bench layer --experts batched-fp8 --tokens 1,8,128,512,2048,8192 \
         --shared-experts $order --iters 50 2>/dev/null | grep fused | tee -a "$OUT/bench_shared.txt"
     done

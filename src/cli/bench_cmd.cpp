@@ -1,8 +1,9 @@
 // `moekit bench layer`: the whole layer's step time per experts implementation and tokens per step,
 // on the GPU from CUDA graph replay (median and p99 over --iters replays; stage times from a second
 // graph with events recorded between the stages), on the CPU from wall time. Prints the machine's measured ceilings
-// (copy bandwidth, cuBLASLt FP8 rate) and each step against the floor max(FLOPs / FP8 peak, bytes / copy bandwidth),
-// bytes = FP8 weights of the experts that received a token + the tokens in and out. A table on stdout, JSON with
+// (copy bandwidth, cuBLASLt's dense rate in the recipe's operand dtype: FP8, or bf16 unquantized) and each step
+// against the floor max(FLOPs / that peak, bytes / copy bandwidth), bytes = the weights (and scales) of the
+// experts that received a token + the tokens in and out. A table on stdout, JSON with
 // --format json, progress on stderr.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -120,21 +121,31 @@ BenchWeights make_weights(const MoeProblem& p, Device device, Memory& memory, st
   const std::int64_t I = p.I();
   const std::int64_t s1 = numerics::weight_scale_count(p.quant, p.N, p.K),
                      s2 = numerics::weight_scale_count(p.quant, p.K, I);
-  w.device.emplace_back(memory, p.E_local * p.N * p.K, "W1");
-  w.device.emplace_back(memory, p.E_local * p.K * I, "W2");
-  w.device.emplace_back(memory, 4 * p.E_local * s1, "W1 scales");
-  w.device.emplace_back(memory, 4 * p.E_local * s2, "W2 scales");
-  ceilings::fill_random_bytes(w.device[0].get(), static_cast<std::size_t>(w.device[0].bytes()), seed, true);
-  ceilings::fill_random_bytes(w.device[1].get(), static_cast<std::size_t>(w.device[1].bytes()), seed + 1, true);
+  const DType weight_dtype = recipe_info(p.quant).weight_dtype;
+  const std::int64_t element = dtype_size(weight_dtype);
+  w.device.emplace_back(memory, element * p.E_local * p.N * p.K, "W1");
+  w.device.emplace_back(memory, element * p.E_local * p.K * I, "W2");
+  for (int i = 0; i < 2; ++i) {
+    const std::size_t bytes = static_cast<std::size_t>(w.device[static_cast<std::size_t>(i)].bytes());
+    if (weight_dtype == DType::kFp8E4m3)
+      ceilings::fill_random_bytes(w.device[static_cast<std::size_t>(i)].get(), bytes, seed + i, true);
+    else  // 16-bit values of magnitude [0.5, 1): their sums stay finite at every shape (the time needs no more)
+      ceilings::fill_random_sixteen_bit(w.device[static_cast<std::size_t>(i)].get(), bytes / 2, seed + i, weight_dtype);
+  }
   // Codes span +-448: scales of 1 / (448 sqrt(k)) give weights of rms ~ 1 / sqrt(k), as trained ones.
-  const std::vector<float> sc1(static_cast<std::size_t>(p.E_local * s1),
-                               1.0f / (448.0f * std::sqrt(static_cast<float>(p.K))));
-  const std::vector<float> sc2(static_cast<std::size_t>(p.E_local * s2),
-                               1.0f / (448.0f * std::sqrt(static_cast<float>(I))));
-  memory.from_host(w.device[2].get(), sc1.data(), w.device[2].bytes(), nullptr);
-  memory.from_host(w.device[3].get(), sc2.data(), w.device[3].bytes(), nullptr);
-  w.view = ExpertWeightsView::of(p, device, w.device[0].as<std::uint8_t>(), w.device[2].as<float>(),
-                                 w.device[1].as<std::uint8_t>(), w.device[3].as<float>());
+  // An unquantized recipe has none (null scales).
+  const float* scales[2] = {nullptr, nullptr};
+  const std::int64_t counts[2] = {s1, s2}, k_of[2] = {p.K, I};
+  for (int i = 0; i < 2; ++i) {
+    if (counts[i] == 0) continue;
+    const std::vector<float> sc(static_cast<std::size_t>(p.E_local * counts[i]),
+                                1.0f / (448.0f * std::sqrt(static_cast<float>(k_of[i]))));
+    w.device.emplace_back(memory, 4 * p.E_local * counts[i], i == 0 ? "W1 scales" : "W2 scales");
+    memory.from_host(w.device.back().get(), sc.data(), w.device.back().bytes(), nullptr);
+    scales[i] = w.device.back().as<float>();
+  }
+  w.view = ExpertWeightsView::of(p, device, w.device[0].as<std::uint8_t>(), scales[0], w.device[1].as<std::uint8_t>(),
+                                 scales[1]);
   if (p.expert_bias) {  // gpt-oss: its W1 and W2 biases, small constants (their values do not move the time)
     const std::vector<float> b1(static_cast<std::size_t>(p.E_local * p.N), 0.01f),
         b2(static_cast<std::size_t>(p.E_local * p.K), 0.01f);
@@ -309,8 +320,8 @@ std::vector<Row> bench_layer(const BenchRequest& req, const ModelConfig& model, 
         r.median_ms = percentile(step, 0.5);
         r.p99_ms = percentile(step, 0.99);
         for (int k = 0; k < 4; ++k) r.stage_ms[k] = percentile(stage[static_cast<std::size_t>(k)], 0.5);
-        // The floor: FP8 FLOPs of the valid rows; bytes of the experts that received a token (their
-        // FP8 weights and scales) + the tokens in and out (bf16).
+        // The floor: FLOPs of the valid rows; bytes of the experts that received a token (their
+        // weights in the recipe's dtype and scales) + the tokens in and out (bf16).
         std::vector<std::int32_t> ids(static_cast<std::size_t>(T * p.topk));
         std::vector<float> wts(ids.size());
         cpu::route(routing, tok.logits.data(), T, model.has_score_correction_bias ? bias.data() : nullptr, ids.data(),
@@ -368,13 +379,17 @@ int bench_command(const BenchRequest& req) {
   const Device device =
       req.device == "auto" ? (cuda::available() ? Device::kCuda : Device::kCpu) : parse_device(req.device);
   double copy_gbs = 0, peak = 0;
+  // The floor's rate: cuBLASLt's dense GEMM in the recipe's operand dtype (FP8, or bf16 unquantized).
+  const DType peak_dtype = recipe_info(quant.quant).weight_dtype;
+  const std::string peak_name = peak_dtype == DType::kFp8E4m3 ? "fp8" : std::string(dtype_name(peak_dtype));
   std::string device_text = "cpu";
   if (device == Device::kCuda) {
     const cuda::DeviceInfo info = cuda::device_info(0);
     device_text = fmt::format("{} ({} SMs)", info.name, info.num_sms);
     void* s = cuda::create_stream();
     copy_gbs = ceilings::copy_gbs(s);
-    peak = ceilings::fp8_gemm_tflops(s);
+    peak =
+        peak_dtype == DType::kFp8E4m3 ? ceilings::fp8_gemm_tflops(s) : ceilings::sixteen_bit_gemm_tflops(peak_dtype, s);
     cuda::destroy_stream(s);
   }
   const std::vector<Row> rows = bench_layer(req, model, device, peak, copy_gbs);
@@ -395,7 +410,8 @@ int bench_command(const BenchRequest& req) {
     j["quant"] = quant_name(quant.quant);
     j["fuse_w1"] = req.fuse_w1 ? nlohmann::json(*req.fuse_w1) : nlohmann::json();  // null: not asked
     j["routing"] = layer_routing(req);
-    j["ceilings"] = {{"copy_gbs", copy_gbs}, {"fp8_tflops", peak}};
+    j["ceilings"] = {
+        {"copy_gbs", copy_gbs}, {peak_name + "_tflops", peak}, {"gemm_tflops", peak}, {"gemm_dtype", peak_name}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
       nlohmann::json x = {{"experts", r.experts},
@@ -427,8 +443,8 @@ int bench_command(const BenchRequest& req) {
                            device == Device::kCuda ? fmt::format("graph replay, {} iterations", req.iters)
                                                    : fmt::format("wall time, {} iterations", req.iters));
   if (device == Device::kCuda)
-    std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt FP8 8192^3 {:.0f} TFLOP/s\n",
-                             copy_gbs, peak);
+    std::cout << fmt::format("ceilings: D2D copy {:.0f} GB/s (read + write), cuBLASLt {} 8192^3 {:.0f} TFLOP/s\n",
+                             copy_gbs, peak_name, peak);
   std::cout << fmt::format("{:<28} {:>6} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>13}\n",
                            "experts", "T", "ms", "p99 ms", "floor ms", "x floor", "route", "prepare", "experts",
                            "finalize", "rest %", "TFLOP/s", "experts/most");
@@ -442,7 +458,8 @@ int bench_command(const BenchRequest& req) {
         r.stage_ms[2], r.stage_ms[3], r.median_ms > 0 ? 100.0 * rest / r.median_ms : 0.0,
         r.median_ms > 0 ? r.flops / (r.median_ms * 1e9) : 0.0, fmt::format("{}/{}", r.active_experts, r.max_rows));
   }
-  std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / FP8 peak, bytes / copy bandwidth); "
+  std::cout << "rest % = (route + prepare + finalize) / step; floor = max(FLOPs / the recipe's GEMM peak (cuBLASLt, "
+               "its operand dtype), bytes / copy bandwidth); "
                "experts/most = experts that got a token / the most rows one got; +sh: with the shared experts (their "
                "FLOPs and weights in the floor)\n";
   return 0;

@@ -19,3 +19,18 @@ def test_layer_plot_names_the_recipe_moekit_ran(recipe):
     xlabel, curves = torch_layer.plot_labels({"quant": recipe})
     assert f"moekit {recipe}" in xlabel and "PyTorch per-token FP8" in xlabel, xlabel
     assert curves["batched-fp8"] == f"moekit batched-fp8 ({recipe})", curves
+
+
+def test_layer_baseline_runs_bf16_against_bf16():
+    """An unquantized moekit run is measured against PyTorch's bf16 layer, and labelled so."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, BENCH)
+    try:
+        import torch_layer
+    finally:
+        sys.path.remove(BENCH)
+    res = {"quant": "bf16", "model": "qwen3-30b-a3b", "E": 128, "topk": 8}
+    assert torch_layer.baseline_recipe(res) == "bf16"
+    xlabel, _ = torch_layer.plot_labels(res)
+    assert "moekit bf16" in xlabel and "PyTorch bf16" in xlabel and "qwen3-30b-a3b" in xlabel, xlabel
+    assert torch_layer.ROUTING["qwen3-30b-a3b"] is None and torch_layer.ROUTING["deepseek-v3"] == (8, 4, 2.5)

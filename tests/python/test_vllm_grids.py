@@ -376,13 +376,13 @@ def test_fused_moe_unquantized_grid(M, N, K, E, topk, ep_size, dtype, padding):
         if DEVICE == "cuda":
             ops.check_status()
 
+    if K % 16:  # the shape is checked first, in every dtype
+        RESULTS.append((f"fused-{dtype}", M, N, K, E, topk, float("nan"), float("nan"), -1))
+        refused(lambda: call(w1, w2), f"K = {K} and I = {N} must be multiples of 16")
+        return
     if dtype == "fp16":
         RESULTS.append((f"fused-{dtype}", M, N, K, E, topk, float("nan"), float("nan"), -1))
         refused(lambda: call(w1, w2), "dtype float16 where bfloat16")
-        return
-    if K % 16:
-        RESULTS.append((f"fused-{dtype}", M, N, K, E, topk, float("nan"), float("nan"), -1))
-        refused(lambda: call(w1, w2), f"K = {K} and I = {N} must be multiples of 16")
         return
     if padding:  # vLLM pads K by 128 and slices it off: a row stride of K + 128
         w1p = torch.nn.functional.pad(w1, (0, 128))[..., :-128]
