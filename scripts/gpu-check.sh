@@ -11,7 +11,8 @@
 #            PyTorch's grouped-GEMM pipeline in the same round.
 #   python:  the Python package with torch (tests/python), vLLM's fused-MoE grids on the GPU with
 #            moekit and both references, tests/parity on the GPU (transformers' wheels from the bundle);
-#            PY_PARTS="tests vllm parity" picks among them; PY_TESTS (pytest paths, default tests/python),
+#            PY_PARTS="tests vllm parity" picks among them; PY_TESTS (pytest arguments, word-split:
+#            paths and a -k of one word, default tests/python),
 #            VLLM_K (a pytest -k selection of the grids) and SHARED_BENCH=0 (no shared-expert bench after
 #            parity) narrow a round.
 #   bf16:    the bf16 recipe: `moekit bench layer --quant bf16` (DeepSeek-V3 and Qwen3-30B-A3B, every

@@ -101,9 +101,9 @@ struct Row {
   bool fast = false;    // Accumulation::kFast
 };
 
-// The layer's weights on its device: seeded synthetic ones on the CPU; random FP8 codes with
-// scales of the right magnitude on a GPU (a 256-expert model is 11 GiB: timing needs no quantizer
-// pass over it on the host).
+// The layer's weights on its device: seeded synthetic ones on the CPU; on a GPU random values in the
+// recipe's weight dtype, FP8 codes with scales of the right magnitude or bf16 values without scales
+// (a 256-expert model is 11 GiB in FP8: timing needs no quantizer pass over it on the host).
 struct BenchWeights {
   synthetic::HostExpertWeights host;
   std::vector<DeviceBuffer> device;

@@ -357,7 +357,13 @@ struct MoeRuntime::Impl {
         if (!std::isfinite(v[static_cast<std::size_t>(i)])) return i;
       return -1;
     };
-    auto codes = [&](const std::uint8_t* p, std::int64_t n) -> std::int64_t {
+    // n weight elements in the recipe's dtype: FP8 codes (NaN: 0x7F / 0xFF) or bf16 values.
+    auto codes = [&](const std::uint8_t* p, std::int64_t n, DType dtype) -> std::int64_t {
+      if (dtype == DType::kBf16) {
+        std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
+        memory->to_host(v.data(), p, 2 * n, stream);
+        return first_non_finite_bf16(v.data(), n);
+      }
       std::vector<std::uint8_t> v(static_cast<std::size_t>(n));
       memory->to_host(v.data(), p, n, stream);
       for (std::int64_t i = 0; i < n; ++i)
@@ -369,12 +375,15 @@ struct MoeRuntime::Impl {
     auto scan_experts = [&](const ExpertWeightsView& w, std::string_view seam) -> std::string {
       for (std::int64_t e = 0; e < w.E_local; ++e) {
         const ExpertWeightsView x = w.expert(e);
-        const std::pair<const char*, std::int64_t> found[] = {{"W1 code", codes(x.w1, w.N * w.K)},
-                                                              {"W2 code", codes(x.w2, w.K * w.I)},
-                                                              {"W1 scale", floats(x.w1_scale, w.w1_scale_stride())},
-                                                              {"W2 scale", floats(x.w2_scale, w.w2_scale_stride())},
-                                                              {"W1 bias", floats(x.w1_bias, x.w1_bias ? w.N : 0)},
-                                                              {"W2 bias", floats(x.w2_bias, x.w2_bias ? w.K : 0)}};
+        const DType dtype = recipe_info(w.quant).weight_dtype;
+        const bool fp8 = dtype == DType::kFp8E4m3;
+        const std::pair<const char*, std::int64_t> found[] = {
+            {fp8 ? "W1 code" : "W1 value", codes(x.w1, w.N * w.K, dtype)},
+            {fp8 ? "W2 code" : "W2 value", codes(x.w2, w.K * w.I, dtype)},
+            {"W1 scale", floats(x.w1_scale, w.w1_scale_stride())},
+            {"W2 scale", floats(x.w2_scale, w.w2_scale_stride())},
+            {"W1 bias", floats(x.w1_bias, x.w1_bias ? w.N : 0)},
+            {"W2 bias", floats(x.w2_bias, x.w2_bias ? w.K : 0)}};
         for (const auto& [what, i] : found)
           if (i >= 0)
             return fmt::format("seam {}: local expert {}'s {} {} is not finite (the layer's weights)", seam, e, what,
