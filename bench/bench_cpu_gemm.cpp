@@ -1,5 +1,6 @@
-// Benchmark of the CPU FP8 GEMM (per-token scheme, bf16 out) on DeepSeek-V3 expert shapes against
-// OpenBLAS sgemm on the same shapes (fp32 operands) and against sgemm's ceiling on a 2048^3 square.
+// Benchmark of the CPU FP8 GEMM (per-token scheme, bf16 out) and of the bf16 recipe's GEMM (bf16
+// operands, no scales, bf16 out) on DeepSeek-V3 expert shapes against OpenBLAS sgemm on the same
+// shapes (fp32 operands) and against sgemm's ceiling on a 2048^3 square.
 // Build: ninja -C build bench_cpu_gemm; run: ./build/bench/bench_cpu_gemm [--quick]
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,7 @@
 #endif
 
 #include "cpu/gemm.h"
+#include "numerics/fp8.h"
 
 namespace {
 
@@ -107,6 +109,38 @@ int main(int argc, char** argv) {
       args.D_bf16 = D.data(), args.ldd = s.N;
       const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(s.N) * static_cast<double>(s.K);
       const double ms = median_ms(reps, [&] { moekit::cpu::fp8_gemm(args, pool); });
+      const double gflops = flop / (ms * 1e6);
+      char label[64];
+      std::snprintf(label, sizeof(label), "%s M=%lld N=%lld K=%lld", s.name, static_cast<long long>(M),
+                    static_cast<long long>(s.N), static_cast<long long>(s.K));
+#ifdef MOEKIT_HAVE_BLAS
+      const double sms = sgemm_ms(reps, M, s.N, s.K);
+      const double sgflops = flop / (sms * 1e6);
+      std::printf("%-22s | %10.2f | %8.1f | %10.2f | %8.1f | %10.2f | %10.2f\n", label, ms, gflops, sms, sgflops,
+                  gflops / sgflops, gflops / ceiling);
+#else
+      std::printf("%-22s | %10.2f | %8.1f | %10s | %8s | %10s | %10s\n", label, ms, gflops, "-", "-", "-", "-");
+#endif
+    }
+  }
+  // The bf16 recipe's GEMM: the same shapes, bf16 operands of unit spread, no scales.
+  std::printf("%-22s | %10s | %8s | %10s | %8s | %10s | %10s\n", "shape (bf16)", "moekit ms", "GFLOP/s", "sgemm ms",
+              "GFLOP/s", "x sgemm", "x ceiling");
+  for (const Shape& s : shapes) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<moekit::cpu::bf16_t> B(static_cast<std::size_t>(s.N * s.K));
+    for (auto& b : B) b = moekit::numerics::bf16_encode(normal(rng));
+    for (std::int64_t M : Ms) {
+      if (quick && s.N == 7168 && M > 16) continue;
+      std::vector<moekit::cpu::bf16_t> A(static_cast<std::size_t>(M * s.K)), D(static_cast<std::size_t>(M * s.N));
+      for (auto& a : A) a = moekit::numerics::bf16_encode(normal(rng));
+      moekit::cpu::Bf16GemmArgs args;
+      args.M = M, args.N = s.N, args.K = s.K;
+      args.A = A.data(), args.lda = s.K, args.B = B.data(), args.ldb = s.K;
+      args.D_bf16 = D.data(), args.ldd = s.N;
+      const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(s.N) * static_cast<double>(s.K);
+      const double ms = median_ms(reps, [&] { moekit::cpu::bf16_gemm(args, pool); });
       const double gflops = flop / (ms * 1e6);
       char label[64];
       std::snprintf(label, sizeof(label), "%s M=%lld N=%lld K=%lld", s.name, static_cast<long long>(M),
