@@ -60,6 +60,31 @@ double sgemm_ms(int reps, std::int64_t M, std::int64_t N, std::int64_t K) {
 }
 #endif
 
+void print_header(const char* what) {
+  std::printf("%-22s | %10s | %8s | %10s | %8s | %10s | %10s\n", what, "moekit ms", "GFLOP/s", "sgemm ms", "GFLOP/s",
+              "x sgemm", "x ceiling");
+}
+
+// One row of the table: moekit's median `ms` for C (M, N) = A (M, K) B (N, K)^T, beside sgemm's on
+// the same shape (timed here) and sgemm's ceiling.
+void print_row(const char* name, std::int64_t M, std::int64_t N, std::int64_t K, double ms, int reps, double ceiling) {
+  const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const double gflops = flop / (ms * 1e6);
+  char label[64];
+  std::snprintf(label, sizeof(label), "%s M=%lld N=%lld K=%lld", name, static_cast<long long>(M),
+                static_cast<long long>(N), static_cast<long long>(K));
+#ifdef MOEKIT_HAVE_BLAS
+  const double sms = sgemm_ms(reps, M, N, K);
+  const double sgflops = flop / (sms * 1e6);
+  std::printf("%-22s | %10.2f | %8.1f | %10.2f | %8.1f | %10.2f | %10.2f\n", label, ms, gflops, sms, sgflops,
+              gflops / sgflops, gflops / ceiling);
+#else
+  (void)reps;
+  (void)ceiling;
+  std::printf("%-22s | %10.2f | %8.1f | %10s | %8s | %10s | %10s\n", label, ms, gflops, "-", "-", "-", "-");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,8 +113,7 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {{"W1", 4096, 7168}, {"W2", 7168, 2048}};
   const std::vector<std::int64_t> Ms =
       quick ? std::vector<std::int64_t>{16, 64} : std::vector<std::int64_t>{16, 64, 256};
-  std::printf("%-22s | %10s | %8s | %10s | %8s | %10s | %10s\n", "shape (fp8 per-token)", "moekit ms", "GFLOP/s",
-              "sgemm ms", "GFLOP/s", "x sgemm", "x ceiling");
+  print_header("shape (fp8 per-token)");
   for (const Shape& s : shapes) {
     std::mt19937 rng(2);
     std::uniform_int_distribution<int> code(0, 0x7E);  // finite e4m3 magnitudes; sign below
@@ -107,25 +131,11 @@ int main(int argc, char** argv) {
       args.A = A.data(), args.lda = s.K, args.a_scales = sa.data();
       args.B = B.data(), args.ldb = s.K, args.b_scales = sb.data();
       args.D_bf16 = D.data(), args.ldd = s.N;
-      const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(s.N) * static_cast<double>(s.K);
-      const double ms = median_ms(reps, [&] { moekit::cpu::fp8_gemm(args, pool); });
-      const double gflops = flop / (ms * 1e6);
-      char label[64];
-      std::snprintf(label, sizeof(label), "%s M=%lld N=%lld K=%lld", s.name, static_cast<long long>(M),
-                    static_cast<long long>(s.N), static_cast<long long>(s.K));
-#ifdef MOEKIT_HAVE_BLAS
-      const double sms = sgemm_ms(reps, M, s.N, s.K);
-      const double sgflops = flop / (sms * 1e6);
-      std::printf("%-22s | %10.2f | %8.1f | %10.2f | %8.1f | %10.2f | %10.2f\n", label, ms, gflops, sms, sgflops,
-                  gflops / sgflops, gflops / ceiling);
-#else
-      std::printf("%-22s | %10.2f | %8.1f | %10s | %8s | %10s | %10s\n", label, ms, gflops, "-", "-", "-", "-");
-#endif
+      print_row(s.name, M, s.N, s.K, median_ms(reps, [&] { moekit::cpu::fp8_gemm(args, pool); }), reps, ceiling);
     }
   }
   // The bf16 recipe's GEMM: the same shapes, bf16 operands of unit spread, no scales.
-  std::printf("%-22s | %10s | %8s | %10s | %8s | %10s | %10s\n", "shape (bf16)", "moekit ms", "GFLOP/s", "sgemm ms",
-              "GFLOP/s", "x sgemm", "x ceiling");
+  print_header("shape (bf16)");
   for (const Shape& s : shapes) {
     std::mt19937 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -139,20 +149,7 @@ int main(int argc, char** argv) {
       args.M = M, args.N = s.N, args.K = s.K;
       args.A = A.data(), args.lda = s.K, args.B = B.data(), args.ldb = s.K;
       args.D_bf16 = D.data(), args.ldd = s.N;
-      const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(s.N) * static_cast<double>(s.K);
-      const double ms = median_ms(reps, [&] { moekit::cpu::bf16_gemm(args, pool); });
-      const double gflops = flop / (ms * 1e6);
-      char label[64];
-      std::snprintf(label, sizeof(label), "%s M=%lld N=%lld K=%lld", s.name, static_cast<long long>(M),
-                    static_cast<long long>(s.N), static_cast<long long>(s.K));
-#ifdef MOEKIT_HAVE_BLAS
-      const double sms = sgemm_ms(reps, M, s.N, s.K);
-      const double sgflops = flop / (sms * 1e6);
-      std::printf("%-22s | %10.2f | %8.1f | %10.2f | %8.1f | %10.2f | %10.2f\n", label, ms, gflops, sms, sgflops,
-                  gflops / sgflops, gflops / ceiling);
-#else
-      std::printf("%-22s | %10.2f | %8.1f | %10s | %8s | %10s | %10s\n", label, ms, gflops, "-", "-", "-", "-");
-#endif
+      print_row(s.name, M, s.N, s.K, median_ms(reps, [&] { moekit::cpu::bf16_gemm(args, pool); }), reps, ceiling);
     }
   }
   return 0;

@@ -175,6 +175,30 @@ def rel(x, ref):
     return float((x.double() - ref).norm() / ref.norm())
 
 
+def batched_slots(ids, e):
+    """The batched format's placement of a step's (token, slot) pairs: each expert's tokens in its own
+    slab, in token order (a dispatch's output). Returns the counts (e,) int32 and, for each pair,
+    (t, s, expert, row)."""
+    ids = ids.cpu()
+    counts = torch.zeros(e, dtype=torch.int32)
+    where = []
+    for t in range(ids.shape[0]):
+        for s in range(ids.shape[1]):
+            x = int(ids[t, s])
+            where.append((t, s, x, int(counts[x])))
+            counts[x] += 1
+    return counts, where
+
+
+def batched_combine(rows, where, weights, m, k):
+    """The top-k weighted sum of the experts' rows (E, M, K) in fp32, rounded once to bf16, as float."""
+    weights = weights.cpu()
+    got = torch.zeros(m, k)
+    for t, s, x, r in where:
+        got[t] += float(weights[t, s]) * rows[x, r]
+    return got.to(torch.bfloat16).float()
+
+
 def check(got, vllm_ref, exact, atol, rtol):
     """vLLM's tolerance against the float64 reference of the same operands, and against vLLM's own
     reference except where that reference is the farther of the two from float64 (its bf16
@@ -239,20 +263,15 @@ def test_batched_grid(m, n, k, e, topk):
         pytest.skip(f"{flops(m, n, k, topk) / 1e9:.0f} GFLOP: past the CPU's share (MOEKIT_VLLM_GRID=full runs it)")
     aq, as_, w1q, w1s, w2q, w2s, weights, ids = draw(m, n, k, e, topk, 7)
     vllm_ref, exact = references(aq, as_, w1q, w1s, w2q, w2s, weights, ids)
-    aq, as_, weights, ids = aq.cpu(), as_.cpu(), weights.cpu(), ids.cpu()
+    aq, as_ = aq.cpu(), as_.cpu()
     # The batched format: each expert's tokens in its own slab of M = m rows (a dispatch's output),
     # the rest padding (NaN: never read into a result).
-    counts = torch.zeros(e, dtype=torch.int32)
+    counts, where = batched_slots(ids, e)
     slab = torch.full((e, m, k), 0x7F, dtype=torch.uint8)
     slab_scale = torch.full((e, m, k // 128), float("nan"))
-    where = []
-    for t in range(m):
-        for s in range(topk):
-            x = int(ids[t, s])
-            slab[x, counts[x]] = aq[t].view(torch.uint8)
-            slab_scale[x, counts[x]] = as_[t]
-            where.append((t, s, x, int(counts[x])))
-            counts[x] += 1
+    for t, _, x, r in where:
+        slab[x, r] = aq[t].view(torch.uint8)
+        slab_scale[x, r] = as_[t]
     w1, w1_scale = moekit_w1(w1q, w1s)
     out = on_device(torch.full((e, m, k), float("nan"), dtype=torch.bfloat16))
     ops.batched_experts(as_fp8(slab), on_device(slab_scale), on_device(counts), as_fp8(w1), on_device(w1_scale),
@@ -260,11 +279,7 @@ def test_batched_grid(m, n, k, e, topk):
                         quant="block128", w1_layout="block_pairs")
     if DEVICE == "cuda":
         ops.check_status()
-    rows = out.float().cpu()
-    got = torch.zeros(m, k)
-    for t, s, x, r in where:  # the combine, in fp32
-        got[t] += float(weights[t, s]) * rows[x, r]
-    got = got.to(torch.bfloat16).float()
+    got = batched_combine(out.float().cpu(), where, weights, m, k)
     apart = check(got, vllm_ref, exact, 2e-2, 0)
     e_moekit, e_vllm = rel(got, exact), rel(vllm_ref.float(), exact)
     RESULTS.append(("batched", m, n, k, e, topk, e_moekit, e_vllm, apart))
@@ -426,26 +441,18 @@ def test_batched_bf16_grid(m, n, k, e, topk):
     w2 = (torch.randn(e, k, n, generator=g, device=dev) / 15).to(torch.bfloat16)
     weights, ids = torch.topk(torch.softmax(score.float(), dim=-1), topk, dim=-1)
     vllm_ref, exact = unquantized_references(a, w1, w2, weights, ids)
-    a_cpu, ids_cpu, weights_cpu = a.cpu(), ids.cpu(), weights.cpu()
+    a_cpu = a.cpu()
     # Each expert's tokens in its own slab of m rows (a dispatch's output), the rest padding (NaN).
-    counts = torch.zeros(e, dtype=torch.int32)
+    counts, where = batched_slots(ids, e)
     slab = torch.full((e, m, k), float("nan"), dtype=torch.bfloat16)
-    where = []
-    for t in range(m):
-        for s in range(topk):
-            x = int(ids_cpu[t, s])
-            slab[x, counts[x]] = a_cpu[t]
-            where.append((t, s, x, int(counts[x])))
-            counts[x] += 1
+    for t, _, x, r in where:
+        slab[x, r] = a_cpu[t]
     out = on_device(torch.full((e, m, k), float("nan"), dtype=torch.bfloat16))
     ops.batched_experts(on_device(slab), None, on_device(counts), w1, None, w2, None, out, quant="bf16")
     if DEVICE == "cuda":
         ops.check_status()
     rows = out.float().cpu()
-    got = torch.zeros(m, k)
-    for t, s, x, r in where:  # the combine, in fp32
-        got[t] += float(weights_cpu[t, s]) * rows[x, r]
-    got = got.to(torch.bfloat16).float()
+    got = batched_combine(rows, where, weights, m, k)
     assert torch.isfinite(got).all(), "a valid row was not written"
     for x in range(e):  # padding rows never written
         assert torch.isnan(rows[x, int(counts[x]):]).all(), f"expert {x}: a padding row was written"
