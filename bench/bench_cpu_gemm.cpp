@@ -145,11 +145,12 @@ int main(int argc, char** argv) {
       if (quick && s.N == 7168 && M > 16) continue;
       std::vector<moekit::cpu::bf16_t> A(static_cast<std::size_t>(M * s.K)), D(static_cast<std::size_t>(M * s.N));
       for (auto& a : A) a = moekit::numerics::bf16_encode(normal(rng));
-      moekit::cpu::Bf16GemmArgs args;
+      moekit::cpu::SixteenBitGemmArgs args;
       args.M = M, args.N = s.N, args.K = s.K;
       args.A = A.data(), args.lda = s.K, args.B = B.data(), args.ldb = s.K;
-      args.D_bf16 = D.data(), args.ldd = s.N;
-      print_row(s.name, M, s.N, s.K, median_ms(reps, [&] { moekit::cpu::bf16_gemm(args, pool); }), reps, ceiling);
+      args.D_16 = D.data(), args.ldd = s.N;
+      print_row(s.name, M, s.N, s.K, median_ms(reps, [&] { moekit::cpu::sixteen_bit_gemm(args, pool); }), reps,
+                ceiling);
     }
   }
   return 0;

@@ -34,6 +34,9 @@ struct FinalizeArgs {
   // shared experts' combine joins the routed output. The local prepare/finalize only; the others
   // raise moekit::Error.
   bool accumulate = false;
+  // `output`'s dtype: bf16 (the layer's), or fp16 (an op's fp16 `out`, rounded once from the fp32
+  // sums). The local prepare/finalize only; the others raise moekit::Error for fp16.
+  DType output_dtype = DType::kBf16;
 };
 
 class PrepareFinalize {

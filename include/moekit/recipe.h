@@ -15,14 +15,14 @@ namespace moekit {
 
 // How an activation tensor (rows, cols) carries its fp32 scales (numerics/scales.h has the layouts).
 enum class ActivationScales : std::uint8_t {
-  kNone,        // unquantized (bf16): no scales, no scale regions
+  kNone,        // unquantized (bf16, fp16): no scales, no scale regions
   kPerTensor,   // one for the whole tensor (one per expert in the batched format)
   kPerRow,      // one per token row
   kGroup1x128,  // one per 1x128 group of a row: ceil(cols / 128) a row
 };
 // How a weight (n, k), k contiguous, carries its fp32 scales.
 enum class WeightScales : std::uint8_t {
-  kNone,              // unquantized (bf16): no scales
+  kNone,              // unquantized (bf16, fp16): no scales
   kPerTensor,         // one for the whole weight
   kPerOutputChannel,  // one per row n
   kBlock128x128,      // one per 128x128 block: ceil(n / 128) * ceil(k / 128)
@@ -36,6 +36,8 @@ struct RecipeInfo {
   ActivationScales activation_scales;  // a1q's and act_q's scales (kNone: no scale regions at all)
   WeightScales weight_scales;          // w1_scale, w2_scale (kNone: none)
   DType intermediate_dtype;            // w1_out: W1's output before the activation
+  DType output_dtype;                  // the experts' output rows (W2's D: expert_output, w2_out), which the
+                                       // combine reads; the layer's output is bf16 whatever the recipe
   bool requantizes_intermediate;       // the activation's output is quantized again (act_q + act_scale);
                                        // else it is stored in activation_dtype as region "act"
   bool needs_block_multiple;           // K and I must be multiples of kQuantBlock
@@ -66,7 +68,8 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
   // the output's own rounding on each side (~1.6e-3 RMS each against float64) and, rarely, one
   // bf16 ulp (2^-7) of an intermediate. 8e-3 is over twice the sum of both; an indexing or layout
   // bug gives O(1).
-  constexpr double kDeviceVsCpuBf16 = 8e-3;
+  // fp16 rounds its own values finer (2^-11), and the layer's output is bf16 for both: the same bound.
+  constexpr double kDeviceVsCpu16 = 8e-3;
   switch (quant) {
     case QuantScheme::kPerTensor:
       return {.scheme = QuantScheme::kPerTensor,
@@ -76,6 +79,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .activation_scales = ActivationScales::kPerTensor,
               .weight_scales = WeightScales::kPerTensor,
               .intermediate_dtype = DType::kBf16,
+              .output_dtype = DType::kBf16,
               .requantizes_intermediate = true,
               .needs_block_multiple = false,
               .block_scaled_gemm = false,
@@ -91,6 +95,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .activation_scales = ActivationScales::kPerRow,
               .weight_scales = WeightScales::kPerOutputChannel,
               .intermediate_dtype = DType::kBf16,
+              .output_dtype = DType::kBf16,
               .requantizes_intermediate = true,
               .needs_block_multiple = false,
               .block_scaled_gemm = false,
@@ -106,6 +111,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .activation_scales = ActivationScales::kGroup1x128,
               .weight_scales = WeightScales::kBlock128x128,
               .intermediate_dtype = DType::kBf16,
+              .output_dtype = DType::kBf16,
               .requantizes_intermediate = true,
               .needs_block_multiple = true,
               .block_scaled_gemm = true,
@@ -115,7 +121,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .device_vs_cpu_tolerance = kDeviceVsCpu};
     case QuantScheme::kBf16:
       // bf16 checkpoints' own precision: tokens and weights as stored, fp32 sums, the activation's
-      // output stored in bf16 (no second quantization). fp16 is one more row like this one.
+      // output stored in bf16 (no second quantization).
       return {.scheme = QuantScheme::kBf16,
               .name = "bf16",
               .activation_dtype = DType::kBf16,
@@ -123,13 +129,34 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
               .activation_scales = ActivationScales::kNone,
               .weight_scales = WeightScales::kNone,
               .intermediate_dtype = DType::kBf16,
+              .output_dtype = DType::kBf16,
               .requantizes_intermediate = false,
               .needs_block_multiple = false,
               .block_scaled_gemm = false,
               .fused_w1 = false,
               .fast_accumulation = false,  // no FP8 tensor-core sums to keep short
               .cuda_experts = true,        // the configs' 16-bit instances (plan::sixteen_bit_gemm)
-              .device_vs_cpu_tolerance = kDeviceVsCpuBf16};
+              .device_vs_cpu_tolerance = kDeviceVsCpu16};
+    case QuantScheme::kFp16:
+      // fp16 checkpoints' own precision, bf16's row in fp16: W1's output, the activation's and the
+      // experts' output rows are fp16 too (vLLM's fp16 path), and overflow past 65504 is inf, as in
+      // the model run in fp16. The layer takes and gives bf16 hidden states (converted at prepare,
+      // summed in fp32 at combine); the ops take and give fp16.
+      return {.scheme = QuantScheme::kFp16,
+              .name = "fp16",
+              .activation_dtype = DType::kFp16,
+              .weight_dtype = DType::kFp16,
+              .activation_scales = ActivationScales::kNone,
+              .weight_scales = WeightScales::kNone,
+              .intermediate_dtype = DType::kFp16,
+              .output_dtype = DType::kFp16,
+              .requantizes_intermediate = false,
+              .needs_block_multiple = false,
+              .block_scaled_gemm = false,
+              .fused_w1 = false,
+              .fast_accumulation = false,
+              .cuda_experts = true,  // the configs' fp16 instances
+              .device_vs_cpu_tolerance = kDeviceVsCpu16};
   }
   // Not a scheme: no name (recipe_rows_complete below refuses a scheme without a row).
   return {.scheme = quant,
@@ -139,6 +166,7 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
           .activation_scales = ActivationScales::kPerTensor,
           .weight_scales = WeightScales::kPerTensor,
           .intermediate_dtype = DType::kBf16,
+          .output_dtype = DType::kBf16,
           .requantizes_intermediate = false,
           .needs_block_multiple = false,
           .block_scaled_gemm = false,
@@ -157,7 +185,7 @@ inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kBf16;
 inline constexpr QuantScheme kUnrunFormatQuant = QuantScheme::kPerTokenPerChannel;
 
 // Every recipe, in QuantScheme order (all_quant_schemes(), the CLI's list of names).
-inline constexpr int kNumRecipes = 4;
+inline constexpr int kNumRecipes = 5;
 constexpr std::array<RecipeInfo, kNumRecipes> make_recipe_table() {
   std::array<RecipeInfo, kNumRecipes> rows{};
   for (int i = 0; i < kNumRecipes; ++i) rows[i] = recipe_info(static_cast<QuantScheme>(i));

@@ -69,12 +69,13 @@ inline void validate_swiglu(const SwigluOaiParams& swiglu, std::string_view wher
 }
 
 // The experts' numeric recipe (moekit/recipe.h has one row of facts for each). The FP8 ones quantize
-// activations and weights with fp32 scales; kBf16 quantizes nothing.
+// activations and weights with fp32 scales; kBf16 and kFp16 quantize nothing.
 //   kPerTensor:          one scale per activation tensor (per expert) x one per weight tensor.
 //   kPerTokenPerChannel: one scale per activation row x one per weight output channel.
 //   kBlock128:           one scale per 1x128 activation group x one per 128x128 weight block.
 //   kBf16:               bf16 activations and weights as they are, no scales, fp32 sums.
-enum class QuantScheme : std::uint8_t { kPerTensor, kPerTokenPerChannel, kBlock128, kBf16 };
+//   kFp16:               the same in fp16 (fp16 checkpoints' own precision).
+enum class QuantScheme : std::uint8_t { kPerTensor, kPerTokenPerChannel, kBlock128, kBf16, kFp16 };
 std::string_view quant_name(QuantScheme quant);
 QuantScheme parse_quant(std::string_view name);
 const std::vector<QuantScheme>& all_quant_schemes();

@@ -12,7 +12,8 @@ batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scale, o
       (w_scale (E_local, 1) per-tensor, (E_local, rows) per-channel, (E_local, ceil(rows/128) *
       ceil(cols/128)) 128x128 blocks)
       out (E_local, M, K) bfloat16 (or its uint16 bits), or float16 (the bf16 result converted:
-      bf16's 8-bit mantissa; padding rows keep their values), written for the valid rows only
+      bf16's 8-bit mantissa; padding rows keep their values; quant="fp16": W2's fp16 result itself,
+      and float16 is required), written for the valid rows only
       max_rows: the most rows any expert holds in this call, when the caller knows it (e.g. the
       step's tokens per rank x dispatchers; 0: not known, M). On a GPU the GEMM launches of larger
       experts are then not made (a decode step planned for M launches them empty, ~3 us each); an
@@ -30,7 +31,7 @@ standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_sc
       expert_map (E,) int32 / int64, global id -> local id or -1 (held by another rank): vLLM's
       topk_weights (T, topk) float32 (other float dtypes are converted)
       out (T, K) bfloat16 or float16: out[t] = sum over slots of weight * expert(a1q[t]) (fp32, slot
-      order, one rounding to bf16, as the layer's combine; float16: that result converted)
+      order, one rounding to out's dtype, as the layer's combine)
     An id outside its range (or mapped outside [-1, E_local)) is never read as another expert: the
     CPU raises at once, a GPU skips it and check_status() raises.
 
@@ -52,7 +53,9 @@ products. The CPU sums in fp32 either way.
 
 quant="bf16" (named, never inferred): the unquantized recipe, a bf16 checkpoint's own numbers: a1q,
 w1 and w2 bfloat16 (or their uint16 bits), the scales None (or empty: (0,), (E_local, 0)), fp32 sums,
-W1's output and the activation's kept in bf16 (no FP8 step between the GEMMs).
+W1's output and the activation's kept in bf16 (no FP8 step between the GEMMs). quant="fp16": the
+same in float16 (an fp16 checkpoint's, vLLM's fp16 path): a1q, w1, w2, W1's output, the activation's
+and the experts' output rows fp16 (past 65504: inf, as in torch).
 
 Both run where their arrays are: NumPy arrays or CPU tensors on the CPU, CUDA tensors on their GPU,
 zero copy (but for the conversions named above). `quant` is inferred from the scales' shapes (pass
@@ -271,7 +274,8 @@ def batched_experts(a1q, a1q_scale, expert_num_tokens, w1, w1_scale, w2, w2_scal
                     max_rows: int = 0, swiglu_limit: float = 7.0, swiglu_alpha: float = 1.702,
                     accumulation: str = "precise", w1_layout: str = "gate_up", workspace=None):
     """The experts in the BatchedExperts convention (module docstring); returns `out`."""
-    target = _bf16_scratch(out) if _is_fp16(out) else out
+    # W2 writes `out` in the recipe's output dtype: fp16 for quant="fp16", else bf16 (converted here).
+    target = _bf16_scratch(out) if _is_fp16(out) and quant != "fp16" else out
     E_local = int(w1.shape[0])
     a1q_scale, w1_scale, w2_scale = (_scales(a1q_scale, a1q, (0,)), _scales(w1_scale, w1, (E_local, 0)),
                                      _scales(w2_scale, w2, (E_local, 0)))
@@ -297,17 +301,14 @@ def standard_experts(a1q, a1q_scale, topk_ids, topk_weights, w1, w1_scale, w2, w
     """The experts in the standard convention with the top-k weighted sum (module docstring);
     returns `out`."""
     ids = _local_ids(topk_ids, expert_map, int(w1.shape[0]))
-    target = _bf16_scratch(out) if _is_fp16(out) else out
     E_local = int(w1.shape[0])
     a1q_scale, w1_scale, w2_scale = (_scales(a1q_scale, a1q, (0,)), _scales(w1_scale, w1, (E_local, 0)),
                                      _scales(w2_scale, w2, (E_local, 0)))
     _moekit.standard_experts(_plain(a1q), _plain(a1q_scale), _plain(ids), _plain(_f32(topk_weights)), _plain(w1),
-                             _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(target), activation, quant or "",
+                             _plain(w1_scale), _plain(w2), _plain(w2_scale), _plain(out), activation, quant or "",
                              fuse_w1, _THREADS, _stream(a1q, stream), float(swiglu_limit), float(swiglu_alpha),
                              accumulation, w1_layout,
                              None if workspace is None else _plain(workspace))
-    if target is not out:
-        _to_fp16(target, out)
     return out
 
 

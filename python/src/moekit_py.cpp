@@ -193,6 +193,15 @@ const auto kUInt = nb::dlpack::dtype_code::UInt;
 const auto kInt = nb::dlpack::dtype_code::Int;
 const auto kBfloat = nb::dlpack::dtype_code::Bfloat;
 
+// An array of 16-bit values of `dtype`: bfloat16 or float16 as the recipe says (or their uint16 bits:
+// numpy has no bfloat16), `for_what` naming why in the error.
+void require16(const Array& a, const char* what, DType dtype, const std::vector<std::int64_t>& shape,
+               const Place& where, std::string_view for_what = "") {
+  const bool fp16 = dtype == DType::kFp16;
+  const std::string expected = fmt::format("{} (or its uint16 bits){}", fp16 ? "float16" : "bfloat16", for_what);
+  require(a, what, {fp16 ? kFloat : kBfloat, kUInt, kInt}, 16, shape, expected.c_str(), where);
+}
+
 Stream stream_of(std::uintptr_t stream) {
   return reinterpret_cast<Stream>(stream);  // NOLINT: a cudaStream_t handed over as an integer
 }
@@ -200,11 +209,12 @@ Stream stream_of(std::uintptr_t stream) {
 // The experts' weights of `p` (moekit/weights.h layouts), validated, as a view of the arrays.
 ExpertWeightsView weights_of(const MoeProblem& p, const Array& w1, const Array& w1_scale, const Array& w2,
                              const Array& w2_scale, const Place& where) {
-  // The recipe's weight dtype: FP8 codes (uint8), or bf16 values (bfloat16, or their uint16 bits:
-  // numpy has no bfloat16) with empty (E_local, 0) scales.
-  if (recipe_info(p.quant).weight_dtype == DType::kBf16) {
-    require(w1, "w1", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.N, p.K}, "bfloat16 (or its uint16 bits)", where);
-    require(w2, "w2", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.K, p.I()}, "bfloat16 (or its uint16 bits)", where);
+  // The recipe's weight dtype: FP8 codes (uint8), or bf16 / fp16 values (or their uint16 bits) with
+  // empty (E_local, 0) scales.
+  const DType wd = recipe_info(p.quant).weight_dtype;
+  if (wd != DType::kFp8E4m3) {
+    require16(w1, "w1", wd, {p.E_local, p.N, p.K}, where);
+    require16(w2, "w2", wd, {p.E_local, p.K, p.I()}, where);
   } else {
     require(w1, "w1", {kUInt, kInt}, 8, {p.E_local, p.N, p.K}, "uint8 FP8 e4m3 codes", where);
     require(w2, "w2", {kUInt, kInt}, 8, {p.E_local, p.K, p.I()}, "uint8 FP8 e4m3 codes", where);
@@ -665,7 +675,7 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
   std::vector<QuantScheme> fits;
   std::string shapes;
   for (QuantScheme q : all_quant_schemes()) {
-    if (!has_activation_scales(recipe_info(q))) continue;  // an unquantized recipe is named (quant='bf16')
+    if (!has_activation_scales(recipe_info(q))) continue;  // an unquantized recipe is named (quant='bf16', 'fp16')
     const std::vector<std::int64_t> want = numerics::activation_scale_shape(q, rows, K, batched);
     const std::int64_t experts = have_w1.empty() ? 0 : have_w1[0];
     if (scale_shape_fits(have, want, false) &&
@@ -675,8 +685,8 @@ QuantScheme scheme_of(const std::string& quant, const Array& a1q_scale, const Ar
                           dims_text(want), numerics::weight_scale_count(q, N, K));
   }
   MOEKIT_CHECK(fits.size() == 1,
-               "experts op: a1q_scale {} and w1_scale {} fit {}: pass quant= ({}; bf16 operands without scales: "
-               "quant='bf16')",
+               "experts op: a1q_scale {} and w1_scale {} fit {}: pass quant= ({}; bf16 or fp16 operands without "
+               "scales: quant='bf16' or quant='fp16')",
                shape_text(a1q_scale), shape_text(w1_scale), fits.empty() ? "no scheme" : "more than one scheme",
                shapes);
   return fits.front();
@@ -741,11 +751,12 @@ WorkspacePlan op_plan(const char* name, const MoeProblem& p, Experts& experts, D
   return b.finish();
 }
 
-// The experts' input rows in the recipe's activation dtype: FP8 codes (uint8), or bf16 values
-// (bfloat16, or their uint16 bits: numpy has no bfloat16) for the unquantized recipe.
+// The experts' input rows in the recipe's activation dtype: FP8 codes (uint8), or bf16 / fp16 values
+// (or their uint16 bits: numpy has no bfloat16) for the unquantized recipes.
 void require_a1q(const Array& a1q, const MoeProblem& p, const std::vector<std::int64_t>& shape, const Place& where) {
-  if (recipe_info(p.quant).activation_dtype == DType::kBf16)
-    require(a1q, "a1q", {kBfloat, kUInt, kInt}, 16, shape, "bfloat16 (or its uint16 bits) for quant='bf16'", where);
+  const RecipeInfo recipe = recipe_info(p.quant);
+  if (recipe.activation_dtype != DType::kFp8E4m3)
+    require16(a1q, "a1q", recipe.activation_dtype, shape, where, fmt::format(" for quant='{}'", recipe.name));
   else
     require(a1q, "a1q", {kUInt, kInt}, 8, shape, "uint8 FP8 e4m3 codes", where);
 }
@@ -791,7 +802,9 @@ class ExpertsOp {
             ShapeRule::kScale);
     require(counts, "expert_num_tokens", {kInt}, 32, {p.E_local}, "int32", where);
     const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
-    require(out, "out", {kBfloat, kUInt, kInt}, 16, {p.E_local, p.M, p.K}, "bfloat16 (or its uint16 bits)", where);
+    // W2 writes `out`'s valid rows: the recipe's output dtype (bf16; fp16 for quant='fp16').
+    require16(out, "out", recipe_info(p.quant).output_dtype, {p.E_local, p.M, p.K}, where,
+              fmt::format(" for quant='{}'", quant_name(p.quant)));
     MOEKIT_CHECK(max_rows >= 0 && max_rows <= p.M,
                  "batched_experts: max_rows = {} (the most rows any expert holds in this call) must be 0 (not known: "
                  "M) or within [1, M = {}]",
@@ -842,7 +855,13 @@ class ExpertsOp {
     require(topk_ids, "topk_ids", {kInt}, 32, {T, p.topk}, "int32 local expert ids (-1: none)", where);
     require(topk_weights, "topk_weights", {kFloat}, 32, {T, p.topk}, "float32", where);
     const ExpertWeightsView w = weights_of(p, w1, w1_scale, w2, w2_scale, where);
-    require(out, "out", {kBfloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 (or its uint16 bits)", where);
+    // The combine rounds its fp32 sums once to `out`'s dtype: bfloat16 or float16 (uint16 bits: the
+    // recipe's output dtype).
+    const DType out_dtype = out.dtype().code == static_cast<std::uint8_t>(kFloat) ? DType::kFp16
+                            : out.dtype().code == static_cast<std::uint8_t>(kBfloat)
+                                ? DType::kBf16
+                                : recipe_info(p.quant).output_dtype;
+    require(out, "out", {kBfloat, kFloat, kUInt, kInt}, 16, {T, p.K}, "bfloat16 or float16 (or uint16 bits)", where);
     if (T == 0) return;
     const ExpertsInput in{static_cast<const std::uint8_t*>(a1q.data()),
                           static_cast<const float*>(a1q_scale.data()),
@@ -857,11 +876,12 @@ class ExpertsOp {
     auto run_and_combine = [&](Experts& e, Workspace& ws, cpu::ThreadPool& pool) {
       const ExpertsOutput y = e.run(p, in, w, ws, stream_of(stream));
       if (where.cuda()) {
-        cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream));
+        cuda::launch_combine(y.row_of, weights, T, static_cast<int>(p.topk), p.K, y.rows, output, stream_of(stream),
+                             false, recipe_info(p.quant).output_dtype, out_dtype);
       } else {
         e.check_status(ws, nullptr);
-        cpu::combine_topk(T, p.topk, p.K, weights, reinterpret_cast<const numerics::bf16_t*>(y.rows), y.row_of,
-                          reinterpret_cast<numerics::bf16_t*>(output), pool);
+        cpu::combine_topk(T, p.topk, p.K, weights, y.rows, y.row_of, output, pool, false,
+                          recipe_info(p.quant).output_dtype, out_dtype);
       }
     };
     if (workspace) {
@@ -1148,11 +1168,11 @@ nb::ndarray<nb::numpy, T> owned_array(const Holder& holder, T* data, std::initia
 }
 
 // Expert weights (HostExpertWeights::w1 / w2 bytes) as the array their recipe's dtype reads: uint8
-// FP8 codes, or the uint16 bits of bf16 values.
+// FP8 codes, or the uint16 bits of bf16 / fp16 values.
 template <class Holder>
 void put_weight(nb::dict& d, const char* key, const Holder& holder, std::uint8_t* data, const MoeProblem& p,
                 std::initializer_list<std::size_t> shape) {
-  if (recipe_info(p.quant).weight_dtype == DType::kBf16)
+  if (recipe_info(p.quant).weight_dtype != DType::kFp8E4m3)
     d[key] = owned_array(holder, reinterpret_cast<std::uint16_t*>(data), shape);
   else
     d[key] = owned_array(holder, data, shape);

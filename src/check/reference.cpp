@@ -26,20 +26,22 @@ void activation_ref(const MoeProblem& p, const ExpertWeightsView& w, const std::
                     const float* a1q_row_scale, double* act) {
   std::vector<double> h(static_cast<std::size_t>(p.N));
   cpu::expert_gemm_ref(p, w, 1, 0, 1, a1q_row, a1q_row_scale, h.data());
-  // The recipe stores the W1 output in bf16 (w1_out); mirror that rounding so the reference
-  // measures the kernels, not the recipe's choice of intermediate precision. The fused W1
-  // (plan::fuses_w1) feeds its fp32 output to the activation: no rounding there.
+  // The recipe stores the W1 output in its intermediate dtype (w1_out: bf16, fp16 for fp16); mirror
+  // that rounding so the reference measures the kernels, not the recipe's choice of intermediate
+  // precision. The fused W1 (plan::fuses_w1) feeds its fp32 output to the activation: no rounding there.
+  const bool fp16_w1_out = recipe_info(p.quant).intermediate_dtype == DType::kFp16;
   if (!plan::fuses_w1(p))
-    for (auto& x : h) x = static_cast<double>(bf16_decode(bf16_encode(static_cast<float>(x))));
+    for (auto& x : h) x = static_cast<double>(decode16(encode16(static_cast<float>(x), fp16_w1_out), fp16_w1_out));
   cpu::activation_row_ref(p.activation, h.data(), p.N, act, p.quant, p.swiglu);
 }
 
 void w2_ref(const MoeProblem& p, const ExpertWeightsView& w, const double* act, float per_tensor_scale, double* y) {
   const std::int64_t I = p.I();
   if (!recipe_info(p.quant).requantizes_intermediate) {
-    // The recipe stores the activation's output in bf16 (region act) and W2 reads it as it is.
-    std::vector<bf16_t> a(static_cast<std::size_t>(I));
-    for (std::int64_t c = 0; c < I; ++c) a[static_cast<std::size_t>(c)] = bf16_encode(static_cast<float>(act[c]));
+    // The recipe stores the activation's output in its operand dtype (region act) and W2 reads it as it is.
+    const bool fp16 = recipe_info(p.quant).activation_dtype == DType::kFp16;
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(I));
+    for (std::int64_t c = 0; c < I; ++c) a[static_cast<std::size_t>(c)] = encode16(static_cast<float>(act[c]), fp16);
     cpu::expert_gemm_ref(p, w, 2, 0, 1, reinterpret_cast<const std::uint8_t*>(a.data()), nullptr, y);
     return;
   }
@@ -127,7 +129,7 @@ void LayerReference::add_chunk(const std::uint16_t* hidden, const float* logits,
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T * topk));
   std::vector<float> weights(static_cast<std::size_t>(T * topk));
   cpu::route(routing_, logits, T, bias_.empty() ? nullptr : bias_.data(), ids.data(), weights.data());
-  // The tokens as the experts read them: FP8 codes and scales, or the bf16 tokens themselves.
+  // The tokens as the experts read them: FP8 codes and scales, or the tokens in the 16-bit operand dtype.
   std::vector<std::uint8_t> q(static_cast<std::size_t>(T * K * cpu::activation_bytes(p)));
   std::vector<float> qs(static_cast<std::size_t>(std::max<std::int64_t>(activation_scale_count(p.quant, T, K), 1)));
   cpu::store_activation(p.quant, hidden, T, K, K, q.data(), K, qs.data());

@@ -432,7 +432,7 @@ struct Checkpoint::Impl {
         const Matrix& m = part == 0 ? gate : *up;
         for (std::int64_t r = 0; r < I; ++r) m.floats_row(r, w.data() + dest_row(part == 1, r) * K);
       }
-      cpu::store_weight(p.quant, w.data(), N, K, w1, sc1);  // bf16 values: rounded back to themselves
+      cpu::store_weight(p.quant, w.data(), N, K, w1, sc1);  // values of the recipe's dtype: rounded back to themselves
     }
     return w1_stored;
   }
@@ -507,8 +507,9 @@ struct Checkpoint::Impl {
     std::optional<Mxfp4Reads> mxfp4;     // gpt-oss's MXFP4 experts instead
     bool per_expert = true;              // one tensor per expert (else fused tensors)
     std::string stored_as;
-    bool stored_bf16 =
-        false;  // the routed experts' float tensors are bf16 (an unquantized recipe reads them bit for bit)
+    // The routed experts' float tensors are the unquantized recipe's own dtype (bf16 or fp16): read
+    // bit for bit.
+    bool stored_in_recipe_dtype = false;
     std::optional<ExpertMatrices> shared;
     std::optional<MoeProblem> shared_problem;
   };
@@ -562,10 +563,11 @@ struct Checkpoint::Impl {
       const Matrix& g0 = r.routed.front().gate;
       r.stored_as = g0.dtype == TensorDType::kF8E4M3 ? fmt::format("F8_E4M3 with {}", granularity_name(g0.granularity))
                                                      : std::string(checkpoint::dtype_name(g0.dtype));
-      r.stored_bf16 = std::all_of(r.routed.begin(), r.routed.end(), [](const ExpertMatrices& x) {
-        return x.gate.dtype == TensorDType::kBF16 && x.up.dtype == TensorDType::kBF16 &&
-               x.down.dtype == TensorDType::kBF16;
-      });
+      const TensorDType own = recipe.weight_dtype == DType::kFp16 ? TensorDType::kF16 : TensorDType::kBF16;
+      r.stored_in_recipe_dtype =
+          !has_weight_scales(recipe) && std::all_of(r.routed.begin(), r.routed.end(), [own](const ExpertMatrices& x) {
+            return x.gate.dtype == own && x.up.dtype == own && x.down.dtype == own;
+          });
       if (!has_weight_scales(recipe))
         for (const ExpertMatrices& x : r.routed)
           for (const Matrix* m : {&x.gate, &x.up, &x.down})
@@ -735,8 +737,8 @@ struct Checkpoint::Impl {
         "{}{}: {} ({}), {}", nm.prefix, which, r.stored_as, r.per_expert ? "one tensor per expert" : "fused tensors",
         all_stored                                ? fmt::format("loaded as stored ({})", quant_name(p.quant))
         : has_weight_scales(recipe_info(p.quant)) ? fmt::format("quantized to {} at load", quant_name(p.quant))
-        : r.stored_bf16 && recipe_info(p.quant).weight_dtype == DType::kBf16
-            ? std::string("read as bf16, bit for bit (unquantized)")
+        : r.stored_in_recipe_dtype
+            ? fmt::format("read as {}, bit for bit (unquantized)", dtype_name(recipe_info(p.quant).weight_dtype))
             : fmt::format("rounded once to {} at load (unquantized)", dtype_name(recipe_info(p.quant).weight_dtype)));
   }
 

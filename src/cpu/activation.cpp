@@ -2,6 +2,8 @@
 // double.
 #include "cpu/activation.h"
 
+#include "moekit/recipe.h"
+
 #include "moekit/check.h"
 #include "numerics/activation.h"
 
@@ -47,7 +49,12 @@ void activation_rows_of(Activation act, const In* in, std::int64_t rows, std::in
 
 void activation_rows(Activation act, const bf16_t* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in,
                      float* out, std::int64_t ld_out, QuantScheme quant, SwigluOaiParams swiglu) {
-  activation_rows_of(act, in, rows, N, ld_in, out, ld_out, quant, swiglu, [](bf16_t x) { return bf16_decode(x); });
+  // W1's output in the recipe's intermediate dtype: bf16, or fp16 for the fp16 recipe.
+  if (recipe_info(quant).intermediate_dtype == DType::kFp16)
+    activation_rows_of(act, in, rows, N, ld_in, out, ld_out, quant, swiglu,
+                       [](std::uint16_t x) { return fp16_decode(x); });
+  else
+    activation_rows_of(act, in, rows, N, ld_in, out, ld_out, quant, swiglu, [](bf16_t x) { return bf16_decode(x); });
 }
 
 void activation_rows(Activation act, const float* in, std::int64_t rows, std::int64_t N, std::int64_t ld_in, float* out,

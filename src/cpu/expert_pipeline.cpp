@@ -17,41 +17,49 @@ std::int64_t activation_bytes(const MoeProblem& p) {
   return dtype_size(recipe_info(p.quant).activation_dtype);
 }
 
-Bf16GemmArgs expert_bf16_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e,
-                              std::int64_t m, const bf16_t* A, bf16_t* D) {
+SixteenBitGemmArgs expert_sixteen_bit_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e,
+                                           std::int64_t m, const std::uint16_t* A, std::uint16_t* D) {
   const std::int64_t n = which == 1 ? p.N : p.K, k = which == 1 ? p.K : p.I();
-  MOEKIT_CHECK(recipe_info(w.quant).weight_dtype == DType::kBf16, "expert_bf16_gemm: the weights are {}, not bf16",
-               quant_name(w.quant));
-  Bf16GemmArgs g;
+  const RecipeInfo recipe = recipe_info(p.quant);
+  MOEKIT_CHECK(recipe_info(w.quant).weight_dtype == recipe.weight_dtype,
+               "expert_sixteen_bit_gemm: the weights are {} ({}), the problem's recipe is {} ({})", quant_name(w.quant),
+               dtype_name(recipe_info(w.quant).weight_dtype), recipe.name, dtype_name(recipe.weight_dtype));
+  // W1 writes the intermediate, W2 the experts' output rows: both the operand dtype in the 16-bit rows.
+  MOEKIT_CHECK(recipe.intermediate_dtype == recipe.activation_dtype && recipe.output_dtype == recipe.activation_dtype,
+               "expert_sixteen_bit_gemm: recipe {} stores its GEMMs' outputs in another dtype than its operands",
+               recipe.name);
+  SixteenBitGemmArgs g;
+  g.dtype = recipe.activation_dtype;
   g.M = m;
   g.N = n;
   g.K = k;
   g.A = A;
   g.lda = k;
-  g.B = reinterpret_cast<const bf16_t*>(which == 1 ? w.w1 : w.w2) + e * n * k;
+  g.B = reinterpret_cast<const std::uint16_t*>(which == 1 ? w.w1 : w.w2) + e * n * k;
   g.ldb = k;
   const float* bias = which == 1 ? w.w1_bias : w.w2_bias;
   g.bias = bias != nullptr ? bias + e * n : nullptr;
-  g.D_bf16 = D;
+  g.D_16 = D;
   g.ldd = n;
   return g;
 }
 
 void run_expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
-                     const std::uint8_t* A, const float* a_scales, bf16_t* D, ThreadPool& pool) {
-  if (recipe_info(p.quant).activation_dtype == DType::kBf16)
-    bf16_gemm(expert_bf16_gemm(p, w, which, e, m, reinterpret_cast<const bf16_t*>(A), D), pool);
-  else
+                     const std::uint8_t* A, const float* a_scales, std::uint16_t* D, ThreadPool& pool) {
+  if (has_activation_scales(recipe_info(p.quant)))
     fp8_gemm(expert_gemm(p, w, which, e, m, A, a_scales, D), pool);
+  else
+    sixteen_bit_gemm(expert_sixteen_bit_gemm(p, w, which, e, m, reinterpret_cast<const std::uint16_t*>(A), D), pool);
 }
 
 void expert_gemm_ref(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
                      const std::uint8_t* A, const float* a_scales, double* D) {
   const std::int64_t n = which == 1 ? p.N : p.K;
-  if (recipe_info(p.quant).activation_dtype == DType::kBf16)
-    bf16_gemm_ref(expert_bf16_gemm(p, w, which, e, m, reinterpret_cast<const bf16_t*>(A), nullptr), D, n);
-  else
+  if (has_activation_scales(recipe_info(p.quant)))
     fp8_gemm_ref(expert_gemm(p, w, which, e, m, A, a_scales, nullptr), D, n);
+  else
+    sixteen_bit_gemm_ref(expert_sixteen_bit_gemm(p, w, which, e, m, reinterpret_cast<const std::uint16_t*>(A), nullptr),
+                         D, n);
 }
 
 Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
@@ -80,7 +88,7 @@ void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m,
   const std::int64_t N = p.N, I = p.I();
   if (m == 0) return;
   if (!recipe_info(p.quant).requantizes_intermediate) {
-    // The activation's output in the recipe's operand dtype (bf16), rounded once: the W2 GEMM's input.
+    // The activation's output in the recipe's operand dtype (bf16, fp16), rounded once: the W2 GEMM's input.
     pool.parallel_for(m, [&](std::int64_t r0, std::int64_t r1) {
       std::vector<float> buf(static_cast<std::size_t>(I));
       for (std::int64_t r = r0; r < r1; ++r) {

@@ -20,13 +20,14 @@ namespace moekit::cpu {
 // for an FP8 recipe.
 Fp8GemmArgs expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
                         const fp8_t* A, const float* a_scales, bf16_t* D);
-// The same for the unquantized recipe (bf16 A and weights, no scales).
-Bf16GemmArgs expert_bf16_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e,
-                              std::int64_t m, const bf16_t* A, bf16_t* D);
+// The same for an unquantized recipe (bf16 or fp16 A, weights and D, no scales).
+SixteenBitGemmArgs expert_sixteen_bit_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e,
+                                           std::int64_t m, const std::uint16_t* A, std::uint16_t* D);
 // Runs that GEMM in the recipe's operand type (RecipeInfo::activation_dtype): A holds m rows of k
-// elements of it (FP8 codes with a_scales, or bf16 values and a_scales unused).
+// elements of it (FP8 codes with a_scales, or 16-bit values and a_scales unused); D in the recipe's
+// intermediate dtype (W1) or output dtype (W2).
 void run_expert_gemm(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
-                     const std::uint8_t* A, const float* a_scales, bf16_t* D, ThreadPool& pool);
+                     const std::uint8_t* A, const float* a_scales, std::uint16_t* D, ThreadPool& pool);
 // Its float64 reference into D (m x n doubles).
 void expert_gemm_ref(const MoeProblem& p, const ExpertWeightsView& w, int which, std::int64_t e, std::int64_t m,
                      const std::uint8_t* A, const float* a_scales, double* D);
@@ -35,8 +36,8 @@ void expert_gemm_ref(const MoeProblem& p, const ExpertWeightsView& w, int which,
 std::int64_t activation_bytes(const MoeProblem& p);
 
 // Activation of m rows of w1_out into the W2 GEMM's input: FP8 codes in act_q / act_scale (row-local
-// for per-token and 1x128 groups; per-tensor takes one amax over all m rows first), or bf16 values
-// in act (act_scale unused) where the recipe does not requantize.
+// for per-token and 1x128 groups; per-tensor takes one amax over all m rows first), or 16-bit values
+// (bf16, fp16) in act (act_scale unused) where the recipe does not requantize.
 void activation_quant(const MoeProblem& p, const bf16_t* w1_out, std::int64_t m, std::uint8_t* act_q, float* act_scale,
                       ThreadPool& pool);
 

@@ -1,4 +1,4 @@
-// CPU FP8 and bf16 GEMMs (the oracle and default expert backend) and their float64 references. A is
+// CPU FP8 and 16-bit (bf16, fp16) GEMMs (the oracle and default expert backend) and their float64 references. A is
 // decoded once to fp32 and transposed to k-major (At[k][m]); B is decoded panel by panel; a register
 // tile of (MV vectors of m) x (NC columns of n) accumulates over k with one fp32 chain per output
 // element. The two element types share every line but the decode and the scales.
@@ -43,7 +43,8 @@ using V = float __attribute__((vector_size(kVL * sizeof(float))));
 // applied after the sum): 4-bit x 4-bit significands give 8 bits and exponents stay in
 // [2^-18, 2^17], so a * b is exact in fp32 and fma(a, b, c) == a * b + c bit for bit. bf16 x bf16
 // gives 16 bits, exact too unless the product leaves fp32's range (|a * b| < 2^-126 or > 2^128:
-// values no model's tokens and weights hold). The build has -ffp-contract=off, so without the
+// values no model's tokens and weights hold); fp16 x fp16 gives 22 bits within [2^-48, 2^32]: exact
+// always. The build has -ffp-contract=off, so without the
 // intrinsic the compiler would issue mul + add (2x the uops).
 inline V fmadd(V a, V b, V c) {
 #if defined(__AVX512F__)
@@ -95,21 +96,26 @@ inline void decode_fp8(const fp8_t* src, float* dst, std::int64_t n) {
   for (; i < n; ++i) dst[i] = fp8_decode(src[i]);
 }
 
-// bf16 is the top half of an fp32: a shift, exact (NaN stays NaN).
-inline void decode(const fp8_t* src, float* dst, std::int64_t n) {
+// bf16 is the top half of an fp32: a shift, exact (NaN stays NaN);
+// fp16 (fp16 = true): exponent rebiased, subnormals scaled (numerics::fp16_decode).
+inline void decode(const fp8_t* src, float* dst, std::int64_t n, bool /*fp16*/) {
   decode_fp8(src, dst, n);
 }
-inline void decode(const bf16_t* src, float* dst, std::int64_t n) {
+inline void decode(const std::uint16_t* src, float* dst, std::int64_t n, bool fp16) {
+  if (fp16) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = fp16_decode(src[i]);
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t bits = static_cast<std::uint32_t>(src[i]) << 16;
     std::memcpy(dst + i, &bits, 4);
   }
 }
-inline double decode_one(fp8_t x) {
+inline double decode_one(fp8_t x, bool /*fp16*/) {
   return fp8_decode(x);
 }
-inline double decode_one(bf16_t x) {
-  return bf16_decode(x);
+inline double decode_one(std::uint16_t x, bool fp16) {
+  return decode16(x, fp16);
 }
 
 // How the sums are scaled, from the recipe's activation scales (moekit/recipe.h): the FP8 recipes
@@ -125,10 +131,12 @@ Scaling scaling_of(QuantScheme quant) {
   return Scaling::kNone;
 }
 
-// One GEMM of either element type: Fp8GemmArgs / Bf16GemmArgs, the same fields.
+// One GEMM of either element type: Fp8GemmArgs / SixteenBitGemmArgs, the same fields (16-bit: fp16
+// says which 16-bit type A, B and D_16 hold; FP8's D_16 is bf16).
 template <class T>
 struct GemmCore {
   const char* who;
+  bool fp16;
   std::int64_t M, N, K;
   Scaling scaling;
   QuantScheme quant;
@@ -140,20 +148,37 @@ struct GemmCore {
   const float* b_scales;
   const float* bias;
   float* D_f32;
-  bf16_t* D_bf16;
+  std::uint16_t* D_16;
   std::int64_t ldd;
 };
 
 GemmCore<fp8_t> core_of(const Fp8GemmArgs& a) {
   MOEKIT_CHECK(recipe_info(a.quant).activation_dtype == DType::kFp8E4m3,
-               "fp8_gemm: recipe {} has no FP8 operands; call bf16_gemm", quant_name(a.quant));
-  return {"fp8_gemm", a.M,        a.N, a.K,   scaling_of(a.quant), a.quant, a.A,
-          a.lda,      a.a_scales, a.B, a.ldb, a.b_scales,          a.bias,  a.D_f32,
-          a.D_bf16,   a.ldd};
+               "fp8_gemm: recipe {} has no FP8 operands; call sixteen_bit_gemm", quant_name(a.quant));
+  return {"fp8_gemm", false,  a.M,     a.N,      a.K,  scaling_of(a.quant), a.quant, a.A, a.lda, a.a_scales, a.B, a.ldb,
+          a.b_scales, a.bias, a.D_f32, a.D_bf16, a.ldd};
 }
-GemmCore<bf16_t> core_of(const Bf16GemmArgs& a) {
-  return {"bf16_gemm", a.M,   a.N,     a.K,    Scaling::kNone, QuantScheme::kBf16, a.A,  a.lda, nullptr,
-          a.B,         a.ldb, nullptr, a.bias, a.D_f32,        a.D_bf16,           a.ldd};
+GemmCore<std::uint16_t> core_of(const SixteenBitGemmArgs& a) {
+  MOEKIT_CHECK(a.dtype == DType::kBf16 || a.dtype == DType::kFp16,
+               "sixteen_bit_gemm: operands of dtype {}; it takes bf16 or fp16", dtype_name(a.dtype));
+  const QuantScheme quant = a.dtype == DType::kFp16 ? QuantScheme::kFp16 : QuantScheme::kBf16;
+  return {"sixteen_bit_gemm",
+          a.dtype == DType::kFp16,
+          a.M,
+          a.N,
+          a.K,
+          Scaling::kNone,
+          quant,
+          a.A,
+          a.lda,
+          nullptr,
+          a.B,
+          a.ldb,
+          nullptr,
+          a.bias,
+          a.D_f32,
+          a.D_16,
+          a.ldd};
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
@@ -206,7 +231,7 @@ void tile(const float* at, std::int64_t m_pad, const float* bd, std::int64_t kc,
   }
 }
 
-// The reference ignores the output fields (D_f32, D_bf16, ldd): it writes its own double matrix.
+// The reference ignores the output fields (D_f32, D_16, ldd): it writes its own double matrix.
 template <class T>
 void validate(const GemmCore<T>& a, bool check_output) {
   const char* who = a.who;
@@ -215,9 +240,9 @@ void validate(const GemmCore<T>& a, bool check_output) {
   MOEKIT_CHECK(a.ldb >= a.K, "{}: ldb={} < K={}; B (N, K) rows need K contiguous elements", who, a.ldb, a.K);
   if (check_output) {
     MOEKIT_CHECK(a.ldd >= a.N, "{}: ldd={} < N={}; pass ldd >= N", who, a.ldd, a.N);
-    MOEKIT_CHECK((a.D_f32 != nullptr) != (a.D_bf16 != nullptr),
-                 "{}: exactly one of D_f32 / D_bf16 must be set (got D_f32={}, D_bf16={})", who,
-                 static_cast<const void*>(a.D_f32), static_cast<const void*>(a.D_bf16));
+    MOEKIT_CHECK((a.D_f32 != nullptr) != (a.D_16 != nullptr),
+                 "{}: exactly one of D_f32 / the 16-bit D must be set (got D_f32={}, D_16={})", who,
+                 static_cast<const void*>(a.D_f32), static_cast<const void*>(a.D_16));
   }
   if (a.M > 0 && a.K > 0) MOEKIT_CHECK(a.A != nullptr, "{}: A is null with M={}, K={}", who, a.M, a.K);
   if (a.N > 0 && a.K > 0) MOEKIT_CHECK(a.B != nullptr, "{}: B is null with N={}, K={}", who, a.N, a.K);
@@ -252,7 +277,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
       [&](std::int64_t k0, std::int64_t k1) {
         std::vector<float> row(static_cast<std::size_t>(k1 - k0));
         for (std::int64_t m = 0; m < M; ++m) {
-          decode(args.A + m * args.lda + k0, row.data(), k1 - k0);
+          decode(args.A + m * args.lda + k0, row.data(), k1 - k0, args.fp16);
           for (std::int64_t k = k0; k < k1; ++k)
             at[static_cast<std::size_t>(k * m_pad + m)] = row[static_cast<std::size_t>(k - k0)];
         }
@@ -292,7 +317,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
           for (std::int64_t j = 0; j < nc; ++j) {
             float* dst = bd.data() + j * kKc;
             if (n0 + j < N) {
-              decode(args.B + (n0 + j) * args.ldb + k0, dst, kc);
+              decode(args.B + (n0 + j) * args.ldb + k0, dst, kc, args.fp16);
               if (block_mode) sb[static_cast<std::size_t>(j)] = args.b_scales[((n0 + j) / kKc) * num_kb + kb];
             } else {
               std::fill(dst, dst + kc, 0.0f);
@@ -330,7 +355,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
           if (args.D_f32)
             args.D_f32[m * args.ldd + n] = v;
           else
-            args.D_bf16[m * args.ldd + n] = bf16_encode(v);
+            args.D_16[m * args.ldd + n] = encode16(v, args.fp16);
         }
       }
     }
@@ -362,7 +387,7 @@ void gemm_ref(const GemmCore<T>& args, double* D, std::int64_t ldd) {
       for (std::int64_t kb = 0; kb < num_kb; ++kb) {
         double acc = 0.0;
         for (std::int64_t k = kb * kQuantBlock; k < std::min(K, (kb + 1) * kQuantBlock); ++k)
-          acc += decode_one(args.A[m * args.lda + k]) * decode_one(args.B[n * args.ldb + k]);
+          acc += decode_one(args.A[m * args.lda + k], args.fp16) * decode_one(args.B[n * args.ldb + k], args.fp16);
         if (args.scaling == Scaling::kBlock)
           total += acc * args.a_scales[m * num_kb + kb] * args.b_scales[(n / kQuantBlock) * num_kb + kb];
         else
@@ -385,10 +410,10 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool) {
 void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd) {
   gemm_ref(core_of(args), D, ldd);
 }
-void bf16_gemm(const Bf16GemmArgs& args, ThreadPool& pool) {
+void sixteen_bit_gemm(const SixteenBitGemmArgs& args, ThreadPool& pool) {
   gemm(core_of(args), pool);
 }
-void bf16_gemm_ref(const Bf16GemmArgs& args, double* D, std::int64_t ldd) {
+void sixteen_bit_gemm_ref(const SixteenBitGemmArgs& args, double* D, std::int64_t ldd) {
   gemm_ref(core_of(args), D, ldd);
 }
 

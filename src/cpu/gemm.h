@@ -1,4 +1,4 @@
-// FP8 GEMM on the CPU (and its bf16 twin below): D[m, n] = the scaled sum over k of A[m, k] * B[n, k], A (M, K) FP8
+// FP8 GEMM on the CPU (and its 16-bit twin below): D[m, n] = the scaled sum over k of A[m, k] * B[n, k], A (M, K) FP8
 // row-major (activations), B (N, K) FP8 row-major (weights, K contiguous), fp32 accumulation, output fp32 or bf16.
 // Scales as in cpu/quant.h. Per element, the result is
 //   kPerTensor / kPerTokenPerChannel:  (acc * sa) * sb,  acc = sum over k in increasing order
@@ -37,23 +37,25 @@ void fp8_gemm(const Fp8GemmArgs& args, ThreadPool& pool);
 // float64 reference on the same quantized operands (dequantized exactly), output double (M, N).
 void fp8_gemm_ref(const Fp8GemmArgs& args, double* D, std::int64_t ldd);
 
-// The unquantized recipe's GEMM (QuantScheme::kBf16): A (M, K) and B (N, K) bf16, no scales, the
-// same fp32 chain per output element in increasing k, then + bias[n], then the store: bit-identical
-// however M, the blocking or the threads split the work, like fp8_gemm.
-struct Bf16GemmArgs {
+// The unquantized recipes' GEMM (bf16, fp16): A (M, K) and B (N, K) 16-bit values of `dtype`, no
+// scales, the same fp32 chain per output element in increasing k, then + bias[n], then the store (fp32,
+// or rounded once to `dtype`): bit-identical however M, the blocking or the threads split the work,
+// like fp8_gemm.
+struct SixteenBitGemmArgs {
+  DType dtype = DType::kBf16;  // kBf16 or kFp16: A, B and D_16
   std::int64_t M = 0, N = 0, K = 0;
-  const bf16_t* A = nullptr;
+  const std::uint16_t* A = nullptr;
   std::int64_t lda = 0;
-  const bf16_t* B = nullptr;
+  const std::uint16_t* B = nullptr;
   std::int64_t ldb = 0;
   const float* bias = nullptr;  // (N) fp32 added to every row before the store; or none
-  float* D_f32 = nullptr;       // exactly one of D_f32 / D_bf16
-  bf16_t* D_bf16 = nullptr;
+  float* D_f32 = nullptr;       // exactly one of D_f32 / D_16
+  std::uint16_t* D_16 = nullptr;
   std::int64_t ldd = 0;
 };
 
-void bf16_gemm(const Bf16GemmArgs& args, ThreadPool& pool);
-// float64 reference on the same bf16 operands, output double (M, N).
-void bf16_gemm_ref(const Bf16GemmArgs& args, double* D, std::int64_t ldd);
+void sixteen_bit_gemm(const SixteenBitGemmArgs& args, ThreadPool& pool);
+// float64 reference on the same 16-bit operands, output double (M, N).
+void sixteen_bit_gemm_ref(const SixteenBitGemmArgs& args, double* D, std::int64_t ldd);
 
 }  // namespace moekit::cpu

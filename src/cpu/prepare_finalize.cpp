@@ -172,7 +172,7 @@ class AllToAll final : public PrepareFinalize {
     // Per-tensor (dp == 1 only): one scale per expert tensor, the rank's own.
     if (numerics::activation_scale_per_tensor(p.quant))
       for (std::int64_t le = 0; le < E_local; ++le) a1q_scale[le] = tok_scale_[0];
-    return {a1q, a1q_scale, counts, nullptr, tc, ws.get<bf16_t>("expert_output")};
+    return {a1q, a1q_scale, counts, nullptr, tc, ws.get<std::uint16_t>("expert_output")};
   }
 
   // Raises for what the last prepare flagged (once).
@@ -186,6 +186,8 @@ class AllToAll final : public PrepareFinalize {
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream) override {
     ws.require(p, "all-to-all finalize");
     MOEKIT_CHECK(!a.accumulate, "the all-to-all finalize writes its output; it does not accumulate into it");
+    MOEKIT_CHECK(a.output_dtype == DType::kBf16, "the all-to-all finalize writes bf16 (the layer's output), not {}",
+                 dtype_name(a.output_dtype));
     const std::int64_t K = p.K, topk = p.topk, tc = a.num_tokens, ret = 4 * K;
     const int P = comm_->size();
     const auto uP = static_cast<std::size_t>(P);
@@ -193,7 +195,7 @@ class AllToAll final : public PrepareFinalize {
     // the records came.
     back_buf_.resize(static_cast<std::size_t>(total_recv_ * K));
     combine_topk_fp32(total_recv_, topk, K, recv_weight_.data(), a.experts.rows, recv_row_.data(), back_buf_.data(),
-                      *pool_);
+                      *pool_, recipe_info(p.quant).output_dtype);
     std::int64_t total_send = 0;
     for (auto c : send_count_) total_send += c;
     ret_buf_.resize(static_cast<std::size_t>(total_send * K));
@@ -269,7 +271,7 @@ class Local final : public PrepareFinalize {
     ws.require(p, "local finalize");
     MOEKIT_CHECK(pool_ != nullptr, "the local finalize runs on a thread pool");
     combine_topk(a.num_tokens, p.topk, p.K, a.topk_weights, a.experts.rows, a.experts.row_of, a.output, *pool_,
-                 a.accumulate);
+                 a.accumulate, recipe_info(p.quant).output_dtype, a.output_dtype);
   }
 
  private:

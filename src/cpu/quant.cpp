@@ -79,7 +79,8 @@ void quantize_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, 
       }
       return;
     }
-    case QuantScheme::kBf16: break;
+    case QuantScheme::kBf16:
+    case QuantScheme::kFp16: break;
   }
   MOEKIT_FAIL("quantize_activation: {} is not an FP8 recipe (scheme {}): its rows are stored with store_activation",
               recipe_info(quant).name != nullptr ? recipe_info(quant).name : "?", static_cast<int>(quant));
@@ -94,17 +95,19 @@ void store_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, std
     return;
   }
   check_activation_args("store_activation", rows, cols, ldx, ldq, x, q, scales, false);
-  MOEKIT_CHECK(recipe.activation_dtype == DType::kBf16,
-               "store_activation: recipe {} stores {} activations; the CPU "
-               "stores bf16 ones",
+  MOEKIT_CHECK(recipe.activation_dtype == DType::kBf16 || recipe.activation_dtype == DType::kFp16,
+               "store_activation: recipe {} stores {} activations; the CPU stores bf16 or fp16 ones",
                recipe.name != nullptr ? recipe.name : "?", dtype_name(recipe.activation_dtype));
-  auto* out = reinterpret_cast<bf16_t*>(q);
+  const bool fp16 = recipe.activation_dtype == DType::kFp16;
+  auto* out = reinterpret_cast<std::uint16_t*>(q);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
-      if constexpr (std::is_same_v<T, bf16_t>)
-        out[r * ldq + c] = x[r * ldx + c];  // the tokens as they are, bit for bit
-      else
-        out[r * ldq + c] = bf16_encode(x[r * ldx + c]);
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        // bf16 tokens: as they are, bit for bit; into fp16 rounded once (past 65504: inf, as .half()).
+        out[r * ldq + c] = fp16 ? fp16_encode(bf16_decode(x[r * ldx + c])) : x[r * ldx + c];
+      } else {
+        out[r * ldq + c] = encode16(x[r * ldx + c], fp16);
+      }
     }
 }
 
@@ -169,9 +172,10 @@ void quantize_weight(QuantScheme quant, const float* w, std::int64_t n, std::int
       }
       return;
     }
-    case QuantScheme::kBf16: break;
+    case QuantScheme::kBf16:
+    case QuantScheme::kFp16: break;
   }
-  MOEKIT_FAIL("quantize_weight: {} is not an FP8 recipe (scheme {}): its weights are stored in bf16, not quantized",
+  MOEKIT_FAIL("quantize_weight: {} is not an FP8 recipe (scheme {}): its weights are stored as they are, not quantized",
               recipe_info(quant).name != nullptr ? recipe_info(quant).name : "?", static_cast<int>(quant));
 }
 
@@ -183,11 +187,23 @@ void store_weight(QuantScheme quant, const float* w, std::int64_t n, std::int64_
   }
   MOEKIT_CHECK(n > 0 && k > 0, "store_weight: weight shape ({}, {}) needs n > 0 and k > 0", n, k);
   MOEKIT_CHECK(w != nullptr && q != nullptr, "store_weight: null weight or output pointer");
-  MOEKIT_CHECK(recipe.weight_dtype == DType::kBf16,
-               "store_weight: recipe {} stores {} weights; the CPU stores bf16 ones",
+  MOEKIT_CHECK(recipe.weight_dtype == DType::kBf16 || recipe.weight_dtype == DType::kFp16,
+               "store_weight: recipe {} stores {} weights; the CPU stores bf16 or fp16 ones",
                recipe.name != nullptr ? recipe.name : "?", dtype_name(recipe.weight_dtype));
-  auto* out = reinterpret_cast<bf16_t*>(q);
-  for (std::int64_t i = 0; i < n * k; ++i) out[i] = bf16_encode(w[i]);
+  auto* out = reinterpret_cast<std::uint16_t*>(q);
+  if (recipe.weight_dtype == DType::kBf16) {
+    for (std::int64_t i = 0; i < n * k; ++i) out[i] = bf16_encode(w[i]);
+    return;
+  }
+  // fp16: a finite weight past fp16's range would become inf in every product: refused, not stored.
+  for (std::int64_t i = 0; i < n * k; ++i) {
+    out[i] = fp16_encode(w[i]);
+    MOEKIT_CHECK(
+        !std::isfinite(w[i]) || (out[i] & 0x7C00u) != 0x7C00u,
+        "store_weight: weight value {} (row {}, column {}) is beyond fp16's largest finite {}: the fp16 recipe "
+        "cannot hold it; run --quant bf16",
+        w[i], i / k, i % k, kFp16Max);
+  }
 }
 
 double dequant_activation(QuantScheme quant, const fp8_t* q, std::int64_t ldq, const float* scales, std::int64_t cols,

@@ -19,9 +19,10 @@ void quantize_activation(QuantScheme quant, const float* x, std::int64_t rows, s
 void quantize_activation(QuantScheme quant, const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
                          fp8_t* q, std::int64_t ldq, float* scales);
 // The rows a recipe's GEMM reads from bf16 or fp32 values: FP8 codes and scales for an FP8 recipe
-// (quantize_activation, ldq in bytes), bf16 values for an unquantized one (q holds bf16_t, ldq in
-// elements; scales untouched and may be null; bf16 input is copied bit for bit, fp32 rounded to
-// nearest even). quantize_activation itself refuses an unquantized recipe.
+// (quantize_activation, ldq in bytes), 16-bit values for an unquantized one (q holds the recipe's bf16
+// or fp16, ldq in elements; scales untouched and may be null; bf16 input into bf16 is copied bit for
+// bit, anything else rounded to nearest even; into fp16, magnitudes from 65520 up become inf, as
+// torch's .half() and the model run in fp16). quantize_activation itself refuses an unquantized recipe.
 void store_activation(QuantScheme quant, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
                       std::uint8_t* q, std::int64_t ldq, float* scales);
 void store_activation(QuantScheme quant, const bf16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx,
@@ -30,7 +31,8 @@ void store_activation(QuantScheme quant, const bf16_t* x, std::int64_t rows, std
 void quantize_weight(QuantScheme quant, const float* w, std::int64_t n, std::int64_t k, fp8_t* q, float* scales);
 
 // A weight (n, k) from fp32 in the recipe's weight dtype: FP8 codes + scales (quantize_weight), or
-// bf16 values rounded to nearest even (q holds n * k bf16_t; scales untouched, may be null).
+// 16-bit values rounded to nearest even (q holds n * k bf16 or fp16; scales untouched, may be null;
+// a finite value past fp16's range is refused for fp16, naming it).
 void store_weight(QuantScheme quant, const float* w, std::int64_t n, std::int64_t k, std::uint8_t* q, float* scales);
 
 // Dequantized value of element (r, c) of an activation / weight, for references and tests.

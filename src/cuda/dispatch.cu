@@ -18,6 +18,7 @@
 #include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/row_map.cuh"
+#include "cuda/sixteen_bit.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
@@ -211,8 +212,10 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(QuantArgs a, in
   }
 }
 
-// The unquantized recipe's (bf16) "quantization": each token's bf16 row copied as it is to every
-// destination row (16-byte copies, K % 8 == 0), no scales: cpu::quantize_activation's copy.
+// The unquantized recipes' "quantization": each token's bf16 row copied as it is to every
+// destination row (16-byte copies, K % 8 == 0), or for fp16 rounded once to fp16 (kFp16), no scales:
+// cpu::store_activation's copy.
+template <bool kFp16>
 __global__ void __launch_bounds__(kQuantThreads) copy_rows_kernel(QuantArgs a) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int destinations = a.pair_row != nullptr ? a.topk : 1;
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(kQuantThreads) copy_rows_kernel(QuantArgs a) {
       const std::int64_t r = a.pair_row != nullptr ? a.pair_row[static_cast<std::int64_t>(t) * a.topk + k] : t;
       if (r < 0) continue;
       uint4* dst = reinterpret_cast<uint4*>(a.q + r * a.K * 2);
-      for (int v = threadIdx.x; v < vecs; v += kQuantThreads) dst[v] = src[v];
+      for (int v = threadIdx.x; v < vecs; v += kQuantThreads) dst[v] = kFp16 ? bf16_to_fp16_8(src[v]) : src[v];
     }
   }
 }
@@ -243,9 +246,10 @@ constexpr int kCombineSlots = 8;  // slots whose loads are in flight together
 // bf16 rounding. The slots are read kCombineSlots at a time - their rows and weights, then their
 // expert rows, all loads issued before the first sum - so a decode step waits on memory twice per 8
 // slots, not twice per slot (measured: docs/PERF.md, "the decode step's small kernels").
+template <class Row, class Out>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const std::int32_t* __restrict__ pair_row, const float* __restrict__ weights, int tokens, int topk,
-                   int K, const __nv_bfloat16* __restrict__ rows, __nv_bfloat16* __restrict__ out, bool accumulate) {
+                   int K, const Row* __restrict__ rows, Out* __restrict__ out, bool accumulate) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   const int vecs = K / 8;
   const std::int64_t n = static_cast<std::int64_t>(tokens) * vecs;
@@ -255,9 +259,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (accumulate) {
       const uint4 prior = *reinterpret_cast<const uint4*>(out + static_cast<std::int64_t>(t) * K + c0);
-      const auto* y = reinterpret_cast<const __nv_bfloat16*>(&prior);
+      const auto* y = reinterpret_cast<const Out*>(&prior);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = __bfloat162float(y[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = to_float(y[j]);
     }
     const std::int64_t first = static_cast<std::int64_t>(t) * topk;
     for (int k0 = 0; k0 < topk; k0 += kCombineSlots) {
@@ -276,15 +280,15 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
       for (int s = 0; s < kCombineSlots; ++s) {
         if (row[s] < 0) continue;
-        const auto* y = reinterpret_cast<const __nv_bfloat16*>(&raw[s]);
+        const auto* y = reinterpret_cast<const Row*>(&raw[s]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] = numerics::combine_step<DeviceMath>(acc[j], w[s], __bfloat162float(y[j]));
+        for (int j = 0; j < 8; ++j) acc[j] = numerics::combine_step<DeviceMath>(acc[j], w[s], to_float(y[j]));
       }
     }
     uint4 packed;
-    auto* o = reinterpret_cast<__nv_bfloat16*>(&packed);
+    auto* o = reinterpret_cast<Out*>(&packed);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16_rn(acc[j]);
+    for (int j = 0; j < 8; ++j) o[j] = from_float<Out>(acc[j]);
     *reinterpret_cast<uint4*>(out + static_cast<std::int64_t>(t) * K + c0) = packed;
   }
 }
@@ -362,12 +366,15 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
                     l.amax_scratch};
   const int grid = grid_for(l.tokens, 8192);
   const RecipeInfo recipe = recipe_info(l.quant);
-  if (!has_activation_scales(recipe)) {  // bf16 tokens into a bf16 recipe: rows copied, no scales
-    MOEKIT_CUDA_REQUIRE(recipe.activation_dtype == DType::kBf16,
+  if (!has_activation_scales(recipe)) {  // bf16 tokens into a 16-bit recipe: rows copied (or converted), no scales
+    MOEKIT_CUDA_REQUIRE(recipe.activation_dtype == DType::kBf16 || recipe.activation_dtype == DType::kFp16,
                         "the CUDA dispatch copies bf16 tokens into the " + std::string(recipe.name) +
                             " recipe's operands, which are " + std::string(dtype_name(recipe.activation_dtype)));
     if (l.tokens == 0) return;
-    launch_pdl(copy_rows_kernel, grid, kQuantThreads, 0, stream, a);
+    if (recipe.activation_dtype == DType::kFp16)
+      launch_pdl(copy_rows_kernel<true>, grid, kQuantThreads, 0, stream, a);
+    else
+      launch_pdl(copy_rows_kernel<false>, grid, kQuantThreads, 0, stream, a);
     MOEKIT_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -387,14 +394,32 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
 }
 
 void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std::int64_t tokens, int topk,
-                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream, bool accumulate) {
+                    std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream, bool accumulate,
+                    DType rows_dtype, DType output_dtype) {
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 8 == 0, "the CUDA combine takes K a multiple of 8");
+  auto sixteen = [](DType d) { return d == DType::kBf16 || d == DType::kFp16; };
+  MOEKIT_CUDA_REQUIRE(sixteen(rows_dtype) && sixteen(output_dtype),
+                      "the CUDA combine reads bf16 or fp16 rows into a bf16 or fp16 output; got rows " +
+                          std::string(dtype_name(rows_dtype)) + ", output " + std::string(dtype_name(output_dtype)));
   const std::int64_t threads = tokens * (K / 8);
-  launch_pdl(combine_kernel, grid_for((threads + kCombineThreads - 1) / kCombineThreads, 65535), kCombineThreads, 0,
-             static_cast<cudaStream_t>(stream), pair_row, topk_weights, static_cast<int>(tokens), topk,
-             static_cast<int>(K), reinterpret_cast<const __nv_bfloat16*>(rows),
-             reinterpret_cast<__nv_bfloat16*>(output), accumulate);
+  const int grid = grid_for((threads + kCombineThreads - 1) / kCombineThreads, 65535);
+  auto go = [&](auto row_tag, auto out_tag) {
+    using Row = decltype(row_tag);
+    using Out = decltype(out_tag);
+    launch_pdl(combine_kernel<Row, Out>, grid, kCombineThreads, 0, static_cast<cudaStream_t>(stream), pair_row,
+               topk_weights, static_cast<int>(tokens), topk, static_cast<int>(K), reinterpret_cast<const Row*>(rows),
+               reinterpret_cast<Out*>(output), accumulate);
+  };
+  const bool rows16 = rows_dtype == DType::kFp16, out16 = output_dtype == DType::kFp16;
+  if (rows16 && out16)
+    go(__half{}, __half{});
+  else if (rows16)
+    go(__half{}, __nv_bfloat16{});
+  else if (out16)
+    go(__nv_bfloat16{}, __half{});
+  else
+    go(__nv_bfloat16{}, __nv_bfloat16{});
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -26,6 +26,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/quantize.cuh"
 #include "cuda/reduce.cuh"
+#include "cuda/sixteen_bit.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/fp8.h"
@@ -274,19 +275,18 @@ struct ActivationRows {
   __device__ int amax_index(int e) const { return contiguous ? 0 : e; }
 };
 
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
 __device__ __forceinline__ float to_float(float x) {
   return x;
 }
 
-// 8 consecutive W1 outputs from a 16-byte-aligned address (bf16: one 16-byte load, fp32: two).
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&out)[8]) {
+// 8 consecutive W1 outputs from a 16-byte-aligned address (bf16, fp16: one 16-byte load, fp32: two).
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
+  static_assert(sizeof(T) == 2, "16-bit W1 outputs");
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const auto* b = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  const auto* b = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(b[j]);
+  for (int j = 0; j < 8; ++j) out[j] = to_float(b[j]);
 }
 __device__ __forceinline__ void load8(const float* p, float (&out)[8]) {
   const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
@@ -456,18 +456,18 @@ __global__ void __launch_bounds__(kActThreads)
   }
 }
 
-// The 16-bit recipe's activation (RecipeInfo::requantizes_intermediate false: bf16): W1's bf16 output
-// rows (the expert's W1 bias added in fp32) -> the activation in fp32 -> act in bf16, rounded once
-// to nearest even (cpu::activation_quant's store_activation); no amax, no scales. A block a valid
+// The 16-bit recipes' activation (RecipeInfo::requantizes_intermediate false: bf16, fp16): W1's output
+// rows in the recipe's dtype T (the expert's W1 bias added in fp32) -> the activation in fp32 -> act
+// in T, rounded once to nearest even (cpu::activation_quant's store_activation); no amax, no scales. A block a valid
 // row (ActivationRows: never a padding row), 8 output columns a thread a step: 16-byte loads of 8
 // gate and 8 up values (interleaved rows: 16 consecutive values, gate / up pairs), one 16-byte
 // store; any I % 8 == 0 (validate_problem's I % 16 == 0 gives it). Napkin math, DeepSeek-V3
 // m_e = 256 x 16 experts: 4096 rows x (4096 + 2048) x 2 bytes = 50 MB, ~17 us at ~3 TB/s.
-template <Activation kAct>
+template <Activation kAct, class T>
 __global__ void __launch_bounds__(kActThreads)
-    activation_bf16_kernel(SwigluOaiParams swiglu, numerics::W1Rows w1, ActivationRows rows,
-                           const __nv_bfloat16* __restrict__ w1_rows, const float* __restrict__ w1_bias, int N, int I,
-                           __nv_bfloat16* __restrict__ act) {
+    activation_sixteen_bit_kernel(SwigluOaiParams swiglu, numerics::W1Rows w1, ActivationRows rows,
+                                  const T* __restrict__ w1_rows, const float* __restrict__ w1_bias, int N, int I,
+                                  T* __restrict__ act) {
   // cuda/pdl.cuh: before any global memory access. No early launch_dependents (W2 follows, as for
   // the FP8 kernels above).
   pdl_wait();
@@ -477,15 +477,15 @@ __global__ void __launch_bounds__(kActThreads)
     int e = 0;
     std::int64_t in_row = 0, out_row = 0;
     if (!rows.at(i, in_row, out_row, e)) continue;
-    const __nv_bfloat16* row = w1_rows + in_row * N;
+    const T* row = w1_rows + in_row * N;
     const float* bias = w1_bias != nullptr ? w1_bias + static_cast<std::int64_t>(e) * N : nullptr;
     for (int c0 = static_cast<int>(threadIdx.x) * 8; c0 < I; c0 += kActThreads * 8) {
       float v[8];
       activation8<kAct>(row, bias, w1, I, c0, swiglu, v);
       uint4 packed;
-      auto* o = reinterpret_cast<__nv_bfloat16*>(&packed);
+      auto* o = reinterpret_cast<T*>(&packed);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] = __float2bfloat16_rn(v[j]);
+      for (int j = 0; j < 8; ++j) o[j] = from_float<T>(v[j]);
       *reinterpret_cast<uint4*>(act + out_row * I + c0) = packed;
     }
   }
@@ -498,11 +498,12 @@ __global__ void per_tensor_scales_kernel(const unsigned int* expert_amax, float*
   act_scale[e] = numerics::fp8_scale(__uint_as_float(expert_amax[e]));
 }
 
-// W2's expert biases: b2[e] added to each valid output row of expert e (fp32, one more bf16
-// rounding: the CPU adds it before W2's store, an ulp apart at most), the rows found as the
+// W2's expert biases: b2[e] added to each valid output row of expert e (fp32, one more rounding to
+// the output dtype T: the CPU adds it before W2's store, an ulp apart at most), the rows found as the
 // activation finds them (row_offsets, never a padding row). A block a row, 8 columns a thread.
+template <class T>
 __global__ void __launch_bounds__(kActThreads)
-    w2_bias_kernel(ActivationRows rows, const float* __restrict__ w2_bias, int K, __nv_bfloat16* __restrict__ out) {
+    w2_bias_kernel(ActivationRows rows, const float* __restrict__ w2_bias, int K, T* __restrict__ out) {
   pdl_enter();  // cuda/pdl.cuh: before any global memory access
   __shared__ std::int32_t staged[kActStagedExperts + 1];
   const int total = rows.begin(staged);
@@ -511,12 +512,12 @@ __global__ void __launch_bounds__(kActThreads)
     std::int64_t in_row = 0, out_row = 0;
     if (!rows.at(i, in_row, out_row, e)) continue;
     const float* b = w2_bias + static_cast<std::int64_t>(e) * K;
-    __nv_bfloat16* y = out + out_row * K;
+    T* y = out + out_row * K;
     for (int c0 = static_cast<int>(threadIdx.x) * 8; c0 < K; c0 += kActThreads * 8) {
       uint4 raw = *reinterpret_cast<const uint4*>(y + c0);
-      auto* v = reinterpret_cast<__nv_bfloat16*>(&raw);
+      auto* v = reinterpret_cast<T*>(&raw);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __float2bfloat16_rn(DeviceMath::add(__bfloat162float(v[j]), b[c0 + j]));
+      for (int j = 0; j < 8; ++j) v[j] = from_float<T>(DeviceMath::add(to_float(v[j]), b[c0 + j]));
       *reinterpret_cast<uint4*>(y + c0) = raw;
     }
   }
@@ -561,26 +562,31 @@ std::int64_t expert_capacity(const BatchedExpertsLaunch& l) {
   return l.contiguous ? l.problem.M * l.problem.topk : l.problem.M;
 }
 
-// The 16-bit recipe's activation: w1_out (bf16) -> act (bf16), one kernel whatever ActivationKernel
-// asks (no amax to keep in registers: the generic / row-per-block split is the FP8 quantization's).
-void launch_activation_bf16(const BatchedExpertsLaunch& l, cudaStream_t stream) {
+// The 16-bit recipes' activation: w1_out -> act, both the recipe's dtype (bf16, fp16), one kernel
+// whatever ActivationKernel asks (no amax to keep in registers: the generic / row-per-block split is
+// the FP8 quantization's).
+void launch_activation_sixteen_bit(const BatchedExpertsLaunch& l, cudaStream_t stream) {
   const MoeProblem& p = l.problem;
   const RecipeInfo recipe = recipe_info(p.quant);
-  MOEKIT_CUDA_REQUIRE(recipe.activation_dtype == DType::kBf16 && recipe.intermediate_dtype == DType::kBf16 &&
+  const DType dtype = recipe.activation_dtype;
+  MOEKIT_CUDA_REQUIRE((dtype == DType::kBf16 || dtype == DType::kFp16) && recipe.intermediate_dtype == dtype &&
                           !l.gemms.fused_w1 && l.w1_out != nullptr && l.act_q != nullptr,
                       "launch_activation_quant: the " + std::string(recipe.name) +
-                          " recipe's activation reads a bf16 w1_out and writes a bf16 act (no fused W1)");
+                          " recipe's activation reads a 16-bit w1_out and writes act in the same dtype (no fused W1)");
   MOEKIT_CUDA_REQUIRE(p.I() % 8 == 0, "launch_activation_quant: I = " + std::to_string(p.I()) +
                                           " must be a multiple of 8 (16-byte rows)");
   ActivationRows rows{l.row_offsets, static_cast<int>(p.E_local), static_cast<int>(p.M), 0, l.contiguous};
   rows.locate = l.weights.w1_bias != nullptr;
   const numerics::W1Rows w1 = numerics::w1_rows(p.activation, p.quant);
-  numerics::with_activation(p.activation, [&]<Activation kAct>() {
-    auto* k = activation_bf16_kernel<kAct>;
-    launch_pdl(k, blocks_per_sm(reinterpret_cast<const void*>(k)) * l.num_sms, kActThreads, 0, stream, p.swiglu, w1,
-               rows, reinterpret_cast<const __nv_bfloat16*>(l.w1_out), l.weights.w1_bias, static_cast<int>(p.N),
-               static_cast<int>(p.I()), reinterpret_cast<__nv_bfloat16*>(l.act_q));
-    MOEKIT_CUDA_CHECK_LAUNCH();
+  with_sixteen_bit(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    numerics::with_activation(p.activation, [&]<Activation kAct>() {
+      auto* k = activation_sixteen_bit_kernel<kAct, T>;
+      launch_pdl(k, blocks_per_sm(reinterpret_cast<const void*>(k)) * l.num_sms, kActThreads, 0, stream, p.swiglu, w1,
+                 rows, reinterpret_cast<const T*>(l.w1_out), l.weights.w1_bias, static_cast<int>(p.N),
+                 static_cast<int>(p.I()), reinterpret_cast<T*>(l.act_q));
+      MOEKIT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -637,7 +643,7 @@ void launch_experts_gemm(const BatchedExpertsLaunch& l, int which, void* stream)
 
 void launch_activation_quant(const BatchedExpertsLaunch& l, ActivationKernel kernel, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  if (!recipe_info(l.problem.quant).requantizes_intermediate) return launch_activation_bf16(l, stream);
+  if (!recipe_info(l.problem.quant).requantizes_intermediate) return launch_activation_sixteen_bit(l, stream);
   // The fused recipe runs it on w1_small's experts only (fp32 rows); the others' activation ran in
   // the fused W1's epilogue.
   const bool small = l.gemms.fused_w1;
@@ -737,10 +743,14 @@ void launch_w2_bias(const BatchedExpertsLaunch& l, void* stream_ptr) {
                       "launch_w2_bias: no w2_bias, or K not a multiple of 8");
   ActivationRows rows{l.row_offsets, static_cast<int>(p.E_local), static_cast<int>(p.M), 0, l.contiguous};
   rows.locate = true;
-  launch_pdl(w2_bias_kernel, blocks_per_sm(reinterpret_cast<const void*>(w2_bias_kernel)) * l.num_sms, kActThreads, 0,
-             static_cast<cudaStream_t>(stream_ptr), rows, l.weights.w2_bias, static_cast<int>(p.K),
-             reinterpret_cast<__nv_bfloat16*>(l.output));
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  with_sixteen_bit(recipe_info(p.quant).output_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* k = w2_bias_kernel<T>;
+    launch_pdl(k, blocks_per_sm(reinterpret_cast<const void*>(k)) * l.num_sms, kActThreads, 0,
+               static_cast<cudaStream_t>(stream_ptr), rows, l.weights.w2_bias, static_cast<int>(p.K),
+               reinterpret_cast<T*>(l.output));
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace

@@ -172,10 +172,11 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream);
 
 // out[t] = bf16(sum over slots k in order of w[t,k] * rows[pair_row[t*topk+k]]) in fp32, one
 // rounding (numerics::combine_step): bit-identical to cpu::combine_topk (accumulate: the sum starts
-// from out[t]'s own values).
+// from out[t]'s own values). rows in rows_dtype (the recipe's output dtype), out in output_dtype:
+// bf16 or fp16 each.
 void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std::int64_t tokens, int topk,
                     std::int64_t K, const std::uint16_t* rows, std::uint16_t* output, void* stream,
-                    bool accumulate = false);
+                    bool accumulate = false, DType rows_dtype = DType::kBf16, DType output_dtype = DType::kBf16);
 
 // The standard experts' permutation: a1q row t (and its scales) to every row pair_row names for it;
 // rows of K elements of the recipe's activation dtype (FP8: K bytes, bf16: 2K), no scales without them.

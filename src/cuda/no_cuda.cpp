@@ -127,7 +127,7 @@ void launch_quantize_tokens(const QuantizeLaunch&, void*) {
   no_cuda("the CUDA dispatch");
 }
 void launch_combine(const std::int32_t*, const float*, std::int64_t, int, std::int64_t, const std::uint16_t*,
-                    std::uint16_t*, void*, bool) {
+                    std::uint16_t*, void*, bool, DType, DType) {
   no_cuda("the CUDA combine");
 }
 void launch_permute_rows(const std::int32_t*, std::int64_t, int, std::int64_t, QuantScheme, const std::uint8_t*,

@@ -127,7 +127,7 @@ class Scatter final : public PrepareFinalize {
     ws.require(p, "scatter finalize (cuda)");
     MOEKIT_CHECK(!a.accumulate, "the scatter finalize writes its output; it does not accumulate into it");
     launch_combine(ws.get<std::int32_t>("pair_row"), a.topk_weights, a.num_tokens, static_cast<int>(p.topk), p.K,
-                   a.experts.rows, a.output, stream);
+                   a.experts.rows, a.output, stream, false, recipe_info(p.quant).output_dtype, a.output_dtype);
   }
 
   void check_status(Workspace& ws, Stream stream) override {
@@ -164,7 +164,7 @@ class Local final : public PrepareFinalize {
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream stream) override {
     ws.require(p, "local finalize (cuda)");
     launch_combine(a.experts.row_of, a.topk_weights, a.num_tokens, static_cast<int>(p.topk), p.K, a.experts.rows,
-                   a.output, stream, a.accumulate);
+                   a.output, stream, a.accumulate, recipe_info(p.quant).output_dtype, a.output_dtype);
   }
 
   void check_status(Workspace&, Stream) override {}  // the standard experts validate the ids
@@ -344,6 +344,8 @@ class NcclAllToAll final : public PrepareFinalize {
   void finalize(const MoeProblem& p, const FinalizeArgs& a, Workspace& ws, Stream stream) override {
     ws.require(p, device_ ? "nccl finalize" : "nccl-reference finalize");
     MOEKIT_CHECK(!a.accumulate, "the nccl finalizes write their output; they do not accumulate into it");
+    MOEKIT_CHECK(a.output_dtype == DType::kBf16, "the nccl finalizes write bf16 (the layer's output), not {}",
+                 dtype_name(a.output_dtype));
     EpStep s = step(p, nullptr, a.topk_weights, a.num_tokens, ws);
     s.expert_output = a.experts.rows;
     s.output = a.output;

@@ -52,10 +52,11 @@ struct LayerState {
               e.where());
 }
 
-// The first non-finite bf16 value of n, or -1.
-std::int64_t first_non_finite_bf16(const std::uint16_t* v, std::int64_t n) {
+// The first non-finite bf16 (fp16: fp16) value of n, or -1: the exponent bits all set.
+std::int64_t first_non_finite_bf16(const std::uint16_t* v, std::int64_t n, bool fp16 = false) {
+  const std::uint16_t exponent = fp16 ? 0x7C00u : 0x7F80u;
   for (std::int64_t i = 0; i < n; ++i)
-    if ((v[i] & 0x7F80u) == 0x7F80u) return i;
+    if ((v[i] & exponent) == exponent) return i;
   return -1;
 }
 
@@ -357,12 +358,12 @@ struct MoeRuntime::Impl {
         if (!std::isfinite(v[static_cast<std::size_t>(i)])) return i;
       return -1;
     };
-    // n weight elements in the recipe's dtype: FP8 codes (NaN: 0x7F / 0xFF) or bf16 values.
+    // n weight elements in the recipe's dtype: FP8 codes (NaN: 0x7F / 0xFF) or bf16 / fp16 values.
     auto codes = [&](const std::uint8_t* p, std::int64_t n, DType dtype) -> std::int64_t {
-      if (dtype == DType::kBf16) {
+      if (dtype != DType::kFp8E4m3) {
         std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
         memory->to_host(v.data(), p, 2 * n, stream);
-        return first_non_finite_bf16(v.data(), n);
+        return first_non_finite_bf16(v.data(), n, dtype == DType::kFp16);
       }
       std::vector<std::uint8_t> v(static_cast<std::size_t>(n));
       memory->to_host(v.data(), p, n, stream);

@@ -1,5 +1,8 @@
-// FP8 e4m3fn and bf16: the limits and the scale rule every device shares, and the host conversions,
-// bit-exact with CUDA's (__nv_cvt_float_to_fp8 with __NV_SATFINITE and __NV_E4M3; __float2bfloat16_rn).
+// FP8 e4m3fn, bf16 and fp16: the limits and the scale rule every device shares, and the host conversions,
+// bit-exact with CUDA's (__nv_cvt_float_to_fp8 with __NV_SATFINITE and __NV_E4M3; __float2bfloat16_rn;
+// __float2half_rn, NaN aside: any NaN is a NaN).
+//   fp16: 1 sign, 5 exponent (bias 15), 10 mantissa bits; largest finite 65504; subnormals k * 2^-24;
+//   encoding rounds to nearest even and overflows to inf from 65520 up (IEEE, as torch's .half()).
 //   e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; NaN is S.1111.111;
 //   largest finite 448 = 2^8 * 1.75; smallest normal 2^-6; subnormals k * 2^-9.
 //   Encoding rounds to nearest, ties to even, and saturates every finite or infinite |x| > 448 to
@@ -24,6 +27,9 @@ namespace moekit::numerics {
 
 using fp8_t = std::uint8_t;    // e4m3fn bits
 using bf16_t = std::uint16_t;  // bfloat16 bits
+using fp16_t = std::uint16_t;  // IEEE binary16 bits
+
+inline constexpr float kFp16Max = 65504.0f;
 
 inline constexpr float kFp8Max = 448.0f;
 
@@ -98,6 +104,44 @@ inline bf16_t bf16_encode(float x) {
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<bf16_t>((bits >> 16) | 0x40u);  // quiet NaN
   const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
   return static_cast<bf16_t>((bits + rounding) >> 16);
+}
+
+inline float fp16_decode(fp16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t em = h & 0x7FFFu;                                                        // exponent and mantissa
+  if (em >= 0x7C00u) return std::bit_cast<float>(sign | 0x7F800000u | ((em & 0x3FFu) << 13));  // inf, NaN
+  if (em >= 0x0400u) return std::bit_cast<float>(sign | ((em << 13) + 0x38000000u));           // normal: bias 15 -> 127
+  const float magnitude = static_cast<float>(em) * 0x1p-24f;                                   // subnormal, exact
+  return sign != 0 ? -magnitude : magnitude;
+}
+
+inline fp16_t fp16_encode(float x) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  const auto sign = static_cast<fp16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  if (abs_bits > 0x7F800000u) return static_cast<fp16_t>(sign | 0x7E00u);   // quiet NaN
+  if (abs_bits >= 0x477FF000u) return static_cast<fp16_t>(sign | 0x7C00u);  // |x| >= 65520 (and inf): inf
+  const int exp32 = static_cast<int>(abs_bits >> 23);
+  if (exp32 >= 113) {
+    // Normal fp16 range |x| >= 2^-14: keep 10 of 23 mantissa bits, round to nearest even; a carry
+    // bumps the exponent (65504 < |x| < 65520 rounds down to 65504, the guard above takes the rest).
+    const std::uint32_t mant = abs_bits & 0x7FFFFFu;
+    std::uint32_t code = (static_cast<std::uint32_t>(exp32 - 112) << 10) | (mant >> 13);
+    const std::uint32_t rest = mant & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (code & 1u))) ++code;
+    return static_cast<fp16_t>(sign | code);
+  }
+  // Subnormal range: k * 2^-24, k in [0, 1024]; x * 2^24 is exact, nearbyint rounds ties to even.
+  const auto k = static_cast<std::uint32_t>(std::nearbyint(std::bit_cast<float>(abs_bits) * 0x1p24f));
+  return static_cast<fp16_t>(sign | k);  // k == 1024 is the smallest normal code 0x0400
+}
+
+// A 16-bit value of an unquantized recipe's operand dtype: fp16 where `fp16`, else bf16.
+inline float decode16(std::uint16_t x, bool fp16) {
+  return fp16 ? fp16_decode(x) : bf16_decode(x);
+}
+inline std::uint16_t encode16(float x, bool fp16) {
+  return fp16 ? fp16_encode(x) : bf16_encode(x);
 }
 #endif
 

@@ -7,7 +7,7 @@
 
 namespace moekit {
 
-// A recipe without activation scales (bf16) declares no a1q_scale (not an empty one): the prepares
+// A recipe without activation scales (bf16, fp16) declares no a1q_scale (not an empty one): the prepares
 // and experts read the row's activation_scales before they ask for it.
 void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
   const RecipeInfo recipe = recipe_info(p.quant);
@@ -19,7 +19,8 @@ void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
            {p.E_local, p.M, p.K},
            Stage::kPrepare,
            Stage::kGemm1,
-           "dispatched tokens (FP8 or bf16), M rows per local expert, rows >= expert_num_tokens[e] are padding"});
+           "dispatched tokens (the recipe's operand dtype), M rows per local expert, rows >= expert_num_tokens[e] are "
+           "padding"});
     if (scaled)
       b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.E_local, p.M}, p.K, true),
              Stage::kPrepare, Stage::kGemm1, "scales of a1q"});
@@ -30,14 +31,19 @@ void declare_experts_io(const MoeProblem& p, WorkspaceBuilder& b) {
            Stage::kFinalize,
            "valid rows m_e of each local expert, on the experts' device"});
     b.add({"expert_output",
-           DType::kBf16,
+           recipe.output_dtype,
            {p.E_local, p.M, p.K},
            Stage::kGemm2,
            Stage::kFinalize,
            "experts' output (E_local, M, K): valid rows are the result, the rest padding"});
     return;
   }
-  b.add({"a1q", a1q_dtype, {p.M, p.K}, Stage::kPrepare, Stage::kGemm1, "tokens (FP8 or bf16) in token order"});
+  b.add({"a1q",
+         a1q_dtype,
+         {p.M, p.K},
+         Stage::kPrepare,
+         Stage::kGemm1,
+         "tokens (the recipe's operand dtype) in token order"});
   if (scaled)
     b.add({"a1q_scale", DType::kFp32, numerics::activation_scale_shape(p.quant, {p.M}, p.K, false), Stage::kPrepare,
            Stage::kGemm1, "scales of a1q"});

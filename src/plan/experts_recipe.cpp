@@ -37,7 +37,7 @@ void declare_batched_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_ou
          Stage::kActivation,
          Stage::kGemm2,
          recipe.requantizes_intermediate ? "activation output quantized to FP8: the A operand of the W2 GEMM"
-                                         : "activation output in bf16: the A operand of the W2 GEMM"});
+                                         : "activation output in the operand dtype: the A operand of the W2 GEMM"});
   // M is global already: no num_dispatchers here.
   if (has_activation_scales(recipe))
     b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {p.E_local, p.M}, I, true), Stage::kActivation,
@@ -82,14 +82,15 @@ void declare_standard_recipe(const MoeProblem& p, WorkspaceBuilder& b, bool w1_o
            {rows, I},
            act_born,
            Stage::kGemm2,
-           recipe.requantizes_intermediate ? "activation output quantized to FP8" : "activation output in bf16"});
+           recipe.requantizes_intermediate ? "activation output quantized to FP8"
+                                           : "activation output in the operand dtype"});
     if (has_activation_scales(recipe))
       b.add({"act_scale", DType::kFp32, activation_scale_shape(p.quant, {rows}, I, false), act_born, Stage::kGemm2,
              "scales of act_q"});
   };
   auto w2_out = [&] {
     b.add({"w2_out",
-           DType::kBf16,
+           recipe.output_dtype,
            {rows, p.K},
            Stage::kGemm2,
            Stage::kFinalize,

@@ -49,18 +49,30 @@ using numerics::fp8_t;
 //   level (~4e-3) and far below an indexing or layout bug's O(1).
 constexpr double kCpuVsFloat64 = 1e-2;
 constexpr double kCpuVsFloat64Bf16 = 3e-3;
+constexpr double kCpuVsFloat64Fp16 = 1e-3;  // the same roundings 8x finer (2^-11 against 2^-8)
 double cpu_vs_float64(QuantScheme quant) {
-  return has_activation_scales(recipe_info(quant)) ? kCpuVsFloat64 : kCpuVsFloat64Bf16;
+  const RecipeInfo r = recipe_info(quant);
+  return has_activation_scales(r)             ? kCpuVsFloat64
+         : r.activation_dtype == DType::kFp16 ? kCpuVsFloat64Fp16
+                                              : kCpuVsFloat64Bf16;
 }
 
-// The experts' operand element (a1q, act_q / act) of a recipe: FP8 codes or bf16 values, as double.
+// The experts' operand element (a1q, act_q / act) of a recipe: FP8 codes or 16-bit values, as double.
 double operand_value(QuantScheme quant, const std::uint8_t* row, std::int64_t i) {
-  if (recipe_info(quant).activation_dtype == DType::kBf16) {
-    bf16_t v = 0;
+  const DType dtype = recipe_info(quant).activation_dtype;
+  if (dtype != DType::kFp8E4m3) {
+    std::uint16_t v = 0;
     std::memcpy(&v, row + 2 * i, 2);
-    return bf16_decode(v);
+    return numerics::decode16(v, dtype == DType::kFp16);
   }
   return numerics::fp8_decode(row[i]);
+}
+// An experts' output row value (RecipeInfo::output_dtype: bf16, fp16) as double, and a value rounded to it.
+bool fp16_rows(QuantScheme quant) {
+  return recipe_info(quant).output_dtype == DType::kFp16;
+}
+double row_value(QuantScheme quant, std::uint16_t v) {
+  return numerics::decode16(v, fp16_rows(quant));
 }
 constexpr std::int64_t kGuardBytes = 4096;
 
@@ -299,12 +311,15 @@ void quantize_case(const OpCase& c) {
   const std::int64_t K = 384, T = c.tokens;
   const auto tok = synthetic::make_tokens(K, 1, 0, T, 41);
   if (!has_activation_scales(recipe_info(c.quant))) {
-    // Unquantized: the prepare's rows are the tokens, bit for bit.
+    // Unquantized: the prepare's rows are the tokens, bit for bit (bf16), or each rounded once to fp16.
     std::vector<bf16_t> q(static_cast<std::size_t>(T * K) + 1, 0xFFFF);
     cpu::store_activation(c.quant, tok.hidden.data(), T, K, K, reinterpret_cast<std::uint8_t*>(q.data()), K, nullptr);
     EXPECT_EQ(q.back(), 0xFFFF) << c.name() << ": wrote past the rows";
     q.pop_back();
-    EXPECT_EQ(q, tok.hidden) << c.name();
+    std::vector<std::uint16_t> want = tok.hidden;
+    if (recipe_info(c.quant).activation_dtype == DType::kFp16)
+      for (auto& x : want) x = numerics::fp16_encode(bf16_decode(x));
+    EXPECT_EQ(q, want) << c.name();
     return;
   }
   std::vector<fp8_t> q(static_cast<std::size_t>(T * K));
@@ -420,9 +435,10 @@ void prepare_finalize_case(const OpCase& c, Device device) {
       for (std::int64_t le = 0; le < p.E_local; ++le)
         for (std::int64_t row = 0; row < counts[static_cast<std::size_t>(le)]; ++row)
           for (std::int64_t col = 0; col < K; ++col)
-            expert_rows[static_cast<std::size_t>((le * p.M + row) * K + col)] = numerics::bf16_encode(
+            expert_rows[static_cast<std::size_t>((le * p.M + row) * K + col)] = numerics::encode16(
                 static_cast<float>(operand_value(c.quant, a1q.data() + (le * p.M + row) * K * ab, col)) *
-                static_cast<float>(r + 1 + le));
+                    static_cast<float>(r + 1 + le),
+                fp16_rows(c.quant));
       memory->from_host(in.output, expert_rows.data(), static_cast<std::int64_t>(expert_rows.size()) * 2, nullptr);
     } else {
       // Standard: a1q in token order, ids passed through; the experts' rows in (token, slot) order.
@@ -438,8 +454,9 @@ void prepare_finalize_case(const OpCase& c, Device device) {
         row_of[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(T * topk - 1 - i);  // any permutation
         for (std::int64_t col = 0; col < K; ++col)
           expert_rows[static_cast<std::size_t>((T * topk - 1 - i) * K + col)] =
-              numerics::bf16_encode(static_cast<float>(operand_value(c.quant, a1q.data() + (i / topk) * K * ab, col)) *
-                                    static_cast<float>(1 + my_ids[static_cast<std::size_t>(i)]));
+              numerics::encode16(static_cast<float>(operand_value(c.quant, a1q.data() + (i / topk) * K * ab, col)) *
+                                     static_cast<float>(1 + my_ids[static_cast<std::size_t>(i)]),
+                                 fp16_rows(c.quant));
       }
     }
     const bf16_t* rows_dev = copies.put(expert_rows, "expert rows");
@@ -463,8 +480,10 @@ void prepare_finalize_case(const OpCase& c, Device device) {
         const std::int32_t e = ids[static_cast<std::size_t>(t * topk + k)];
         const auto factor = static_cast<double>(
             c.format == ActivationFormat::kBatchedExperts ? 1 + e / p.E_local + e % p.E_local : 1 + e);
-        const double y = bf16_decode(numerics::bf16_encode(
-            static_cast<float>(operand_value(c.quant, q.data() + t * K * ab, col)) * static_cast<float>(factor)));
+        const double y = row_value(
+            c.quant, numerics::encode16(static_cast<float>(operand_value(c.quant, q.data() + t * K * ab, col)) *
+                                            static_cast<float>(factor),
+                                        fp16_rows(c.quant)));
         sum += weights[static_cast<std::size_t>(t * topk + k)] * y;
       }
       got.push_back(bf16_decode(out[static_cast<std::size_t>(t * K + col)]));
@@ -589,7 +608,7 @@ std::vector<double> run_experts(const ExpertsEntry& entry, const ExpertsData& d,
         for (std::int64_t col = 0; col < K; ++col) {
           const bf16_t v = all[static_cast<std::size_t>((e * p.M + r) * K + col)];
           if (r < d.counts[static_cast<std::size_t>(e)]) {
-            rows.push_back(bf16_decode(v));
+            rows.push_back(row_value(p.quant, v));
             EXPECT_FALSE(std::isnan(rows.back())) << ctx << ": NaN in a valid row";
           } else if (v != 0xFFFF) {
             ADD_FAILURE() << ctx << ": padding row " << r << " of expert " << e << " was written";
@@ -605,7 +624,8 @@ std::vector<double> run_experts(const ExpertsEntry& entry, const ExpertsData& d,
           << ctx << " slot " << i;
       if (row_of[static_cast<std::size_t>(i)] < 0) continue;
       for (std::int64_t col = 0; col < K; ++col)
-        rows.push_back(bf16_decode(all[static_cast<std::size_t>(row_of[static_cast<std::size_t>(i)] * K + col)]));
+        rows.push_back(
+            row_value(p.quant, all[static_cast<std::size_t>(row_of[static_cast<std::size_t>(i)] * K + col)]));
     }
   }
   return rows;

@@ -3,10 +3,12 @@
 // counts, exact decoding of all 256 FP8 codes, and rejection of bad arguments.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -263,6 +265,80 @@ TEST(Fp8Gemm, RejectsBadArguments) {
   } catch (const moekit::Error& e) {
     EXPECT_NE(std::string(e.what()).find("lda=100"), std::string::npos) << e.what();
   }
+}
+
+// The 16-bit GEMM (bf16 and fp16 operands) against its float64 reference: the sum is fp32 over exact
+// products (22 bits at most), so the fp32 output's bound is the FP8 GEMM's (1e-5); the 16-bit D is
+// exactly encode16 of the fp32 D (bf16: 2^-8 per element, fp16: 2^-11), padding columns untouched,
+// and rows computed alone give the same bits as rows computed together.
+TEST(SixteenBitGemm, BothDtypesMatchReferenceAndEncodeTheFp32Result) {
+  ThreadPool pool(3);
+  for (const DType dtype : {DType::kBf16, DType::kFp16}) {
+    const bool fp16 = dtype == DType::kFp16;
+    for (const auto& [M, N, K] : {std::array<std::int64_t, 3>{1, 7, 5}, {37, 130, 200}, {70, 257, 1031}}) {
+      const std::string what = std::string(dtype_name(dtype)) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                               " K=" + std::to_string(K);
+      std::mt19937_64 rng(static_cast<std::uint64_t>(M * 7919 + N * 31 + K + (fp16 ? 1 : 0)));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      const std::int64_t lda = K + 3, ldb = K + 1, ldd = N + 2;
+      // Padding holds NaNs of the dtype: never read.
+      const std::uint16_t nan16 = fp16 ? 0x7E01 : kBf16Nan;
+      std::vector<std::uint16_t> A(static_cast<std::size_t>(M * lda), nan16),
+          B(static_cast<std::size_t>(N * ldb), nan16);
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t k = 0; k < K; ++k)
+          A[static_cast<std::size_t>(m * lda + k)] = encode16(normal(rng) * 3.0f, fp16);
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t k = 0; k < K; ++k)
+          B[static_cast<std::size_t>(n * ldb + k)] = encode16(normal(rng) * 0.05f, fp16);
+      std::vector<float> bias(static_cast<std::size_t>(N));
+      for (auto& b : bias) b = normal(rng);
+      SixteenBitGemmArgs a;
+      a.dtype = dtype;
+      a.M = M, a.N = N, a.K = K, a.A = A.data(), a.lda = lda, a.B = B.data(), a.ldb = ldb, a.bias = bias.data();
+      a.ldd = ldd;
+      std::vector<double> ref(static_cast<std::size_t>(M * N));
+      sixteen_bit_gemm_ref(a, ref.data(), N);
+      std::vector<float> d32(static_cast<std::size_t>(M * ldd), kNan);
+      a.D_f32 = d32.data();
+      sixteen_bit_gemm(a, pool);
+      std::vector<std::uint16_t> d16(static_cast<std::size_t>(M * ldd), nan16);
+      a.D_f32 = nullptr;
+      a.D_16 = d16.data();
+      sixteen_bit_gemm(a, pool);
+      std::vector<std::uint16_t> row_by_row(static_cast<std::size_t>(M * ldd), nan16);
+      for (std::int64_t m = 0; m < M; ++m) {
+        SixteenBitGemmArgs one = a;
+        one.M = 1, one.A = A.data() + m * lda, one.D_16 = row_by_row.data() + m * ldd;
+        sixteen_bit_gemm(one, pool);
+      }
+      double err32 = 0, err16 = 0, norm = 0;
+      for (std::int64_t m = 0; m < M; ++m) {
+        for (std::int64_t n = 0; n < N; ++n) {
+          const std::size_t i = static_cast<std::size_t>(m * ldd + n);
+          ASSERT_EQ(d16[i], encode16(d32[i], fp16)) << what << " D[" << m << "," << n << "]";
+          ASSERT_EQ(row_by_row[i], d16[i]) << what << " row " << m << " alone";
+          const double r = ref[static_cast<std::size_t>(m * N + n)];
+          err32 += (d32[i] - r) * (d32[i] - r);
+          err16 += (decode16(d16[i], fp16) - r) * (decode16(d16[i], fp16) - r);
+          norm += r * r;
+        }
+        for (std::int64_t n = N; n < ldd; ++n) ASSERT_EQ(d16[static_cast<std::size_t>(m * ldd + n)], nan16) << what;
+      }
+      EXPECT_LT(std::sqrt(err32 / norm), 1e-5) << what;
+      EXPECT_LT(std::sqrt(err16 / norm), fp16 ? 1e-3 : 8e-3) << what;
+      if (fp16) {
+        EXPECT_GT(std::sqrt(err16 / norm), 1e-5) << what << ": the fp16 store rounds";
+      }
+    }
+  }
+  SixteenBitGemmArgs bad;
+  bad.dtype = DType::kFp32;
+  bad.M = 1, bad.N = 1, bad.K = 1, bad.lda = 1, bad.ldb = 1, bad.ldd = 1;
+  std::vector<std::uint16_t> one(1, 0x3C00);
+  float out = 0;
+  bad.A = one.data(), bad.B = one.data(), bad.D_f32 = &out;
+  EXPECT_THROW(sixteen_bit_gemm(bad, pool), moekit::Error) << "fp32 operands";
 }
 
 }  // namespace

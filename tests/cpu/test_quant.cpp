@@ -145,7 +145,8 @@ TEST(QuantActivation, AllSchemesMeetTheErrorBound) {
               case QuantScheme::kPerTensor: return 0;
               case QuantScheme::kPerTokenPerChannel: return r;
               case QuantScheme::kBlock128: return r * groups_per_row + c / kQuantBlock;
-              case QuantScheme::kBf16: break;
+              case QuantScheme::kBf16:
+              case QuantScheme::kFp16: break;
             }
             return -1;
           },
@@ -221,7 +222,8 @@ TEST(QuantActivation, ZeroGroupsGetScaleOne) {
         for (int g = 3; g < 6; ++g) EXPECT_EQ(scales[static_cast<size_t>(g)], 1.0f) << "group " << g;
         EXPECT_NE(scales[0], 1.0f);
         break;
-      case QuantScheme::kBf16: break;
+      case QuantScheme::kBf16:
+      case QuantScheme::kFp16: break;
     }
   }
 }
@@ -290,7 +292,8 @@ TEST(QuantWeight, AllSchemesMeetTheErrorBound) {
               case QuantScheme::kPerTensor: return 0;
               case QuantScheme::kPerTokenPerChannel: return n;
               case QuantScheme::kBlock128: return (n / kQuantBlock) * kb_count + k / kQuantBlock;
-              case QuantScheme::kBf16: break;
+              case QuantScheme::kBf16:
+              case QuantScheme::kFp16: break;
             }
             return -1;
           },

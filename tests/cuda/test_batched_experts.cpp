@@ -41,6 +41,12 @@ namespace {
 
 using numerics::bf16_decode;
 
+// A 16-bit value of the problem's recipe (w1_out, act, the output rows): fp16 for the fp16 recipe,
+// else bf16 (the FP8 recipes' w1_out and output).
+double v16(const MoeProblem& p, std::uint16_t x) {
+  return numerics::decode16(x, recipe_info(p.quant).activation_dtype == DType::kFp16);
+}
+
 // Tolerances, from the recipe:
 // - Each stage alone (W1 GEMM into bf16, W2 GEMM from the GPU's own FP8 activation): bf16 output
 //   rounding (2^-9 relative) where fp32 sums in another order land on the other side of a bf16
@@ -181,7 +187,7 @@ double rel_err_valid(const MoeProblem& p, const std::uint16_t* a, const std::uin
     const std::int64_t m = counts[static_cast<std::size_t>(e)];
     if (m < 0 || m > p.M) continue;
     for (std::int64_t i = e * p.M * width; i < (e * p.M + m) * width; ++i) {
-      const double x = bf16_decode(a[i]), y = bf16_decode(b[i]);
+      const double x = v16(p, a[i]), y = v16(p, b[i]);
       err += (x - y) * (x - y);
       norm += y * y;
     }
@@ -199,8 +205,8 @@ class W2Stage {
   void add(std::int64_t e, std::int64_t m, const std::uint8_t* act, const float* act_scale) {
     cpu::run_expert_gemm(p_, w_, 2, e, m, act, act_scale, out_.data(), pool_);
     for (std::int64_t i = 0; i < m * p_.K; ++i) {
-      const double x = bf16_decode(r_.output[static_cast<std::size_t>(e * p_.M * p_.K + i)]);
-      const double y = bf16_decode(out_[static_cast<std::size_t>(i)]);
+      const double x = v16(p_, r_.output[static_cast<std::size_t>(e * p_.M * p_.K + i)]);
+      const double y = v16(p_, out_[static_cast<std::size_t>(i)]);
       err_ += (x - y) * (x - y);
       norm_ += y * y;
     }
@@ -294,7 +300,7 @@ void check_bf16_stages(const MoeProblem& p, const synthetic::HostExpertWeights& 
     for (std::int64_t i = 0; i < m * I; ++i) {
       const std::uint16_t a = q[static_cast<std::size_t>(i)], b = gpu_act[e * M * I + i];
       if (a == b) continue;
-      if (std::abs(bf16_decode(a) - bf16_decode(b)) <= std::ldexp(amax, -16)) continue;
+      if (std::abs(v16(p, a) - v16(p, b)) <= std::ldexp(amax, -16)) continue;
       if (std::abs(static_cast<int>(a) - static_cast<int>(b)) == 1)  // neighbouring bf16s of one sign
         ++one_ulp;
       else
@@ -383,7 +389,7 @@ double check_run(const MoeProblem& p, const GpuRun& r, const std::vector<std::ui
           written_padding += r.output[i] != 0xFFFF;
           continue;
         }
-        const double g = bf16_decode(r.output[i]), c_ref = bf16_decode(ref[i]);
+        const double g = v16(p, r.output[i]), c_ref = v16(p, ref[i]);
         if (std::isnan(g)) ++nan_valid;
         err += (g - c_ref) * (g - c_ref);
         norm += c_ref * c_ref;
@@ -506,7 +512,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kGeluTanh},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kRelu2},
                       Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kSiluNoMul},
-                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kGeluNoMul}),
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kBf16, Activation::kGeluNoMul},
+                      // fp16: the same instances in fp16, W1's output, act and the rows in fp16.
+                      Case{"deepseek-v3", 4, 256, QuantScheme::kFp16}, Case{"gpt-oss-120b", 3, 96, QuantScheme::kFp16},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kFp16},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kFp16, Activation::kGelu},
+                      Case{"qwen3-30b-a3b", 3, 80, QuantScheme::kFp16, Activation::kRelu2}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string n = param_info.param.model + "_" + std::string(quant_name(param_info.param.quant));
       if (param_info.param.activation) n += "_" + std::string(activation_name(*param_info.param.activation));
@@ -571,7 +582,7 @@ TEST_P(AccumulationGpu, W1MatchesTheFp32SumsAtK7168) {
     std::int64_t values = 0;
     for (std::int64_t e = 0; e < p.E_local; ++e)
       for (std::int64_t i = 0; i < counts[static_cast<std::size_t>(e)] * p.N; ++i) {
-        const double g = bf16_decode(gpu_w1[e * p.M * p.N + i]), y = bf16_decode(ref.w1_out[e * p.M * p.N + i]);
+        const double g = v16(p, gpu_w1[e * p.M * p.N + i]), y = v16(p, ref.w1_out[e * p.M * p.N + i]);
         if (y != 0) signed_sum += (g - y) / std::fabs(y), ++values;
       }
     const double end_to_end = check_run(p, r, ref.output, counts, "accumulation");
@@ -846,8 +857,8 @@ TEST_P(GraphReplay, MatchesEagerRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchedExpertsGpuContract, GraphReplay,
-                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128,
-                                           QuantScheme::kBf16),
+                         ::testing::Values(QuantScheme::kPerTokenPerChannel, QuantScheme::kBlock128, QuantScheme::kBf16,
+                                           QuantScheme::kFp16),
                          quant_param_name);
 
 // A step captured once with the rule's three row ranges, replayed over counts that fall in one
@@ -859,10 +870,11 @@ struct ReplayCase {
   bool fuse_w1;
 };
 
-// The recipes (per-token; block128 unfused and fused; bf16) and their test names.
+// The recipes (per-token; block128 unfused and fused; bf16; fp16) and their test names.
 const auto kRecipes =
     ::testing::Values(ReplayCase{QuantScheme::kPerTokenPerChannel, false}, ReplayCase{QuantScheme::kBlock128, false},
-                      ReplayCase{QuantScheme::kBlock128, true}, ReplayCase{QuantScheme::kBf16, false});
+                      ReplayCase{QuantScheme::kBlock128, true}, ReplayCase{QuantScheme::kBf16, false},
+                      ReplayCase{QuantScheme::kFp16, false});
 std::string recipe_name(const ::testing::TestParamInfo<ReplayCase>& info) {
   return testing::test_name(std::string(quant_name(info.param.quant))) + (info.param.fuse_w1 ? "_fused" : "");
 }

@@ -193,6 +193,10 @@ std::vector<Case> cases() {
     all.push_back({"deepseek-v3", experts, QuantScheme::kBf16, Activation::kSilu, 24, 64});
     all.push_back({"gpt-oss-120b", experts, QuantScheme::kBf16, Activation::kSwigluOai, 13, 72});
     all.push_back({"tiny-gated", experts, QuantScheme::kBf16, Activation::kSilu, 13});
+    // fp16: the bf16 tokens rounded to fp16 at the scatter / permutation, fp16 rows combined into bf16.
+    for (std::int64_t T : {1, 37, 600}) all.push_back({"tiny", experts, QuantScheme::kFp16, Activation::kSilu, T});
+    all.push_back({"gpt-oss-120b", experts, QuantScheme::kFp16, Activation::kSwigluOai, 13, 72});
+    all.push_back({"tiny-gated", experts, QuantScheme::kFp16, Activation::kGelu, 13});
   }
   return all;
 }

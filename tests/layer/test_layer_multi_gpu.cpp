@@ -199,6 +199,7 @@ std::vector<Case> cases() {
   // The unquantized recipe: records of K bf16 values (2K bytes) and no scales.
   all.push_back({"tiny", 0, QuantScheme::kBf16, {37, 1}});
   all.push_back({"qwen3-30b-a3b", 32, QuantScheme::kBf16, {40, 40}});
+  all.push_back({"tiny", 0, QuantScheme::kFp16, {37, 1}});  // fp16 records (bf16 tokens converted at packing)
   return all;
 }
 
@@ -243,6 +244,7 @@ std::vector<Case> one_rank_cases() {
   // bf16 records (2K-byte rows, no scales) through both transports' kernels.
   all.push_back({"tiny", 0, QuantScheme::kBf16, {13}, "nccl", true});
   all.push_back({"deepseek-v3", 32, QuantScheme::kBf16, {24}, "nccl", true});
+  all.push_back({"tiny", 0, QuantScheme::kFp16, {13}, "nccl", true});
   return all;
 }
 

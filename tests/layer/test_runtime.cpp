@@ -234,33 +234,40 @@ TEST(RuntimeBadInput, ANaNNamesTheLayerAndTheSeam) {
 
 // The bf16 recipe's weights are bf16 values, not FP8 codes: the search for the non-finite weight
 // reads them as bf16 (a value with a 0x7F byte, e.g. 0x3F7F = 0.996, is finite) and names the value.
-TEST(RuntimeBadInput, ABf16NaNWeightIsNamedAsAValue) {
-  const ModelConfig m = synthetic::tiny_model(true);
-  const ParallelConfig par{1, 1, 8, 0};
-  const std::int64_t K = m.hidden_size, E = m.num_experts, T = 5;
-  const auto memory = make_memory(Device::kCpu);
-  DeviceCopies copies(*memory);
-  const auto tokens = synthetic::make_tokens(K, E, 0, T, 3);
-  LayerOptions opt;
-  opt.quant = QuantScheme::kBf16;
-  const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, opt.quant);
-  HostLayer bad = make_host_layer(m, p, 0, 0);
-  ASSERT_EQ(bad.experts.w1.size(), static_cast<std::size_t>(2 * p.E_local * p.N * p.K));
-  std::fill(bad.experts.w1.begin(), bad.experts.w1.end(), std::uint8_t{0x7F});  // every value 0x7F7F: finite
-  bad.experts.w1[2 * 5] = 0xC0;                                                 // value 5: 0x7FC0, a NaN
-  run_in_process(1, [&](Communicator& comm) {
-    MoeRuntime runtime(m, par, opt, comm);
-    runtime.add_layer(weights_of(bad, copies));
-    std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
-    std::string error;
-    try {
-      runtime.forward(0, tokens.hidden.data(), tokens.logits.data(), T, out.data());
-      runtime.check_output(0, tokens.hidden.data(), T, out.data());
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    EXPECT_NE(error.find("seam experts: local expert 0's W1 value 5 is not finite"), std::string::npos) << error;
-  });
+TEST(RuntimeBadInput, ASixteenBitNaNWeightIsNamedAsAValue) {
+  for (const QuantScheme quant : {QuantScheme::kBf16, QuantScheme::kFp16}) {
+    const ModelConfig m = synthetic::tiny_model(true);
+    const ParallelConfig par{1, 1, 8, 0};
+    const std::int64_t K = m.hidden_size, E = m.num_experts, T = 5;
+    const auto memory = make_memory(Device::kCpu);
+    DeviceCopies copies(*memory);
+    const auto tokens = synthetic::make_tokens(K, E, 0, T, 3);
+    LayerOptions opt;
+    opt.quant = quant;
+    const MoeProblem p = make_problem(m, par, ActivationFormat::kBatchedExperts, opt.quant);
+    HostLayer bad = make_host_layer(m, p, 0, 0);
+    ASSERT_EQ(bad.experts.w1.size(), static_cast<std::size_t>(2 * p.E_local * p.N * p.K));
+    // Every value finite (bf16 0x7F7F, fp16 0x3C3C), then value 5 a NaN of the dtype (0x7FC0, 0x7E00).
+    const bool fp16 = quant == QuantScheme::kFp16;
+    std::fill(bad.experts.w1.begin(), bad.experts.w1.end(),
+              std::uint8_t{fp16 ? std::uint8_t{0x3C} : std::uint8_t{0x7F}});
+    bad.experts.w1[2 * 5] = fp16 ? 0x00 : 0xC0;
+    bad.experts.w1[2 * 5 + 1] = fp16 ? 0x7E : 0x7F;
+    run_in_process(1, [&](Communicator& comm) {
+      MoeRuntime runtime(m, par, opt, comm);
+      runtime.add_layer(weights_of(bad, copies));
+      std::vector<std::uint16_t> out(static_cast<std::size_t>(T * K));
+      std::string error;
+      try {
+        runtime.forward(0, tokens.hidden.data(), tokens.logits.data(), T, out.data());
+        runtime.check_output(0, tokens.hidden.data(), T, out.data());
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      EXPECT_NE(error.find("seam experts: local expert 0's W1 value 5 is not finite"), std::string::npos)
+          << quant_name(quant) << ": " << error;
+    });
+  }
 }
 
 // On the GPU: 8 layers over one workspace, each equal to itself alone; a graph of 4 layers' steps,

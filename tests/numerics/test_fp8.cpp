@@ -262,5 +262,95 @@ TEST(Bf16, InfAndNanSurvive) {
   }
 }
 
+// --- fp16 by definition ---------------------------------------------------------------------------
+
+// Value of a non-negative fp16 code by its fields (0x7C00 read as 2^16: the next value of an unbounded
+// exponent, where round-to-nearest-even decides between 65504 and infinity).
+double fp16_magnitude_unbounded(std::uint32_t code) {
+  const std::uint32_t e = code >> 10, m = code & 0x3FFu;
+  if (e == 0) return std::ldexp(static_cast<double>(m), -24);
+  return std::ldexp(1.0 + static_cast<double>(m) / 1024.0, static_cast<int>(e) - 15);
+}
+
+fp16_t fp16_encode_by_definition(float x) {
+  const std::uint32_t sign = (std::bit_cast<std::uint32_t>(x) >> 16) & 0x8000u;
+  const double a = std::fabs(static_cast<double>(x));
+  if (std::isinf(x) || a >= fp16_magnitude_unbounded(0x7C00u)) return static_cast<fp16_t>(sign | 0x7C00u);
+  std::uint32_t lo = 0, hi = 0x7C00u;  // the largest code at or below a: binary search, values increase
+  while (hi - lo > 1) {
+    const std::uint32_t mid = (lo + hi) / 2;
+    (fp16_magnitude_unbounded(mid) <= a ? lo : hi) = mid;
+  }
+  const double lo_v = fp16_magnitude_unbounded(lo), hi_v = fp16_magnitude_unbounded(lo + 1);
+  std::uint32_t code = lo;
+  if (a != lo_v) {
+    const double twice = 2.0 * a, sum = lo_v + hi_v;
+    if (twice > sum || (twice == sum && lo % 2 == 1)) code = lo + 1;
+  }
+  return static_cast<fp16_t>(sign | code);
+}
+
+TEST(Fp16, EveryCodeDecodesToItsValue) {
+  int failures = 0;
+  for (std::uint32_t code = 0; code < 0x10000u; ++code) {
+    const float got = fp16_decode(static_cast<fp16_t>(code));
+    const std::uint32_t mag = code & 0x7FFFu;
+    if (mag > 0x7C00u) {
+      if (!std::isnan(got) && ++failures <= 10) ADD_FAILURE() << "fp16_decode(0x" << std::hex << code << ") not NaN";
+      continue;
+    }
+    const double want = (code & 0x8000u ? -1.0 : 1.0) *
+                        (mag == 0x7C00u ? std::numeric_limits<double>::infinity() : fp16_magnitude_unbounded(mag));
+    if (static_cast<double>(got) != want && ++failures <= 10)
+      ADD_FAILURE() << "fp16_decode(0x" << std::hex << code << ") = " << got << ", want " << want;
+    if (fp16_encode(got) != code && ++failures <= 10)  // every value round-trips, -0 and inf included
+      ADD_FAILURE() << "fp16_encode(fp16_decode(0x" << std::hex << code << ")) = 0x" << fp16_encode(got);
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(Fp16, StridedSweepRoundsToNearestEven) {
+  int failures = 0;
+  std::int64_t count = 0;
+  for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 4099, ++count) {
+    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
+    if (std::isnan(x)) continue;
+    const fp16_t got = fp16_encode(x), want = fp16_encode_by_definition(x);
+    if (got != want && ++failures <= 10)
+      ADD_FAILURE() << "fp16_encode(" << hex_float(x) << ") = 0x" << std::hex << got << ", want 0x" << want;
+  }
+  EXPECT_EQ(failures, 0) << "of " << count << " floats";
+}
+
+TEST(Fp16, TiesRangeEdgesAndNan) {
+  // Every finite code: the ties above it go to the even neighbour, one float either side to the nearer.
+  int failures = 0;
+  for (std::uint32_t code = 0; code < 0x7C00u; ++code) {
+    const double lo = fp16_magnitude_unbounded(code), hi = fp16_magnitude_unbounded(code + 1);
+    const auto tie = static_cast<float>((lo + hi) / 2);  // exact in float: 12 significant bits at most
+    const auto expect = [&](float x, std::uint32_t want) {
+      if (fp16_encode(x) != want && ++failures <= 10)
+        ADD_FAILURE() << "fp16_encode(" << hex_float(x) << ") = 0x" << std::hex << fp16_encode(x) << ", want 0x"
+                      << want;
+    };
+    expect(tie, code % 2 == 1 ? code + 1 : code);
+    expect(std::nextafter(tie, 0.0f), code);
+    expect(std::nextafter(tie, 1e9f), code + 1);
+  }
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(fp16_encode(65504.0f), 0x7BFF);
+  EXPECT_EQ(fp16_encode(65519.99f), 0x7BFF);  // below the tie with 2^16: rounds down to the largest
+  EXPECT_EQ(fp16_encode(65520.0f), 0x7C00);   // the tie: rounds to even, which is infinity
+  EXPECT_EQ(fp16_encode(-1e6f), 0xFC00);
+  EXPECT_EQ(fp16_encode(std::numeric_limits<float>::infinity()), 0x7C00);
+  EXPECT_EQ(fp16_encode(0x1p-25f), 0x0000);  // half the smallest subnormal: tie to even 0
+  EXPECT_EQ(fp16_encode(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
+  EXPECT_EQ(fp16_encode(-0.0f), 0x8000);
+  EXPECT_EQ(fp16_decode(0x3C00), 1.0f);
+  EXPECT_EQ(fp16_decode(0x7BFF), kFp16Max);
+  for (std::uint32_t bits : {0x7FC00000u, 0x7F800001u, 0xFFC00000u, 0x7F801000u})
+    EXPECT_TRUE(std::isnan(fp16_decode(fp16_encode(std::bit_cast<float>(bits))))) << std::hex << bits;
+}
+
 }  // namespace
 }  // namespace moekit::numerics

@@ -198,7 +198,8 @@ TEST_P(WorkspaceContract, ShapesLifetimesTotals) {
             EXPECT_EQ(scale, (std::vector<std::int64_t>{E_local, p.M})) << c;
             break;
           case QuantScheme::kBlock128: EXPECT_EQ(scale, (std::vector<std::int64_t>{E_local, p.M, I / 128})) << c; break;
-          case QuantScheme::kBf16: EXPECT_TRUE(scale.empty()) << c; break;
+          case QuantScheme::kBf16:
+          case QuantScheme::kFp16: EXPECT_TRUE(scale.empty()) << c; break;
         }
         // Exact experts' total: no aliasing in the batched design, every region aligned to 256 bytes.
         std::int64_t sum = 0;

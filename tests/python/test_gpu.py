@@ -103,8 +103,8 @@ def to_cuda(case):
     return t
 
 
-def poisoned(shape):
-    return torch.full(shape, POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
+def poisoned(shape, dtype=torch.bfloat16):
+    return torch.full(shape, POISON, dtype=torch.int16, device="cuda").view(dtype)
 
 
 @pytest.mark.parametrize("quant,fuse_w1", [("per-token", False), ("block128", False), ("block128", True)])
@@ -163,49 +163,58 @@ def test_standard_op_on_cuda_agrees_with_the_cpu():
     assert err < 1e-2, f"CUDA vs CPU relative error {err:.3e}"
 
 
-def test_bf16_ops_on_cuda_agree_with_the_cpu_and_leave_padding():
-    """quant="bf16" on CUDA tensors: the batched op (padding rows untouched) and the standard op (ids of
-    -1 skipped) against the CPU ops on the same bf16 operands, and under a CUDA graph the eager bits."""
+@pytest.mark.parametrize("quant", ["bf16", "fp16"])
+def test_sixteen_bit_ops_on_cuda_agree_with_the_cpu_and_leave_padding(quant):
+    """quant="bf16" / "fp16" on CUDA tensors: the batched op (padding rows untouched) and the standard op
+    (ids of -1 skipped) against the CPU ops on the same operands, and under a CUDA graph the eager bits."""
+    dt = torch.bfloat16 if quant == "bf16" else torch.float16
+    # Both devices round the same stored values; they differ where fp32 sums in other orders round to
+    # neighbouring values: a few ulps (bf16 2^-8, fp16 2^-11) at most, rarely.
+    bound = 8e-3 if quant == "bf16" else 2e-3
+
+    def f64(t):
+        return t.cpu().float().double().numpy()
+
     rng = np.random.default_rng(9)
     E, M, K, I = 4, 64, 512, 256
     counts = np.array([64, 0, 17, 1], np.int32)
-    bf = lambda shape, s: torch.from_numpy(rng.normal(0, s, shape).astype(np.float32)).to(torch.bfloat16)  # noqa
-    a1q, w1, w2 = bf((E, M, K), 1.0), bf((E, 2 * I, K), K ** -0.5), bf((E, K, I), I ** -0.5)
-    cpu_out = torch.full((E, M, K), float("nan"), dtype=torch.bfloat16)
-    moekit.ops.batched_experts(a1q, None, torch.from_numpy(counts), w1, None, w2, None, cpu_out, quant="bf16")
+    draw = lambda shape, s: torch.from_numpy(rng.normal(0, s, shape).astype(np.float32)).to(dt)  # noqa
+    a1q, w1, w2 = draw((E, M, K), 1.0), draw((E, 2 * I, K), K ** -0.5), draw((E, K, I), I ** -0.5)
+    cpu_out = torch.full((E, M, K), float("nan"), dtype=dt)
+    moekit.ops.batched_experts(a1q, None, torch.from_numpy(counts), w1, None, w2, None, cpu_out, quant=quant)
     t = [x.cuda() for x in (a1q, w1, w2)]
     counts_cuda = torch.from_numpy(counts).cuda()  # made before the capture (no host copy inside one)
-    out = poisoned((E, M, K))
-    moekit.ops.batched_experts(t[0], None, counts_cuda, t[1], None, t[2], None, out, quant="bf16")
+    out = poisoned((E, M, K), dt)
+    moekit.ops.batched_experts(t[0], None, counts_cuda, t[1], None, t[2], None, out, quant=quant)
     moekit.ops.check_status()
-    got, want = bits(out), cpu_out.view(torch.int16).numpy().view(np.uint16)
+    got = bits(out)
     for e, m in enumerate(counts):
         assert (got[e, m:] == 0xFFFF).all(), f"expert {e}: a padding row was written"
         if m:
-            a, b = bf16_to_f64(got[e, :m]), bf16_to_f64(want[e, :m])
+            a, b = f64(out[e, :m]), f64(cpu_out[e, :m])
             err = np.linalg.norm(a - b) / np.linalg.norm(b)
-            assert err < 8e-3, f"expert {e}: CUDA vs CPU relative error {err:.3e} (bf16: a few ulps of 2^-8)"
-    static = poisoned((E, M, K))
+            assert err < bound, f"{quant} expert {e}: CUDA vs CPU relative error {err:.3e}"
+    static = poisoned((E, M, K), dt)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        moekit.ops.batched_experts(t[0], None, counts_cuda, t[1], None, t[2], None, static, quant="bf16")
+        moekit.ops.batched_experts(t[0], None, counts_cuda, t[1], None, t[2], None, static, quant=quant)
     static.view(torch.int16).fill_(POISON)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static.view(torch.int16), out.view(torch.int16))
-    # The standard op: T tokens, top-4 ids with -1 slots.
+    # The standard op: T tokens, top-4 ids with -1 slots, out in the recipe's dtype.
     T, topk = 45, 4
-    x = bf((T, K), 1.0)
+    x = draw((T, K), 1.0)
     ids = torch.from_numpy(rng.integers(-1, E, (T, topk)).astype(np.int64))
     weights = torch.from_numpy(rng.uniform(0, 1, (T, topk)).astype(np.float32))
-    cpu_std = torch.zeros(T, K, dtype=torch.bfloat16)
-    moekit.ops.standard_experts(x, None, ids, weights, w1, None, w2, None, cpu_std, quant="bf16")
-    std = poisoned((T, K))
-    moekit.ops.standard_experts(x.cuda(), None, ids.cuda(), weights.cuda(), t[1], None, t[2], None, std, quant="bf16")
+    cpu_std = torch.zeros(T, K, dtype=dt)
+    moekit.ops.standard_experts(x, None, ids, weights, w1, None, w2, None, cpu_std, quant=quant)
+    std = poisoned((T, K), dt)
+    moekit.ops.standard_experts(x.cuda(), None, ids.cuda(), weights.cuda(), t[1], None, t[2], None, std, quant=quant)
     moekit.ops.check_status()
-    a, b = bf16_to_f64(bits(std)), bf16_to_f64(cpu_std.view(torch.int16).numpy().view(np.uint16))
+    a, b = f64(std), f64(cpu_std)
     err = np.linalg.norm(a - b) / np.linalg.norm(b)
-    assert err < 8e-3, f"standard op: CUDA vs CPU relative error {err:.3e}"
+    assert err < bound, f"{quant} standard op: CUDA vs CPU relative error {err:.3e}"
 
 
 def test_torch_ops_under_cuda_graph_and_compile_give_the_eager_bits():

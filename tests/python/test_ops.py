@@ -227,6 +227,71 @@ def test_bf16_recipe_batched_and_standard():
         moekit.ops.batched_experts(a, None, counts, w1, None, w2, None, out)
 
 
+def test_fp16_recipe_batched_and_standard():
+    """quant='fp16' (named): numpy float16 a1q, weights and out, no scales, against float64 on the
+    recipe's roundings (W1's output and the activation's in fp16); padding rows never written; the
+    standard op's out in float16 or bfloat16, each rounded once from the same fp32 sums; past
+    fp16's range the values are inf, as in the model run in fp16; bf16 operands are refused by name."""
+    rng = np.random.default_rng(12)
+    E, M, K, I = 3, 8, 128, 64
+    counts = np.array([5, 0, 8], np.int32)
+    a = rng.normal(0, 1, (E, M, K)).astype(np.float16)
+    w1 = rng.normal(0, 1 / np.sqrt(K), (E, 2 * I, K)).astype(np.float16)
+    w2 = rng.normal(0, 1 / np.sqrt(I), (E, K, I)).astype(np.float16)
+
+    def expert(x, e):
+        h = (x.astype(np.float64) @ w1[e].astype(np.float64).T).astype(np.float16).astype(np.float64)
+        g, u = h[:, :I], h[:, I:]
+        act = (g / (1 + np.exp(-g)) * u).astype(np.float16).astype(np.float64)
+        return act @ w2[e].astype(np.float64).T
+
+    out = np.full((E, M, K), np.nan, np.float16)
+    moekit.ops.batched_experts(a, None, counts, w1, None, w2, None, out, quant="fp16")
+    for e in range(E):
+        m = counts[e]
+        assert np.isnan(out[e, m:]).all(), f"expert {e}: a padding row was written"
+        if m:
+            ref = expert(a[e, :m], e)
+            err = np.linalg.norm(out[e, :m].astype(np.float64) - ref) / np.linalg.norm(ref)
+            # One fp16 rounding of the output (2^-12 RMS relative), rare one-ulp flips of h or act.
+            assert err < 6e-4, f"expert {e}: relative error {err:.3e}"
+            print(f"fp16 batched expert {e}: {err:.2e}")
+    T = 6
+    x = rng.normal(0, 1, (T, K)).astype(np.float16)
+    ids = np.array([[0, 2], [2, 1], [1, 0], [0, -1], [2, 0], [1, 2]], np.int32)
+    wts = rng.uniform(0.1, 1.0, (T, 2)).astype(np.float32)
+    want = np.zeros((T, K))
+    for t in range(T):
+        for s in range(2):
+            if ids[t, s] >= 0:
+                want[t] += wts[t, s] * expert(x[t:t + 1], ids[t, s])[0]
+    got16 = np.zeros((T, K), np.float16)
+    moekit.ops.standard_experts(x, None, ids, wts, w1, None, w2, None, got16, quant="fp16")
+    err16 = np.linalg.norm(got16.astype(np.float64) - want) / np.linalg.norm(want)
+    assert err16 < 6e-4, f"standard: relative error {err16:.3e}"
+    print(f"fp16 standard: {err16:.2e}")
+    bits16 = np.zeros((T, K), np.uint16)  # uint16 bits: the recipe's output dtype, fp16 here
+    moekit.ops.standard_experts(x, None, ids, wts, w1, None, w2, None, bits16, quant="fp16")
+    assert np.array_equal(bits16, got16.view(np.uint16))
+    torch = pytest.importorskip("torch")
+    got_bf = torch.zeros((T, K), dtype=torch.bfloat16)  # the same fp32 sums rounded once to bf16
+    moekit.ops.standard_experts(torch.from_numpy(x), None, torch.from_numpy(ids), torch.from_numpy(wts),
+                                torch.from_numpy(w1), None, torch.from_numpy(w2), None, got_bf, quant="fp16")
+    err_bf = np.linalg.norm(got_bf.double().numpy() - want) / np.linalg.norm(want)
+    assert 5e-4 < err_bf < 5e-3 and err16 < err_bf / 3, f"fp16 out {err16:.3e}, bf16 out {err_bf:.3e}"
+    # Overflow: W1's output past 65504 is inf in fp16 (and the output NaN / inf), not saturated.
+    big = np.full((1, M, K), 8.0, np.float16)
+    hot = np.full((1, 2 * I, K), 64.0, np.float16)  # each W1 output 128 * 8 * 64 = 65536: inf
+    y = np.zeros((1, M, K), np.float16)
+    moekit.ops.batched_experts(big, None, np.array([2], np.int32), hot, None, w2[:1], None, y, quant="fp16")
+    assert not np.isfinite(y[0, :2]).any(), "an fp16 overflow came out finite"
+    with pytest.raises(moekit.Error, match="a1q.*float16 \\(or its uint16 bits\\) for quant='fp16'"):
+        moekit.ops.batched_experts(a.astype(np.float32), None, counts, w1, None, w2, None, out, quant="fp16")
+    with pytest.raises(moekit.Error, match="out.*float16 \\(or its uint16 bits\\) for quant='fp16'"):
+        moekit.ops.batched_experts(a, None, counts, w1, None, w2, None, np.zeros((E, M, K), np.float32),
+                                   quant="fp16")
+
+
 def test_max_rows_bounds_the_call_and_an_expert_past_it_is_an_error():
     """max_rows: declared at the largest count, the same bits as undeclared; one under it, the expert
     past it is skipped (its rows untouched, the others' the same bits) and raised."""

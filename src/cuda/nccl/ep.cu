@@ -43,6 +43,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/quantize.cuh"
 #include "cuda/row_map.cuh"
+#include "cuda/sixteen_bit.cuh"
 #include "cuda/status.cuh"
 #include "numerics/activation.h"
 #include "numerics/routing.h"
@@ -240,6 +241,7 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
   __shared__ float weights[plan::kMaxEpTopk];
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const bool scaled = has_activation_scales(recipe_info(s.quant));
+  const bool fp16 = recipe_info(s.quant).activation_dtype == DType::kFp16;
   const int tid = static_cast<int>(threadIdx.x), K = static_cast<int>(s.K);
   const auto epoch = device_initiated ? static_cast<std::int32_t>(s.epochs[blockIdx.x] + 1) : 0;
   for (std::int64_t t = blockIdx.x; t < s.tokens; t += gridDim.x) {
@@ -250,8 +252,8 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
         flag_status(s.status, kStatusBadExpertId, static_cast<int>(t), tid, ids[tid]);
     }
     __syncthreads();
-    // FP8: the row encoded once for every rank. Unquantized (bf16): the token's own row is the
-    // record's row (rl.row_bytes = 2K), copied to each rank; no scales.
+    // FP8: the row encoded once for every rank. Unquantized: the token's own bf16 row is the record's
+    // row (rl.row_bytes = 2K; fp16: converted), copied to each rank; no scales.
     const auto* hidden = reinterpret_cast<const __nv_bfloat16*>(s.hidden) + t * s.K;
     QuantRow::Encoded codes{};
     if (scaled) {
@@ -286,6 +288,10 @@ __global__ void __launch_bounds__(kQuantThreads) pack_kernel(EpStep s, Window w,
       if (scaled) {
         QuantRow::write(codes, s.quant, K, reinterpret_cast<std::uint8_t*>(rec + rl.row_offset),
                         reinterpret_cast<float*>(rec + rl.scale_offset));
+      } else if (fp16) {  // the fp16 recipe: the bf16 row rounded once to fp16 (numerics::fp16_encode)
+        const auto* src = reinterpret_cast<const uint4*>(hidden);
+        auto* dst = reinterpret_cast<uint4*>(rec + rl.row_offset);
+        for (std::int64_t v = tid; v < rl.row_bytes / 16; v += blockDim.x) dst[v] = bf16_to_fp16_8(src[v]);
       } else {
         const auto* src = reinterpret_cast<const uint4*>(hidden);
         auto* dst = reinterpret_cast<uint4*>(rec + rl.row_offset);
@@ -408,6 +414,7 @@ __global__ void __launch_bounds__(kCopyThreads) partial_kernel(EpStep s, Window 
   const plan::EpRecord rl = plan::ep_record(s.quant, s.K, s.topk);
   const std::int64_t n = s.ranks * s.max_tokens;
   const std::int64_t dmax = plan::ep_max_destinations(s.topk, s.ranks);
+  const bool fp16_rows = recipe_info(s.quant).output_dtype == DType::kFp16;  // the experts' output rows
   for (std::int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int src = static_cast<int>(i / s.max_tokens);
     const std::int64_t j = i % s.max_tokens;
@@ -429,9 +436,16 @@ __global__ void __launch_bounds__(kCopyThreads) partial_kernel(EpStep s, Window 
         if (row < 0) continue;
         const float wk = wts[k];
         const uint4 raw = *reinterpret_cast<const uint4*>(s.expert_output + static_cast<std::int64_t>(row) * s.K + c0);
-        const auto* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
+        float y[8];
+        if (fp16_rows) {
 #pragma unroll
-        for (int q = 0; q < 8; ++q) acc[q] = numerics::combine_step<DeviceMath>(acc[q], wk, __bfloat162float(y[q]));
+          for (int q = 0; q < 8; ++q) y[q] = to_float(reinterpret_cast<const __half*>(&raw)[q]);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) y[q] = to_float(reinterpret_cast<const __nv_bfloat16*>(&raw)[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc[q] = numerics::combine_step<DeviceMath>(acc[q], wk, y[q]);
       }
       reinterpret_cast<float4*>(dst + c0)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
       reinterpret_cast<float4*>(dst + c0)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
