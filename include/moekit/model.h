@@ -68,6 +68,9 @@ struct ModelConfig {
   // format moekit does not run (int4, ...).
   std::string checkpoint_format;
   std::optional<QuantScheme> checkpoint_quant;
+  // config.json's torch_dtype (transformers' newer "dtype"): "float16", "bfloat16", "float32"; empty
+  // when absent. An unquantized checkpoint's own recipe follows it (unquantized_checkpoint_quant).
+  std::string checkpoint_dtype;
   WeightNames weight_names = WeightNames::kNone;
 
   std::int64_t N() const { return is_gated(activation) ? 2 * moe_intermediate_size : moe_intermediate_size; }

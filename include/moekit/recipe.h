@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <string_view>
 
 #include "moekit/types.h"
 
@@ -176,10 +177,14 @@ constexpr RecipeInfo recipe_info(QuantScheme quant) {
           .device_vs_cpu_tolerance = 0.0};
 }
 
-// The recipe a checkpoint without a quantization_config (bf16, fp16, fp32 weights) runs unless the
-// user names one (quant = "auto"): its own precision, bf16 (bf16 values loaded bit for bit, fp16 and
-// fp32 rounded once to bf16); FP8 is asked for (per-token, block128), the weights quantized at load.
+// The recipe a checkpoint without a quantization_config runs unless the user names one (quant =
+// "auto"): its own precision, by config.json's torch_dtype: fp16 for "float16" (its values loaded bit
+// for bit), else bf16 (bf16 values bit for bit, fp32 rounded once); FP8 is asked for (per-token,
+// block128), the weights quantized at load.
 inline constexpr QuantScheme kUnquantizedCheckpointQuant = QuantScheme::kBf16;
+constexpr QuantScheme unquantized_checkpoint_quant(std::string_view torch_dtype) {
+  return torch_dtype == "float16" ? QuantScheme::kFp16 : kUnquantizedCheckpointQuant;
+}
 // The recipe planned for a checkpoint in a format moekit does not run (int4, FP8 in other blocks),
 // named in the plan's note: per-token FP8, which any float weights convert into.
 inline constexpr QuantScheme kUnrunFormatQuant = QuantScheme::kPerTokenPerChannel;

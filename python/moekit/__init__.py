@@ -191,26 +191,27 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
         return d
     if device != "cuda":
         raise Error(f"device = {device!r}: synthetic_inputs makes 'cpu' (NumPy) or 'cuda' (torch) arrays")
-    return _to_torch(d, "cuda")
+    return _to_torch(d, "cuda", quant)
 
 
 # The weight keys that hold FP8 e4m3 codes (uint8 on the host).
 _FP8_KEYS = ("w1", "w2", "shared_w1", "shared_w2")
 
 
-def _to_torch(arrays: dict, device: str) -> dict:
+def _to_torch(arrays: dict, device: str, quant: str = "") -> dict:
     """Host arrays (NumPy, as the native module returns them) as torch tensors on `device`, in the dtypes
-    the layer reads there: FP8 codes as float8_e4m3fn, bf16 bits (uint16) as bfloat16, the rest as they
-    are. Each host array is dropped from `arrays` once its copy is made, so a layer's host memory goes
-    as its device copies come (peak: one layer and one array)."""
+    the layer reads there: FP8 codes as float8_e4m3fn, 16-bit bits (uint16) as bfloat16 (float16: the
+    fp16 recipe's weights), the rest as they are. Each host array is dropped from `arrays` once its copy
+    is made, so a layer's host memory goes as its device copies come (peak: one layer and one array)."""
     import torch
 
+    sixteen = torch.float16 if quant == "fp16" else torch.bfloat16
     out = {}
     for k in list(arrays):
         v = arrays.pop(k)
         t = torch.from_numpy(v.view(np.int16) if v.dtype == np.uint16 else v)
-        t = t.view(torch.bfloat16) if v.dtype == np.uint16 else t
-        # FP8 codes (uint8) only: the bf16 recipe's w1 / w2 are uint16 bits, bfloat16 above.
+        t = t.view(sixteen if k in _FP8_KEYS else torch.bfloat16) if v.dtype == np.uint16 else t
+        # FP8 codes (uint8) only: the 16-bit recipes' w1 / w2 are uint16 bits, viewed above.
         t = t.view(torch.float8_e4m3fn) if k in _FP8_KEYS and v.dtype == np.uint8 else t
         out[k] = t.to(device)
         del v, t
@@ -509,8 +510,9 @@ class Checkpoint:
     ck.config_path, ck.model_type, ck.moe_layers (the layers holding an MoE block)
     ck.load_layer(layer, quant="auto", rank=0, ranks=1, shared_experts=True, device="cpu") ->
       LoadedLayer: this rank's experts (E / ranks of them) in `quant` ("auto": the checkpoint's own FP8
-      scheme, bf16 for checkpoints without a quantization_config); FP8 weights of that granularity
-      load as stored, bf16 values under "bf16" bit for bit, others are quantized at load by moekit's
+      scheme; without a quantization_config, fp16 for a float16 checkpoint, else bf16); FP8 weights of
+      that granularity load as stored, bf16 / fp16 values under "bf16" / "fp16" bit for bit, others are
+      quantized (or rounded) at load by moekit's
       quantizer (LoadedLayer.note says which). device="cuda" (or
       "cuda:N") puts them on that GPU as torch tensors in the dtypes a CUDA Runtime reads, the host copy
       freed as each array lands (host memory: about one layer at a time); "cpu": NumPy arrays.
@@ -554,7 +556,7 @@ class Checkpoint:
         q = d.pop("quant")
         note = d.pop("note")
         if device != "cpu":
-            d, router = _to_torch(d, device), _to_torch(router, device)
+            d, router = _to_torch(d, device, q), _to_torch(router, device)
         return LoadedLayer(int(layer), d, router["router_weight"], router.get("router_bias"), q, note)
 
 
@@ -568,8 +570,9 @@ class MoeLayer:
       weights: a mapping with w1, w1_scale, w2, w2_scale (and e_score_correction_bias when the
                model routes with it): this rank's experts, arrays in the layouts of the module
                docstring on the layer's device; kept referenced, never copied
-      quant: "auto" (the model's quantization_config: block128 for DeepSeek-V3 / Kimi-K2, bf16 for
-             unquantized checkpoints), "per-token", "per-tensor", "block128" or "bf16"
+      quant: "auto" (the model's quantization_config: block128 for DeepSeek-V3 / Kimi-K2; bf16 for
+             unquantized checkpoints, fp16 for float16 ones), "per-token", "per-tensor", "block128",
+             "bf16" or "fp16"
       device: "cpu" or "cuda" (the current GPU); default: where the weights are
       group: None for one rank holding every expert; a torch.distributed process group (or
              moekit.TorchGroup, or any object with rank(), size(), all_gather(bytes)) for expert

@@ -430,11 +430,25 @@ struct Checkpoint::Impl {
       w.resize(std::max(w.size(), static_cast<std::size_t>(N * K)));
       for (int part = 0; part < (up ? 2 : 1); ++part) {
         const Matrix& m = part == 0 ? gate : *up;
-        for (std::int64_t r = 0; r < I; ++r) m.floats_row(r, w.data() + dest_row(part == 1, r) * K);
+        for (std::int64_t r = 0; r < I; ++r) {
+          m.floats_row(r, w.data() + dest_row(part == 1, r) * K);
+          check_range(p, m, w.data() + dest_row(part == 1, r) * K, r, K);
+        }
       }
       cpu::store_weight(p.quant, w.data(), N, K, w1, sc1);  // values of the recipe's dtype: rounded back to themselves
     }
     return w1_stored;
+  }
+
+  // The fp16 recipe holds |w| < 65520 (from there fp16 rounds to inf): a finite value past it in row r
+  // of `m` is refused, naming the tensor, the element and what runs it.
+  static void check_range(const MoeProblem& p, const Matrix& m, const float* row, std::int64_t r, std::int64_t cols) {
+    if (recipe_info(p.quant).weight_dtype != DType::kFp16) return;
+    for (std::int64_t c = 0; c < cols; ++c)
+      MOEKIT_CHECK(!(std::fabs(row[c]) >= 65520.0f) || !std::isfinite(row[c]),
+                   "{}: '{}' element ({}, {}) = {} is beyond fp16's largest finite value {}: --quant fp16 cannot "
+                   "hold it; run --quant bf16 (or auto)",
+                   m.file, m.name, r, c, row[c], numerics::kFp16Max);
   }
 
   // Fills expert slot `slot`'s W2 from `down`; returns whether the codes were moved as stored.
@@ -456,7 +470,10 @@ struct Checkpoint::Impl {
     } else {
       std::vector<float>& w = scratch;
       w.resize(std::max(w.size(), static_cast<std::size_t>(K * I)));
-      for (std::int64_t r = 0; r < K; ++r) down.floats_row(r, w.data() + r * I);
+      for (std::int64_t r = 0; r < K; ++r) {
+        down.floats_row(r, w.data() + r * I);
+        check_range(p, down, w.data() + r * I, r, I);
+      }
       cpu::store_weight(p.quant, w.data(), K, I, w2, sc2);
     }
     return w2_stored;

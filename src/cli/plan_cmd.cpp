@@ -107,8 +107,9 @@ void add_quant_option(CLI::App& cmd, std::string& quant) {
   for (int i = 0; i < kNumRecipes; ++i)
     names += fmt::format("{}{}", i == 0 ? "" : i + 1 == kNumRecipes ? " or " : ", ", kRecipes[i].name);
   cmd.add_option("--quant", quant,
-                 "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]; " +
-                     std::string(quant_name(kUnquantizedCheckpointQuant)) + " without one), " + names)
+                 "auto (the model's quantization_config: block128 for fp8 with weight_block_size [128, 128]; "
+                 "without one, its torch_dtype: fp16 for float16, else bf16), " +
+                     names)
       ->capture_default_str();
 }
 

@@ -24,8 +24,11 @@ QuantChoice choose_quant(const ModelConfig& m, std::string_view name) {
                                : fmt::format("the checkpoint's quantization_config is {}", m.checkpoint_format);
   if (name.empty() || name == "auto") {
     if (m.checkpoint_quant) return {*m.checkpoint_quant, fmt::format("{} ({})", quant_name(*m.checkpoint_quant), from)};
-    if (m.checkpoint_format.empty())
-      return {kUnquantizedCheckpointQuant, fmt::format("{} ({})", quant_name(kUnquantizedCheckpointQuant), from)};
+    if (m.checkpoint_format.empty()) {
+      const QuantScheme own = unquantized_checkpoint_quant(m.checkpoint_dtype);
+      return {own, fmt::format("{} ({}{})", quant_name(own), from,
+                               m.checkpoint_dtype.empty() ? "" : fmt::format(", torch_dtype {}", m.checkpoint_dtype))};
+    }
     return {kUnrunFormatQuant, fmt::format("{} FP8 planned instead: {}, a format moekit does not run",
                                            quant_name(kUnrunFormatQuant), from)};
   }

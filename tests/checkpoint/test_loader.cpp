@@ -467,6 +467,66 @@ TEST_F(LoaderTest, Qwen3Bf16LoadsBitExactUnderTheBf16Recipe) {
   }
 }
 
+// An fp16 checkpoint as transformers saves one (F16 tensors, config.json's torch_dtype float16) runs
+// the fp16 recipe by default, its values bit for bit; under --quant bf16 they are rounded once; a
+// bf16 checkpoint holding a value past fp16's range is refused under --quant fp16, naming it.
+TEST_F(LoaderTest, Qwen3Fp16RunsAsStoredAndBf16PastItsRangeIsRefused) {
+  std::string config = qwen_config("qwen3_moe", 0);
+  config.insert(config.find('{') + 1, "\"torch_dtype\": \"float16\", ");
+  write_text(dir_ / "config.json", config);
+  std::vector<FloatExpert> x;
+  for (std::int64_t e = 0; e < E; ++e) x.push_back(float_expert(I, 700 + static_cast<std::uint64_t>(3 * e)));
+  auto f16 = [](const std::vector<float>& v) {
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = numerics::fp16_encode(v[i]);
+    return h;
+  };
+  std::vector<Tensor> t;
+  const std::string pre = "model.layers.0.mlp.";
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::string ep = pre + "experts." + std::to_string(e) + ".";
+    const FloatExpert& ex = x[static_cast<std::size_t>(e)];
+    const auto g = f16(ex.gate), u = f16(ex.up), d = f16(ex.down);
+    t.push_back(tensor_of(ep + "gate_proj.weight", "F16", {I, K}, g.data(), g.size()));
+    t.push_back(tensor_of(ep + "up_proj.weight", "F16", {I, K}, u.data(), u.size()));
+    t.push_back(tensor_of(ep + "down_proj.weight", "F16", {K, I}, d.data(), d.size()));
+  }
+  t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, bf16_exact(seeded(E * K, 9, 0.05f))));
+  write_tensors(dir_ / "model.safetensors", t);
+  Checkpoint ck(dir_.string(), 2);
+  const QuantChoice auto_quant = choose_quant(ck.model(), "auto");
+  ASSERT_EQ(auto_quant.quant, QuantScheme::kFp16) << auto_quant.note;
+  const MoeProblem p = make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, auto_quant.quant);
+  const CheckpointLayer got = ck.load_layer(0, p, 0);
+  EXPECT_NE(got.note.find("read as fp16, bit for bit"), std::string::npos) << got.note;
+  for (std::int64_t e = 0; e < E; ++e) {
+    const FloatExpert& ex = x[static_cast<std::size_t>(e)];
+    std::vector<std::uint16_t> w1 = f16(ex.gate), up = f16(ex.up);
+    w1.insert(w1.end(), up.begin(), up.end());
+    const std::vector<std::uint16_t> w2 = f16(ex.down);
+    EXPECT_EQ(std::memcmp(got.experts.w1.data() + e * 2 * I * K * 2, w1.data(), w1.size() * 2), 0) << e;
+    EXPECT_EQ(std::memcmp(got.experts.w2.data() + e * K * I * 2, w2.data(), w2.size() * 2), 0) << e;
+  }
+  EXPECT_NO_THROW(validate_weights(got.experts.view(), p, Device::kCpu));
+  const MoeProblem pb = make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
+  EXPECT_NE(ck.load_layer(0, pb, 0).note.find("rounded once to bf16"), std::string::npos);
+  // A bf16 checkpoint with one value past 65504, loaded under fp16: refused, the value named.
+  x[3].down[5] = 1.5e5f;
+  t.clear();
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::string ep = pre + "experts." + std::to_string(e) + ".";
+    t.push_back(bf16_tensor(ep + "gate_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].gate));
+    t.push_back(bf16_tensor(ep + "up_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].up));
+    t.push_back(bf16_tensor(ep + "down_proj.weight", {K, I}, x[static_cast<std::size_t>(e)].down));
+  }
+  t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, bf16_exact(seeded(E * K, 9, 0.05f))));
+  write_tensors(dir_ / "model.safetensors", t);
+  Checkpoint big(dir_.string(), 2);
+  const std::string err = error_of([&] { big.load_layer(0, p, 0); });
+  for (const char* needle : {"experts.3.down_proj.weight", "(5, ", "149504", "fp16", "--quant bf16"})
+    EXPECT_NE(err.find(needle), std::string::npos) << needle << " in: " << err;
+}
+
 // FP8 weights are not dequantized into bf16 (code x fp32 scale is not a bf16 in general): a load
 // under the bf16 recipe is refused naming the tensor and what to run instead; the planner says so.
 TEST_F(LoaderTest, DeepseekFp8UnderTheBf16RecipeIsRefused) {

@@ -364,5 +364,54 @@ TEST(Bf16Recipe, StoresRowsAsTheyAreAndRefusesFp8Quantization) {
   EXPECT_THROW(quantize_weight(QuantScheme::kBf16, w.data(), 2, 2, codes.data(), scales.data()), Error);
 }
 
+// The fp16 recipe: bf16 tokens rounded once to fp16 (exact where bf16's 8 bits fit; past 65504 inf,
+// as torch's .half(); NaN stays NaN), fp32 rounded once; a weight past fp16's range is refused by
+// value and place, never stored as inf; the FP8 entry points refuse it.
+TEST(Fp16Recipe, ConvertsRowsOnceAndRefusesWeightsPastItsRange) {
+  const std::vector<bf16_t> x = {bf16_encode(1.5f),
+                                 bf16_encode(-3.0e-3f),
+                                 bf16_encode(65504.0f),
+                                 bf16_encode(7e4f),
+                                 bf16_encode(-1e6f),
+                                 0x7FC1,
+                                 0x8000,
+                                 bf16_encode(1e-9f)};
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<std::uint16_t> q(x.size() + 1, 0xABCD);
+  store_activation(QuantScheme::kFp16, x.data(), 1, n, n, reinterpret_cast<std::uint8_t*>(q.data()), n, nullptr);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float v = bf16_decode(x[i]);
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(fp16_decode(q[i]))) << i;
+      continue;
+    }
+    EXPECT_EQ(q[i], fp16_encode(v)) << i;
+  }
+  EXPECT_EQ(q.back(), 0xABCD) << "wrote past the row";
+  EXPECT_EQ(fp16_decode(q[0]), 1.5f);
+  EXPECT_EQ(q[3], 0x7C00) << "7e4 is past 65504: inf";
+  EXPECT_EQ(q[4], 0xFC00);
+  EXPECT_EQ(q[6], 0x8000) << "-0 stays -0";
+  EXPECT_EQ(q[7], 0x0000) << "1e-9 is below half fp16's smallest subnormal (2^-25)";
+  const std::vector<float> w = {0.5f, -0.25f, 65504.0f, 1e-3f};
+  std::vector<std::uint16_t> wq(4);
+  store_weight(QuantScheme::kFp16, w.data(), 2, 2, reinterpret_cast<std::uint8_t*>(wq.data()), nullptr);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(wq[i], fp16_encode(w[i])) << i;
+  const std::vector<float> big = {0.5f, -0.25f, 1.0f, -7e4f};
+  try {
+    store_weight(QuantScheme::kFp16, big.data(), 2, 2, reinterpret_cast<std::uint8_t*>(wq.data()), nullptr);
+    ADD_FAILURE() << "a weight past fp16's range was stored";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("-70000"), std::string::npos) << what;
+    EXPECT_NE(what.find("row 1, column 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("--quant bf16"), std::string::npos) << what;
+  }
+  std::vector<fp8_t> codes(8);
+  std::vector<float> scales(8);
+  EXPECT_THROW(quantize_activation(QuantScheme::kFp16, x.data(), 1, n, n, codes.data(), n, scales.data()), Error);
+  EXPECT_THROW(quantize_weight(QuantScheme::kFp16, w.data(), 2, 2, codes.data(), scales.data()), Error);
+}
+
 }  // namespace
 }  // namespace moekit::cpu

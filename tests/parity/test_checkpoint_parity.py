@@ -281,13 +281,16 @@ def test_layers_share_one_runtime(tmp_path):
 BF16_TOL = {"cpu": 6e-3, "cuda": 1.2e-2}
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("case", FAMILIES)
-def test_bf16_checkpoint_matches_transformers(tmp_path, case):
-    """A bf16 checkpoint as shipped (save_pretrained in bfloat16, no quantization_config) runs in bf16
-    by default (quant "auto"): its values read bit for bit, the output within bf16 roundings of the
-    fp32 block (transformers' from_pretrained of the same directory)."""
+def test_bf16_checkpoint_matches_transformers(tmp_path, case, dtype):
+    """A bf16 (fp16) checkpoint as shipped (save_pretrained in bfloat16 / float16, no
+    quantization_config) runs in its own dtype by default (quant "auto", from config.json's dtype): its
+    values read bit for bit, the output (bf16, the layer's) within bf16 roundings of the fp32 block
+    (transformers' from_pretrained of the same directory)."""
     path = tmp_path / case
-    layers = save_checkpoint(case, None, path, fp8_exact=False, dtype=torch.bfloat16)
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    layers = save_checkpoint(case, None, path, fp8_exact=False, dtype=torch_dtype)
     ck = moekit.Checkpoint(str(path))
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
                                                                   experts_implementation="eager").eval()
@@ -295,7 +298,7 @@ def test_bf16_checkpoint_matches_transformers(tmp_path, case):
     x = parity.bf16(torch.randn(T, parity.K, generator=torch.Generator().manual_seed(6)))
     rt = moekit.Runtime(ck.config_path, max_tokens_per_rank=T, device=parity.DEVICE)
     loaded = [ck.load_layer(L, device=parity.DEVICE) for L in layers]
-    assert loaded[0].quant == "bf16" and "read as bf16, bit for bit" in loaded[0].note, loaded[0].note
+    assert loaded[0].quant == dtype and f"read as {dtype}, bit for bit" in loaded[0].note, loaded[0].note
     for lw in loaded:
         rt.add_layer(lw)
     for index, L in enumerate(layers):
@@ -310,8 +313,8 @@ def test_bf16_checkpoint_matches_transformers(tmp_path, case):
         else:
             got = from_bits(rt.forward(index, to_bits(x), logits.numpy()))
         err = float((got - ref).norm() / ref.norm())
-        assert err < BF16_TOL[parity.DEVICE], f"{case} bf16 layer {L}: relative error {err:.3e}"
-        print(f"{case:16s} bf16       layer {L}: relative error from the fp32 block {err:.2e}")
+        assert err < BF16_TOL[parity.DEVICE], f"{case} {dtype} layer {L}: relative error {err:.3e}"
+        print(f"{case:16s} {dtype}       layer {L}: relative error from the fp32 block {err:.2e}")
 
 
 def test_the_readme_checkpoint_example_runs(tmp_path):

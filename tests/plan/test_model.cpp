@@ -68,6 +68,16 @@ TEST(Model, CheckpointQuantizationPicksTheDefaultScheme) {
   EXPECT_FALSE(qwen.checkpoint_quant.has_value());
   EXPECT_EQ(choose_quant(qwen, "auto").quant, QuantScheme::kBf16);
   EXPECT_NE(choose_quant(qwen, "auto").note.find("unquantized"), std::string::npos);
+  // An fp16 checkpoint (torch_dtype float16): fp16, its values as stored; bf16 and fp32: bf16.
+  ModelConfig fp16_ckpt = qwen;
+  fp16_ckpt.checkpoint_dtype = "float16";
+  EXPECT_EQ(choose_quant(fp16_ckpt, "auto").quant, QuantScheme::kFp16);
+  EXPECT_NE(choose_quant(fp16_ckpt, "auto").note.find("torch_dtype float16"), std::string::npos);
+  EXPECT_EQ(choose_quant(fp16_ckpt, "bf16").quant, QuantScheme::kBf16);
+  for (const char* d : {"bfloat16", "float32", ""}) {
+    fp16_ckpt.checkpoint_dtype = d;
+    EXPECT_EQ(choose_quant(fp16_ckpt, "auto").quant, QuantScheme::kBf16) << d;
+  }
   // gpt-oss ships MXFP4 experts: converted exactly to per-token FP8 at load (its 2880 is no multiple
   // of 128), and the note says so.
   const ModelConfig oss_model = load_model("gpt-oss-120b");

@@ -62,7 +62,7 @@ def test_recipes_are_the_tables_rows():
     """moekit.recipes() is the C++ recipe table: every name plans, with the row's operand dtypes and
     scale shapes (DeepSeek-V3 on one rank: 256 experts, M = 256, K = 7168)."""
     rows = moekit.recipes()
-    assert [r["name"] for r in rows] == ["per-tensor", "per-token", "block128", "bf16"]
+    assert [r["name"] for r in rows] == ["per-tensor", "per-token", "block128", "bf16", "fp16"]
     scales_per_expert = {"per-tensor": 1, "per-row": 256, "1x128": 256 * 7168 // 128, "none": 0}
     for r in rows:
         p = {p.name: p for p in moekit.plan("deepseek-v3", dp=1, ep=1, max_tokens_per_rank=256, quant=r["name"],
@@ -74,9 +74,9 @@ def test_recipes_are_the_tables_rows():
         else:
             assert p.region("a1q_scale").bytes == 256 * scales_per_expert[r["activation_scales"]] * 4, r
         assert r["device_vs_cpu_tolerance"] > 0
-    assert [r["fused_w1"] for r in rows] == [False, False, True, False]
-    assert [r["cuda_experts"] for r in rows] == [True, True, True, True]
-    with pytest.raises(moekit.Error, match="per-tensor, per-token, block128, bf16"):
+    assert [r["fused_w1"] for r in rows] == [False, False, True, False, False]
+    assert [r["cuda_experts"] for r in rows] == [True, True, True, True, True]
+    with pytest.raises(moekit.Error, match="per-tensor, per-token, block128, bf16, fp16"):
         moekit.plan("deepseek-v3", quant="fp4")
 
 
