@@ -131,8 +131,11 @@ struct Reader {
 
 // The checkpoint's quantization_config: its format in words and the FP8 scheme moekit runs it with.
 void read_quantization(const Reader& r, ModelConfig& m) {
-  // The weights' dtype as transformers saved them (torch_dtype; "dtype" from transformers 4.56 on).
-  m.checkpoint_dtype = r.string_or("torch_dtype", r.string_or("dtype", ""));
+  // The weights' dtype as transformers saved them (torch_dtype; "dtype" from transformers 4.56 on). A
+  // hint only (the tensors' own dtypes are checked at load): absent, null or not a string, it is empty.
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (const json* d = r.find({key}); d != nullptr && d->is_string() && m.checkpoint_dtype.empty())
+      m.checkpoint_dtype = d->get<std::string>().substr(0, 32);
   const json* q = r.find({"quantization_config"});
   if (q == nullptr) return;
   MOEKIT_CHECK(q->is_object(), "{}: field 'quantization_config' must be an object, got {}", r.source, plan::brief(*q));

@@ -279,6 +279,9 @@ def test_layers_share_one_runtime(tmp_path):
 # (a few bf16 roundings of 2^-9 relative each: 3.7-4.2e-3 measured on the CPU over the 7 families).
 # A GPU adds its GEMMs' summation order (check::device_vs_cpu_tolerance's bf16 row, 8e-3).
 BF16_TOL = {"cpu": 6e-3, "cuda": 1.2e-2}
+# fp16 rounds W1's output and the activation 8x finer: what is left is the layer's own bf16 output
+# (~1.7e-3 measured on the CPU, 1.69-2.16e-3); a recipe that kept bf16 intermediates would give ~4e-3.
+FP16_TOL = {"cpu": 3e-3, "cuda": 4e-3}
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -313,7 +316,8 @@ def test_bf16_checkpoint_matches_transformers(tmp_path, case, dtype):
         else:
             got = from_bits(rt.forward(index, to_bits(x), logits.numpy()))
         err = float((got - ref).norm() / ref.norm())
-        assert err < BF16_TOL[parity.DEVICE], f"{case} {dtype} layer {L}: relative error {err:.3e}"
+        tol = (BF16_TOL if dtype == "bf16" else FP16_TOL)[parity.DEVICE]
+        assert err < tol, f"{case} {dtype} layer {L}: relative error {err:.3e}"
         print(f"{case:16s} {dtype}       layer {L}: relative error from the fp32 block {err:.2e}")
 
 

@@ -78,6 +78,18 @@ TEST(Model, CheckpointQuantizationPicksTheDefaultScheme) {
     fp16_ckpt.checkpoint_dtype = d;
     EXPECT_EQ(choose_quant(fp16_ckpt, "auto").quant, QuantScheme::kBf16) << d;
   }
+  // From config.json: torch_dtype, or transformers' newer "dtype"; null or a non-string is no hint.
+  auto dtype_of = [](const std::string& field) {
+    return parse_model_config(R"({"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 128,
+      "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2, )" +
+                                  field + "}",
+                              "test.json");
+  };
+  EXPECT_EQ(choose_quant(dtype_of(R"("torch_dtype": "float16")"), "auto").quant, QuantScheme::kFp16);
+  EXPECT_EQ(choose_quant(dtype_of(R"("dtype": "float16")"), "auto").quant, QuantScheme::kFp16);
+  EXPECT_EQ(choose_quant(dtype_of(R"("torch_dtype": "bfloat16")"), "auto").quant, QuantScheme::kBf16);
+  for (const char* odd : {R"("torch_dtype": null)", R"("torch_dtype": 16)", R"("dtype": ["float16"])"})
+    EXPECT_EQ(choose_quant(dtype_of(odd), "auto").quant, QuantScheme::kBf16) << odd;
   // gpt-oss ships MXFP4 experts: converted exactly to per-token FP8 at load (its 2880 is no multiple
   // of 128), and the note says so.
   const ModelConfig oss_model = load_model("gpt-oss-120b");
