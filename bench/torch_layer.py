@@ -4,8 +4,8 @@ PyTorch - the model's routing (DeepSeek-V3: sigmoid scores, e_score_correction_b
 renormalized, scaled; Qwen3-MoE: softmax top-k, renormalized), the experts on the rows permuted by
 expert, the top-k weighted combine - eager and under torch.compile, for the same tokens per step, in
 the recipe moekit ran: FP8 recipes against per-token FP8 (torch._scaled_grouped_mm, W1 -> SiLU-and-mul
--> per-token FP8 -> W2), the bf16 recipe against bf16 (torch._grouped_mm, W1 -> SiLU-and-mul in bf16 ->
-W2). Random weights of the same shapes. Merges its times into moekit's JSON, writes the results JSON
+-> per-token FP8 -> W2), the bf16 / fp16 recipes against bf16 / fp16 (torch._grouped_mm, W1 ->
+SiLU-and-mul in that dtype -> W2). Random weights of the same shapes. Merges its times into moekit's JSON, writes the results JSON
 and a plot.
 
 usage: torch_layer.py moekit_layer.json results.json plot.png [commit]
@@ -23,17 +23,22 @@ from torch_common import median_p99_ms, random_fp8
 ROUTING = {"deepseek-v3": (8, 4, 2.5), "qwen3-30b-a3b": None, "qwen3-235b-a22b": None}
 
 
+SIXTEEN_BIT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def baseline_recipe(res):
-    """The recipe the PyTorch layer runs for moekit's: bf16 for bf16, per-token FP8 for the FP8 ones."""
-    return "bf16" if res.get("quant") == "bf16" else "per-token FP8"
+    """The recipe the PyTorch layer runs for moekit's: bf16 / fp16 for bf16 / fp16, per-token FP8 for the
+    FP8 ones."""
+    return res["quant"] if res.get("quant") in SIXTEEN_BIT else "per-token FP8"
 
 
 def make_layer(E, K, I, topk, routing, gen, bias_mode="model", recipe="per-token FP8"):
     N = 2 * I
-    bf16 = recipe == "bf16"
-    if bf16:  # weights of rms 1 / sqrt(k), as trained ones
-        w1 = torch.randn((E, N, K), device="cuda", generator=gen, dtype=torch.bfloat16).div_(K ** 0.5)
-        w2 = torch.randn((E, K, I), device="cuda", generator=gen, dtype=torch.bfloat16).div_(I ** 0.5)
+    dt = SIXTEEN_BIT.get(recipe)
+    sixteen = dt is not None
+    if sixteen:  # weights of rms 1 / sqrt(k), as trained ones
+        w1 = torch.randn((E, N, K), device="cuda", generator=gen, dtype=dt).div_(K ** 0.5)
+        w2 = torch.randn((E, K, I), device="cuda", generator=gen, dtype=dt).div_(I ** 0.5)
     else:
         w1 = random_fp8((E, N, K), gen)
         w2 = random_fp8((E, K, I), gen)
@@ -69,8 +74,8 @@ def make_layer(E, K, I, topk, routing, gen, bias_mode="model", recipe="per-token
         order = flat.argsort(stable=True)
         offs = torch.bincount(flat, minlength=E).cumsum(0).to(torch.int32)
         rows = order // topk
-        if bf16:
-            h = torch._grouped_mm(hidden[rows], w1.transpose(-2, -1), offs=offs)
+        if sixteen:  # the layer's bf16 hidden states in the recipe's dtype, as moekit's prepare
+            h = torch._grouped_mm(hidden[rows].to(dt), w1.transpose(-2, -1), offs=offs)
             y = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], w2.transpose(-2, -1), offs=offs)
         else:
             q, sq = quant(hidden)

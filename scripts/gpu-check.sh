@@ -18,6 +18,7 @@
 #   bf16:    the bf16 recipe: `moekit bench layer --quant bf16` (DeepSeek-V3 and Qwen3-30B-A3B, every
 #            expert on the GPU) against its floor (cuBLASLt's bf16 rate, 2-byte weights) and PyTorch's bf16
 #            layer (eager, torch.compile) in the same round; the grouped 16-bit GEMMs against cuBLASLt bf16.
+#            SIXTEEN_BIT_QUANTS="bf16 fp16" runs the fp16 recipe the same way (default bf16).
 #   ep:      (2+ GPUs) expert parallelism on NCCL: the multi-GPU tests, the whole layer on 2 GPUs
 #            checked against the CPU, `moekit bench dispatch` with the PyTorch baselines.
 # `bash scripts/gpu-check.sh [all|tests|bench|experts|python|bf16|ep]` (all: tests and bench).
@@ -109,21 +110,23 @@ if [[ $part == all || $part == bench ]]; then
 fi
 
 if [[ $part == bf16 ]]; then
-  echo "== the bf16 recipe: the layer against its floor and PyTorch's bf16 layer"
+ for q in ${SIXTEEN_BIT_QUANTS:-bf16}; do
+  echo "== the $q recipe: the layer against its floor and PyTorch's $q layer"
   for model in ${BF16_MODELS:-deepseek-v3 qwen3-30b-a3b}; do
     # DeepSeek-V3's batched workspace at T = 8192 in bf16 (256 experts x 8192 rows x 2-byte rows) is
     # 80.3 GiB beside 22.5 GB of weights: past an H100 (the layer says so and names the fix).
     tokens=1,8,32,128,512,2048,8192
     [[ $model == deepseek-v3 ]] && tokens=1,8,32,128,512,2048
-    run timeout 240 $BIN/moekit bench layer --model "$model" --quant bf16 --tokens "${BF16_TOKENS:-$tokens}" \
-      --iters 20 --format json > "/tmp/layer_bf16_$model.json" 2>> "$OUT/bench_bf16.log"
-    echo "moekit bench layer $model rc=$?" | tee -a "$OUT/machine.txt"
-    PYTHONUNBUFFERED=1 timeout 300 python3 bench/torch_layer.py "/tmp/layer_bf16_$model.json" \
-      "$OUT/layer_bf16_$model.json" "$OUT/layer_bf16_$model.png" "$commit" 2>&1 | tee -a "$OUT/bench_bf16.txt"
+    run timeout 240 $BIN/moekit bench layer --model "$model" --quant $q --tokens "${BF16_TOKENS:-$tokens}" \
+      --iters 20 --format json > "/tmp/layer_${q}_$model.json" 2>> "$OUT/bench_$q.log"
+    echo "moekit bench layer $model $q rc=$?" | tee -a "$OUT/machine.txt"
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/torch_layer.py "/tmp/layer_${q}_$model.json" \
+      "$OUT/layer_${q}_$model.json" "$OUT/layer_${q}_$model.png" "$commit" 2>&1 | tee -a "$OUT/bench_$q.txt"
   done
-  echo "== the grouped 16-bit GEMMs (DeepSeek-V3 shapes, E_local 16) against cuBLASLt bf16"
-  run timeout 200 $BIN/bench_gemm_sixteen_bit "$OUT/gemm_bf16.json" --dtype bf16 --case 256 --case 512 --case 1024 2>&1 \
-    | tee -a "$OUT/bench_bf16.txt" | grep -E "ceilings|m_e"
+  echo "== the grouped 16-bit GEMMs (DeepSeek-V3 shapes, E_local 16) against cuBLASLt $q"
+  run timeout 200 $BIN/bench_gemm_sixteen_bit "$OUT/gemm_$q.json" --dtype $q --case 256 --case 512 --case 1024 2>&1 \
+    | tee -a "$OUT/bench_$q.txt" | grep -E "ceilings|m_e"
+ done
 fi
 
 if [[ $part == experts ]]; then

@@ -389,42 +389,48 @@ TEST(GoldenFigures, DeepSeekV3Dp32Block128FusedW1) {
 //   = 2 x 6144, gemm_scratch 1 MiB, status 32 -> 256, and row_offsets 17 x 4 -> 256 (batched) or
 //   expert_counts 64 -> 256 and row_map_tiles 2 tiles x 16 x 4 -> 256 (standard). Its NCCL records
 //   carry 7168 bf16 (80 B header + 14336 B row, no scales: 14416 B) from 32 sources x 256 tokens.
-TEST(GoldenFigures, DeepSeekV3Dp32Bf16) {
-  const ModelConfig model = load_model("deepseek-v3");
-  const MoeProblem p =
-      make_problem(model, ParallelConfig{32, 32, 256, 16}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
-  ASSERT_EQ(p.M, 8192);
-  const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
-  EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{1073741824 + 536870912});
-  EXPECT_EQ(cpu.section_bytes("experts"), 3 * kGiB / 2);
-  EXPECT_EQ(cpu.region("act").dtype, DType::kBf16);
-  EXPECT_EQ(cpu.find_region("act_scale"), nullptr);
-  EXPECT_EQ(cpu.find_region("a1q_scale"), nullptr);
-  EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{1879048192});
-  EXPECT_EQ(cpu.region("a1q").bytes + cpu.region("expert_num_tokens").bytes + cpu.region("expert_output").bytes,
-            std::int64_t{1879048192} + 64 + 1879048192);
-  const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
-  EXPECT_EQ(gpu.section_bytes("experts"), std::int64_t{1073741824 + 536870912 + 6144 + 6144 + 1048576 + 256 + 256});
-  EXPECT_EQ(gpu.region("act").dtype, DType::kBf16);
-  for (const char* none : {"act_q", "act_scale", "a1q_scale", "w1_small"})
-    EXPECT_EQ(gpu.find_region(none), nullptr) << none;
-  EXPECT_EQ(gpu.region("a1q").bytes, std::int64_t{1879048192});
-  EXPECT_EQ(gpu.sections[1].owner, "nccl (cuda)");
-  EXPECT_EQ(gpu.region("ep_recv").bytes, std::int64_t{32} * 256 * 14416);
-  // 16 x (4096 x 7168 + 7168 x 2048) bf16 weights, no scales: twice the FP8 bytes.
-  EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (4096 * 7168 + 7168 * 2048));
+// fp16's figures are bf16's, in fp16 (the same 2-byte elements), its expert rows fp16 too.
+TEST(GoldenFigures, DeepSeekV3Dp32SixteenBit) {
+  for (const QuantScheme q : {QuantScheme::kBf16, QuantScheme::kFp16}) {
+    SCOPED_TRACE(quant_name(q));
+    const DType dt = recipe_info(q).activation_dtype;
+    const ModelConfig model = load_model("deepseek-v3");
+    const MoeProblem p = make_problem(model, ParallelConfig{32, 32, 256, 16}, ActivationFormat::kBatchedExperts, q);
+    ASSERT_EQ(p.M, 8192);
+    const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 32);
+    EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{1073741824 + 536870912});
+    EXPECT_EQ(cpu.section_bytes("experts"), 3 * kGiB / 2);
+    EXPECT_EQ(cpu.region("act").dtype, dt);
+    EXPECT_EQ(cpu.region("w1_out").dtype, dt);
+    EXPECT_EQ(cpu.region("expert_output").dtype, dt);
+    EXPECT_EQ(cpu.find_region("act_scale"), nullptr);
+    EXPECT_EQ(cpu.find_region("a1q_scale"), nullptr);
+    EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{1879048192});
+    EXPECT_EQ(cpu.region("a1q").bytes + cpu.region("expert_num_tokens").bytes + cpu.region("expert_output").bytes,
+              std::int64_t{1879048192} + 64 + 1879048192);
+    const WorkspacePlan gpu = plan_layer(p, find_experts("batched-fp8", Device::kCuda), 32);
+    EXPECT_EQ(gpu.section_bytes("experts"), std::int64_t{1073741824 + 536870912 + 6144 + 6144 + 1048576 + 256 + 256});
+    EXPECT_EQ(gpu.region("act").dtype, dt);
+    for (const char* none : {"act_q", "act_scale", "a1q_scale", "w1_small"})
+      EXPECT_EQ(gpu.find_region(none), nullptr) << none;
+    EXPECT_EQ(gpu.region("a1q").bytes, std::int64_t{1879048192});
+    EXPECT_EQ(gpu.sections[1].owner, "nccl (cuda)");
+    EXPECT_EQ(gpu.region("ep_recv").bytes, std::int64_t{32} * 256 * 14416);
+    // 16 x (4096 x 7168 + 7168 x 2048) bf16 weights, no scales: twice the FP8 bytes.
+    EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (4096 * 7168 + 7168 * 2048));
 
-  const MoeProblem s =
-      make_problem(model, ParallelConfig{32, 32, 256, 16}, ActivationFormat::kStandard, QuantScheme::kBf16);
-  const WorkspacePlan sp = plan_layer(s, find_experts("standard-fp8", Device::kCpu), 32);
-  EXPECT_EQ(sp.section_bytes("experts"), std::int64_t{256 + 8192 + 29360128 + 29360128});
-  EXPECT_EQ(sp.region("a1q_permuted").offset, sp.region("act").offset);
-  EXPECT_EQ(sp.region("w1_out").offset, sp.region("w2_out").offset);
-  const WorkspacePlan sg = plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32);
-  EXPECT_EQ(sg.section_bytes("experts"),
-            std::int64_t{256 + 8192 + 29360128 + 29360128 + 256 + 256 + 6144 + 6144 + 1048576 + 256});
-  EXPECT_EQ(sg.region("a1q_permuted").offset, sg.region("act").offset);
-  EXPECT_EQ(sg.find_region("a1q_scale_permuted"), nullptr);
+    const MoeProblem s = make_problem(model, ParallelConfig{32, 32, 256, 16}, ActivationFormat::kStandard, q);
+    const WorkspacePlan sp = plan_layer(s, find_experts("standard-fp8", Device::kCpu), 32);
+    EXPECT_EQ(sp.section_bytes("experts"), std::int64_t{256 + 8192 + 29360128 + 29360128});
+    EXPECT_EQ(sp.region("a1q_permuted").offset, sp.region("act").offset);
+    EXPECT_EQ(sp.region("w1_out").offset, sp.region("w2_out").offset);
+    const WorkspacePlan sg = plan_layer(s, find_experts("standard-fp8", Device::kCuda), 32);
+    EXPECT_EQ(sg.section_bytes("experts"),
+              std::int64_t{256 + 8192 + 29360128 + 29360128 + 256 + 256 + 6144 + 6144 + 1048576 + 256});
+    EXPECT_EQ(sg.region("a1q_permuted").offset, sg.region("act").offset);
+    EXPECT_EQ(sg.find_region("a1q_scale_permuted"), nullptr);
+    EXPECT_EQ(sg.region("w2_out").dtype, dt);
+  }
 }
 
 // Qwen3-30B-A3B (K = 2048, I = 768, 128 experts, top-8, a bf16 checkpoint) in bf16, DP 8 EP 8:
@@ -434,29 +440,30 @@ TEST(GoldenFigures, DeepSeekV3Dp32Bf16) {
 // Standard, 256 tokens: 2048 rows; expert_offsets 256, pair_row 8192, "gemm_in" max(a1q_permuted
 //   2048 x 2048 x 2 = 8388608, act 2048 x 768 x 2 = 3145728), "gemm_out" max(w1_out 2048 x 1536 x 2 =
 //   6291456, w2_out 8388608): 256 + 8192 + 8388608 + 8388608 = 16785664.
-TEST(GoldenFigures, Qwen3MoeBf16) {
-  const ModelConfig model = load_model("qwen3-30b-a3b");
-  const MoeProblem p =
-      make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
-  ASSERT_EQ(p.E_local, 16);
-  ASSERT_EQ(p.M, 2048);
-  ASSERT_EQ(p.K, 2048);
-  ASSERT_EQ(p.N, 1536);
-  const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 8);
-  EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{100663296 + 50331648});
-  EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{134217728});
-  EXPECT_EQ(cpu.region("expert_output").bytes, std::int64_t{134217728});
-  EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (1536 * 2048 + 2048 * 768));
-  const MoeProblem s =
-      make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kStandard, QuantScheme::kBf16);
-  EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCpu), 8).section_bytes("experts"),
-            std::int64_t{256 + 8192 + 8388608 + 8388608});
-  // The GPU: + gemm_args 2 x 3 x 16 x 128, scratch 1 MiB, status 256, and row_offsets 256 (batched)
-  // or expert_counts 256 + row_map_tiles 256 (standard), as DeepSeek-V3's above.
-  EXPECT_EQ(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 8).section_bytes("experts"),
-            std::int64_t{100663296 + 50331648 + 6144 + 6144 + 1048576 + 256 + 256});
-  EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCuda), 8).section_bytes("experts"),
-            std::int64_t{256 + 8192 + 8388608 + 8388608 + 256 + 256 + 6144 + 6144 + 1048576 + 256});
+TEST(GoldenFigures, Qwen3MoeSixteenBit) {
+  for (const QuantScheme q : {QuantScheme::kBf16, QuantScheme::kFp16}) {
+    SCOPED_TRACE(quant_name(q));
+    const ModelConfig model = load_model("qwen3-30b-a3b");
+    const MoeProblem p = make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kBatchedExperts, q);
+    ASSERT_EQ(p.E_local, 16);
+    ASSERT_EQ(p.M, 2048);
+    ASSERT_EQ(p.K, 2048);
+    ASSERT_EQ(p.N, 1536);
+    const WorkspacePlan cpu = plan_layer(p, find_experts("batched-fp8", Device::kCpu), 8);
+    EXPECT_EQ(cpu.section_bytes("experts"), std::int64_t{100663296 + 50331648});
+    EXPECT_EQ(cpu.region("a1q").bytes, std::int64_t{134217728});
+    EXPECT_EQ(cpu.region("expert_output").bytes, std::int64_t{134217728});
+    EXPECT_EQ(expert_weight_bytes(p), 2 * 16LL * (1536 * 2048 + 2048 * 768));
+    const MoeProblem s = make_problem(model, ParallelConfig{8, 8, 256, 0}, ActivationFormat::kStandard, q);
+    EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCpu), 8).section_bytes("experts"),
+              std::int64_t{256 + 8192 + 8388608 + 8388608});
+    // The GPU: + gemm_args 2 x 3 x 16 x 128, scratch 1 MiB, status 256, and row_offsets 256 (batched)
+    // or expert_counts 256 + row_map_tiles 256 (standard), as DeepSeek-V3's above.
+    EXPECT_EQ(plan_layer(p, find_experts("batched-fp8", Device::kCuda), 8).section_bytes("experts"),
+              std::int64_t{100663296 + 50331648 + 6144 + 6144 + 1048576 + 256 + 256});
+    EXPECT_EQ(plan_layer(s, find_experts("standard-fp8", Device::kCuda), 8).section_bytes("experts"),
+              std::int64_t{256 + 8192 + 8388608 + 8388608 + 256 + 256 + 6144 + 6144 + 1048576 + 256});
+  }
 }
 
 TEST(GoldenFigures, DeepSeekV3Dp32Ep32EightLocalExperts) {

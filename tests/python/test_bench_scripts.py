@@ -21,16 +21,17 @@ def test_layer_plot_names_the_recipe_moekit_ran(recipe):
     assert curves["batched-fp8"] == f"moekit batched-fp8 ({recipe})", curves
 
 
-def test_layer_baseline_runs_bf16_against_bf16():
-    """An unquantized moekit run is measured against PyTorch's bf16 layer, and labelled so."""
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_layer_baseline_runs_bf16_against_bf16(dtype):
+    """An unquantized moekit run is measured against PyTorch's layer in the same dtype, and labelled so."""
     pytest.importorskip("torch")
     sys.path.insert(0, BENCH)
     try:
         import torch_layer
     finally:
         sys.path.remove(BENCH)
-    res = {"quant": "bf16", "model": "qwen3-30b-a3b", "E": 128, "topk": 8}
-    assert torch_layer.baseline_recipe(res) == "bf16"
+    res = {"quant": dtype, "model": "qwen3-30b-a3b", "E": 128, "topk": 8}
+    assert torch_layer.baseline_recipe(res) == dtype
     xlabel, _ = torch_layer.plot_labels(res)
-    assert "moekit bf16" in xlabel and "PyTorch bf16" in xlabel and "qwen3-30b-a3b" in xlabel, xlabel
+    assert f"moekit {dtype}" in xlabel and f"PyTorch {dtype}" in xlabel and "qwen3-30b-a3b" in xlabel, xlabel
     assert torch_layer.ROUTING["qwen3-30b-a3b"] is None and torch_layer.ROUTING["deepseek-v3"] == (8, 4, 2.5)
