@@ -191,6 +191,8 @@ def synthetic_inputs(model: str, tokens: int, max_tokens_per_rank: Optional[int]
         return d
     if device != "cuda":
         raise Error(f"device = {device!r}: synthetic_inputs makes 'cpu' (NumPy) or 'cuda' (torch) arrays")
+    if quant == "auto":  # the recipe "auto" resolves to for this model (its 16-bit weights' torch dtype)
+        quant = plan(model, dp=1, ep=1, max_tokens_per_rank=1, device="cpu")[0].quant
     return _to_torch(d, "cuda", quant)
 
 

@@ -525,3 +525,23 @@ def test_device_copies_keep_bf16_weights_bf16():
     assert t["w1"].view(torch.int16)[1, 3, 7].item() == 2 * 4 * 8 - 1
     assert t["w2"].dtype == torch.float8_e4m3fn and tuple(t["w2"].shape) == (2, 8, 2)
     assert t["w2_scale"].dtype == torch.float32 and not arrays  # each host array dropped once copied
+    # The fp16 recipe's weights become float16 (the router's and the hidden states stay bfloat16).
+    arrays = {"w1": np.full((2, 4, 8), 0x3C00, np.uint16), "hidden": np.zeros((3, 8), np.uint16)}
+    t = moekit._to_torch(arrays, "cpu", "fp16")
+    assert t["w1"].dtype == torch.float16 and float(t["w1"][1, 3, 7]) == 1.0
+    assert t["hidden"].dtype == torch.bfloat16
+
+
+def test_a_float16_checkpoint_config_plans_fp16(tmp_path):
+    """config.json's torch_dtype float16 (no quantization_config): quant "auto" plans fp16, the
+    synthetic weights are fp16 values, and "bf16" is still asked for by name."""
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "models", "qwen3-30b-a3b.json")
+    cfg = json.load(open(src))
+    cfg["torch_dtype"] = "float16"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert moekit.plan(str(path), dp=1, ep=1, max_tokens_per_rank=4, device="cpu")[0].quant == "fp16"
+    assert moekit.plan(str(path), dp=1, ep=1, max_tokens_per_rank=4, device="cpu", quant="bf16")[0].quant == "bf16"
+    d = moekit.synthetic_inputs(str(path), tokens=2, num_experts=8)
+    w1 = d["w1"].view(np.float16)  # uint16 bits of the recipe's dtype
+    assert np.isfinite(w1).all() and 0 < np.abs(w1).max() < 1
