@@ -294,10 +294,14 @@ std::vector<float> bf16_exact(std::vector<float> v) {
   return v;
 }
 
-std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
+// The values as 16-bit bits: bf16, or fp16 where `fp16`.
+std::vector<std::uint16_t> to_16(const std::vector<float>& v, bool fp16) {
   std::vector<std::uint16_t> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = numerics::bf16_encode(v[i]);
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = numerics::encode16(v[i], fp16);
   return out;
+}
+std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
+  return to_16(v, false);
 }
 
 FloatExpert float_expert(std::int64_t In, std::uint64_t seed) {
@@ -305,9 +309,41 @@ FloatExpert float_expert(std::int64_t In, std::uint64_t seed) {
           bf16_exact(seeded(K * In, seed + 2, 0.09f))};
 }
 
+// A BF16 (fp16: F16) tensor of the values.
+Tensor sixteen_bit_tensor(const std::string& name, std::vector<std::int64_t> shape, const std::vector<float>& v,
+                          bool fp16) {
+  const auto b = to_16(v, fp16);
+  return tensor_of(name, fp16 ? "F16" : "BF16", std::move(shape), b.data(), b.size());
+}
 Tensor bf16_tensor(const std::string& name, std::vector<std::int64_t> shape, const std::vector<float>& v) {
-  const auto b = to_bf16(v);
-  return tensor_of(name, "BF16", std::move(shape), b.data(), b.size());
+  return sixteen_bit_tensor(name, std::move(shape), v, false);
+}
+
+// The routed experts as HF stores them one tensor per expert (gate, up, down under `pre`), in bf16
+// or (fp16) F16.
+void push_per_expert(std::vector<Tensor>& t, const std::string& pre, const std::vector<FloatExpert>& x,
+                     bool fp16 = false) {
+  for (std::size_t e = 0; e < x.size(); ++e) {
+    const std::string ep = pre + "experts." + std::to_string(e) + ".";
+    t.push_back(sixteen_bit_tensor(ep + "gate_proj.weight", {I, K}, x[e].gate, fp16));
+    t.push_back(sixteen_bit_tensor(ep + "up_proj.weight", {I, K}, x[e].up, fp16));
+    t.push_back(sixteen_bit_tensor(ep + "down_proj.weight", {K, I}, x[e].down, fp16));
+  }
+}
+
+// An unquantized load holds experts x[first], x[first + 1], ... bit for bit in bf16 (fp16): W1 the
+// gate rows then the up rows, W2 the down rows.
+void expect_bits_of(const HostExpertWeights& got, const std::vector<FloatExpert>& x, std::int64_t first,
+                    std::int64_t count, bool fp16, const std::string& what) {
+  for (std::int64_t e = 0; e < count; ++e) {
+    const FloatExpert& ex = x[static_cast<std::size_t>(first + e)];
+    std::vector<std::uint16_t> w1 = to_16(ex.gate, fp16), up = to_16(ex.up, fp16);
+    w1.insert(w1.end(), up.begin(), up.end());
+    const std::vector<std::uint16_t> w2 = to_16(ex.down, fp16);
+    EXPECT_EQ(std::memcmp(got.w1.data() + e * 2 * I * K * 2, w1.data(), w1.size() * 2), 0)
+        << what << " W1 of expert " << e;
+    EXPECT_EQ(std::memcmp(got.w2.data() + e * K * I * 2, w2.data(), w2.size() * 2), 0) << what << " W2 of expert " << e;
+  }
 }
 
 // W1 as the recipe reads it, from the HF halves, quantized by the one quantizer: halves for per-token;
@@ -384,12 +420,7 @@ TEST_F(LoaderTest, Qwen3Bf16PerExpertAndFusedLoadQuantizedByTheOneQuantizer) {
       t.push_back(bf16_tensor(pre + "experts.gate_up_proj", {E, 2 * I, K}, gu));
       t.push_back(bf16_tensor(pre + "experts.down_proj", {E, K, I}, d));
     } else {
-      for (std::int64_t e = 0; e < E; ++e) {
-        const std::string ep = pre + "experts." + std::to_string(e) + ".";
-        t.push_back(bf16_tensor(ep + "gate_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].gate));
-        t.push_back(bf16_tensor(ep + "up_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].up));
-        t.push_back(bf16_tensor(ep + "down_proj.weight", {K, I}, x[static_cast<std::size_t>(e)].down));
-      }
+      push_per_expert(t, pre, x);
     }
     t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, router));
     write_tensors(dir_ / "model.safetensors", t);
@@ -434,12 +465,7 @@ TEST_F(LoaderTest, Qwen3Bf16LoadsBitExactUnderTheBf16Recipe) {
       t.push_back(bf16_tensor(pre + "experts.gate_up_proj", {E, 2 * I, K}, gu));
       t.push_back(bf16_tensor(pre + "experts.down_proj", {E, K, I}, d));
     } else {
-      for (std::int64_t e = 0; e < E; ++e) {
-        const std::string ep = pre + "experts." + std::to_string(e) + ".";
-        t.push_back(bf16_tensor(ep + "gate_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].gate));
-        t.push_back(bf16_tensor(ep + "up_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].up));
-        t.push_back(bf16_tensor(ep + "down_proj.weight", {K, I}, x[static_cast<std::size_t>(e)].down));
-      }
+      push_per_expert(t, pre, x);
     }
     t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, bf16_exact(seeded(E * K, 9, 0.05f))));
     write_tensors(dir_ / "model.safetensors", t);
@@ -451,16 +477,7 @@ TEST_F(LoaderTest, Qwen3Bf16LoadsBitExactUnderTheBf16Recipe) {
     EXPECT_TRUE(got.experts.w1_scale.empty() && got.experts.w2_scale.empty()) << what;
     ASSERT_EQ(got.experts.w1.size(), static_cast<std::size_t>(8 * 2 * I * K * 2)) << what;
     ASSERT_EQ(got.experts.w2.size(), static_cast<std::size_t>(8 * K * I * 2)) << what;
-    for (std::int64_t e = 0; e < 8; ++e) {
-      const FloatExpert& ex = x[static_cast<std::size_t>(8 + e)];
-      std::vector<std::uint16_t> w1 = to_bf16(ex.gate), up = to_bf16(ex.up);
-      w1.insert(w1.end(), up.begin(), up.end());
-      const std::vector<std::uint16_t> w2 = to_bf16(ex.down);
-      EXPECT_EQ(std::memcmp(got.experts.w1.data() + e * 2 * I * K * 2, w1.data(), w1.size() * 2), 0)
-          << what << " W1 of expert " << e;
-      EXPECT_EQ(std::memcmp(got.experts.w2.data() + e * K * I * 2, w2.data(), w2.size() * 2), 0)
-          << what << " W2 of expert " << e;
-    }
+    expect_bits_of(got.experts, x, 8, 8, false, what);
     // The view reads them as the bf16 recipe's weights.
     EXPECT_NO_THROW(validate_weights(got.experts.view(), p, Device::kCpu)) << what;
     EXPECT_EQ(got.experts.view().element_bytes(), 2);
@@ -476,21 +493,9 @@ TEST_F(LoaderTest, Qwen3Fp16RunsAsStoredAndBf16PastItsRangeIsRefused) {
   write_text(dir_ / "config.json", config);
   std::vector<FloatExpert> x;
   for (std::int64_t e = 0; e < E; ++e) x.push_back(float_expert(I, 700 + static_cast<std::uint64_t>(3 * e)));
-  auto f16 = [](const std::vector<float>& v) {
-    std::vector<std::uint16_t> h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = numerics::fp16_encode(v[i]);
-    return h;
-  };
   std::vector<Tensor> t;
   const std::string pre = "model.layers.0.mlp.";
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::string ep = pre + "experts." + std::to_string(e) + ".";
-    const FloatExpert& ex = x[static_cast<std::size_t>(e)];
-    const auto g = f16(ex.gate), u = f16(ex.up), d = f16(ex.down);
-    t.push_back(tensor_of(ep + "gate_proj.weight", "F16", {I, K}, g.data(), g.size()));
-    t.push_back(tensor_of(ep + "up_proj.weight", "F16", {I, K}, u.data(), u.size()));
-    t.push_back(tensor_of(ep + "down_proj.weight", "F16", {K, I}, d.data(), d.size()));
-  }
+  push_per_expert(t, pre, x, true);
   t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, bf16_exact(seeded(E * K, 9, 0.05f))));
   write_tensors(dir_ / "model.safetensors", t);
   Checkpoint ck(dir_.string(), 2);
@@ -499,26 +504,14 @@ TEST_F(LoaderTest, Qwen3Fp16RunsAsStoredAndBf16PastItsRangeIsRefused) {
   const MoeProblem p = make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, auto_quant.quant);
   const CheckpointLayer got = ck.load_layer(0, p, 0);
   EXPECT_NE(got.note.find("read as fp16, bit for bit"), std::string::npos) << got.note;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const FloatExpert& ex = x[static_cast<std::size_t>(e)];
-    std::vector<std::uint16_t> w1 = f16(ex.gate), up = f16(ex.up);
-    w1.insert(w1.end(), up.begin(), up.end());
-    const std::vector<std::uint16_t> w2 = f16(ex.down);
-    EXPECT_EQ(std::memcmp(got.experts.w1.data() + e * 2 * I * K * 2, w1.data(), w1.size() * 2), 0) << e;
-    EXPECT_EQ(std::memcmp(got.experts.w2.data() + e * K * I * 2, w2.data(), w2.size() * 2), 0) << e;
-  }
+  expect_bits_of(got.experts, x, 0, E, true, "fp16");
   EXPECT_NO_THROW(validate_weights(got.experts.view(), p, Device::kCpu));
   const MoeProblem pb = make_problem(ck.model(), {1, 1, 8, 0}, ActivationFormat::kBatchedExperts, QuantScheme::kBf16);
   EXPECT_NE(ck.load_layer(0, pb, 0).note.find("rounded once to bf16"), std::string::npos);
   // A bf16 checkpoint with one value past 65504, loaded under fp16: refused, the value named.
   x[3].down[5] = 1.5e5f;
   t.clear();
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::string ep = pre + "experts." + std::to_string(e) + ".";
-    t.push_back(bf16_tensor(ep + "gate_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].gate));
-    t.push_back(bf16_tensor(ep + "up_proj.weight", {I, K}, x[static_cast<std::size_t>(e)].up));
-    t.push_back(bf16_tensor(ep + "down_proj.weight", {K, I}, x[static_cast<std::size_t>(e)].down));
-  }
+  push_per_expert(t, pre, x);
   t.push_back(bf16_tensor(pre + "gate.weight", {E, K}, bf16_exact(seeded(E * K, 9, 0.05f))));
   write_tensors(dir_ / "model.safetensors", t);
   Checkpoint big(dir_.string(), 2);
