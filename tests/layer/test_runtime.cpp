@@ -232,8 +232,9 @@ TEST(RuntimeBadInput, ANaNNamesTheLayerAndTheSeam) {
   }
 }
 
-// The bf16 recipe's weights are bf16 values, not FP8 codes: the search for the non-finite weight
-// reads them as bf16 (a value with a 0x7F byte, e.g. 0x3F7F = 0.996, is finite) and names the value.
+// The 16-bit recipes' weights are bf16 / fp16 values, not FP8 codes: the search for the non-finite
+// weight reads them in the recipe's dtype (a value with a 0x7F byte, e.g. bf16 0x3F7F = 0.996, is
+// finite; fp16's exponent field differs from bf16's) and names the value.
 TEST(RuntimeBadInput, ASixteenBitNaNWeightIsNamedAsAValue) {
   for (const QuantScheme quant : {QuantScheme::kBf16, QuantScheme::kFp16}) {
     const ModelConfig m = synthetic::tiny_model(true);

@@ -202,17 +202,23 @@ bf16_t bf16_encode_by_definition(float x) {
   return static_cast<bf16_t>(sign | code);
 }
 
-TEST(Bf16, StridedSweepRoundsToNearestEven) {
+// Every `stride`-th float bit pattern (NaNs aside): `encode` equals `by_definition`, bit for bit.
+template <class Encode, class ByDefinition>
+void expect_strided_sweep(const char* name, std::uint64_t stride, Encode encode, ByDefinition by_definition) {
   int failures = 0;
   std::int64_t count = 0;
-  for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 257, ++count) {
+  for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += stride, ++count) {
     const float x = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
     if (std::isnan(x)) continue;
-    const bf16_t got = bf16_encode(x), want = bf16_encode_by_definition(x);
+    const std::uint16_t got = encode(x), want = by_definition(x);
     if (got != want && ++failures <= 10)
-      ADD_FAILURE() << "bf16_encode(" << hex_float(x) << ") = 0x" << std::hex << got << ", want 0x" << want;
+      ADD_FAILURE() << name << "(" << hex_float(x) << ") = 0x" << std::hex << got << ", want 0x" << want;
   }
   EXPECT_EQ(failures, 0) << "of " << count << " floats";
+}
+
+TEST(Bf16, StridedSweepRoundsToNearestEven) {
+  expect_strided_sweep("bf16_encode", 257, bf16_encode, bf16_encode_by_definition);
 }
 
 TEST(Bf16, TiesAndNeighbours) {
@@ -310,16 +316,7 @@ TEST(Fp16, EveryCodeDecodesToItsValue) {
 }
 
 TEST(Fp16, StridedSweepRoundsToNearestEven) {
-  int failures = 0;
-  std::int64_t count = 0;
-  for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 4099, ++count) {
-    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
-    if (std::isnan(x)) continue;
-    const fp16_t got = fp16_encode(x), want = fp16_encode_by_definition(x);
-    if (got != want && ++failures <= 10)
-      ADD_FAILURE() << "fp16_encode(" << hex_float(x) << ") = 0x" << std::hex << got << ", want 0x" << want;
-  }
-  EXPECT_EQ(failures, 0) << "of " << count << " floats";
+  expect_strided_sweep("fp16_encode", 4099, fp16_encode, fp16_encode_by_definition);
 }
 
 TEST(Fp16, TiesRangeEdgesAndNan) {
