@@ -32,6 +32,10 @@ constexpr std::int64_t dtype_size(DType dtype) {
   return 0;  // not a DType
 }
 std::string_view dtype_name(DType dtype);
+// The unquantized recipes' 2-byte floats: bf16 and fp16.
+constexpr bool is_sixteen_bit(DType dtype) {
+  return dtype == DType::kBf16 || dtype == DType::kFp16;
+}
 
 // Standard: (M, K) hidden states + topk ids/weights; experts permute rows themselves.
 // BatchedExperts: (E_local, M, K), one buffer of M rows per local expert, plus expert_num_tokens.

@@ -179,7 +179,7 @@ class Workspace {
     if constexpr (std::is_same_v<T, float>) return d == DType::kFp32;
     if constexpr (std::is_same_v<T, std::int32_t>) return d == DType::kInt32;
     if constexpr (std::is_same_v<T, std::int64_t>) return d == DType::kInt64;
-    if constexpr (std::is_same_v<T, std::uint16_t>) return d == DType::kBf16 || d == DType::kFp16;
+    if constexpr (std::is_same_v<T, std::uint16_t>) return is_sixteen_bit(d);
     if constexpr (std::is_same_v<T, std::uint8_t>) return d == DType::kFp8E4m3 || d == DType::kUint8;
     return false;
   }

@@ -59,7 +59,7 @@ void fill_random_bytes(void* device, std::size_t bytes, std::uint64_t seed, bool
 }
 
 void fill_random_sixteen_bit(void* device, std::size_t count, std::uint64_t seed, DType dtype) {
-  MOEKIT_CUDA_REQUIRE(dtype == DType::kBf16 || dtype == DType::kFp16, "fill_random_sixteen_bit: bf16 or fp16");
+  MOEKIT_CUDA_REQUIRE(is_sixteen_bit(dtype), "fill_random_sixteen_bit: bf16 or fp16");
   MOEKIT_CUDA_REQUIRE(reinterpret_cast<std::uintptr_t>(device) % 8 == 0 && count % 4 == 0,
                       "fill_random_sixteen_bit: 8-byte aligned whole words (a multiple of 4 values)");
   fill_random_kernel<<<1024, 256>>>(static_cast<std::uint64_t*>(device), count / 4, seed,
@@ -151,7 +151,7 @@ double fp8_gemm_tflops(void* stream) {
 }
 
 double sixteen_bit_gemm_tflops(DType operand, void* stream) {
-  MOEKIT_CUDA_REQUIRE(operand == DType::kBf16 || operand == DType::kFp16, "sixteen_bit_gemm_tflops: bf16 or fp16");
+  MOEKIT_CUDA_REQUIRE(is_sixteen_bit(operand), "sixteen_bit_gemm_tflops: bf16 or fp16");
   return dense_gemm_tflops(operand, static_cast<cudaStream_t>(stream));
 }
 

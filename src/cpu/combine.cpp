@@ -35,8 +35,7 @@ void sum_slots(DType rows_dtype, std::int64_t t, std::int64_t topk, std::int64_t
 }
 
 void check_dtypes(DType rows_dtype, DType output_dtype) {
-  auto sixteen = [](DType d) { return d == DType::kBf16 || d == DType::kFp16; };
-  MOEKIT_CHECK(sixteen(rows_dtype) && sixteen(output_dtype),
+  MOEKIT_CHECK(is_sixteen_bit(rows_dtype) && is_sixteen_bit(output_dtype),
                "the combine reads bf16 or fp16 expert rows into a bf16 or fp16 output; got rows {}, output {}",
                dtype_name(rows_dtype), dtype_name(output_dtype));
 }

@@ -131,12 +131,11 @@ Scaling scaling_of(QuantScheme quant) {
   return Scaling::kNone;
 }
 
-// One GEMM of either element type: Fp8GemmArgs / SixteenBitGemmArgs, the same fields (16-bit: fp16
-// says which 16-bit type A, B and D_16 hold; FP8's D_16 is bf16).
+// One GEMM of either element type: Fp8GemmArgs / SixteenBitGemmArgs, the same fields (16-bit: the
+// recipe's operand dtype, fp16_operands below, says what A, B and D_16 hold; FP8's D_16 is bf16).
 template <class T>
 struct GemmCore {
   const char* who;
-  bool fp16;
   std::int64_t M, N, K;
   Scaling scaling;
   QuantScheme quant;
@@ -155,15 +154,15 @@ struct GemmCore {
 GemmCore<fp8_t> core_of(const Fp8GemmArgs& a) {
   MOEKIT_CHECK(recipe_info(a.quant).activation_dtype == DType::kFp8E4m3,
                "fp8_gemm: recipe {} has no FP8 operands; call sixteen_bit_gemm", quant_name(a.quant));
-  return {"fp8_gemm", false,  a.M,     a.N,      a.K,  scaling_of(a.quant), a.quant, a.A, a.lda, a.a_scales, a.B, a.ldb,
-          a.b_scales, a.bias, a.D_f32, a.D_bf16, a.ldd};
+  return {"fp8_gemm", a.M,        a.N, a.K,   scaling_of(a.quant), a.quant, a.A,
+          a.lda,      a.a_scales, a.B, a.ldb, a.b_scales,          a.bias,  a.D_f32,
+          a.D_bf16,   a.ldd};
 }
 GemmCore<std::uint16_t> core_of(const SixteenBitGemmArgs& a) {
-  MOEKIT_CHECK(a.dtype == DType::kBf16 || a.dtype == DType::kFp16,
-               "sixteen_bit_gemm: operands of dtype {}; it takes bf16 or fp16", dtype_name(a.dtype));
+  MOEKIT_CHECK(is_sixteen_bit(a.dtype), "sixteen_bit_gemm: operands of dtype {}; it takes bf16 or fp16",
+               dtype_name(a.dtype));
   const QuantScheme quant = a.dtype == DType::kFp16 ? QuantScheme::kFp16 : QuantScheme::kBf16;
   return {"sixteen_bit_gemm",
-          a.dtype == DType::kFp16,
           a.M,
           a.N,
           a.K,
@@ -179,6 +178,12 @@ GemmCore<std::uint16_t> core_of(const SixteenBitGemmArgs& a) {
           a.D_f32,
           a.D_16,
           a.ldd};
+}
+
+// Whether a GEMM's 16-bit values (A, B, D_16 of an unquantized recipe) are fp16, not bf16.
+template <class T>
+bool fp16_operands(const GemmCore<T>& a) {
+  return recipe_info(a.quant).activation_dtype == DType::kFp16;
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
@@ -261,6 +266,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
   validate(args, /*check_output=*/true);
   const std::int64_t M = args.M, N = args.N, K = args.K;
   if (M == 0 || N == 0) return;
+  const bool fp16 = fp16_operands(args);
   const bool block_mode = args.scaling == Scaling::kBlock;
   const std::int64_t m_pad = ceil_div(M, kVL) * kVL;
   const std::int64_t num_mvec = m_pad / kVL;
@@ -277,7 +283,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
       [&](std::int64_t k0, std::int64_t k1) {
         std::vector<float> row(static_cast<std::size_t>(k1 - k0));
         for (std::int64_t m = 0; m < M; ++m) {
-          decode(args.A + m * args.lda + k0, row.data(), k1 - k0, args.fp16);
+          decode(args.A + m * args.lda + k0, row.data(), k1 - k0, fp16);
           for (std::int64_t k = k0; k < k1; ++k)
             at[static_cast<std::size_t>(k * m_pad + m)] = row[static_cast<std::size_t>(k - k0)];
         }
@@ -317,7 +323,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
           for (std::int64_t j = 0; j < nc; ++j) {
             float* dst = bd.data() + j * kKc;
             if (n0 + j < N) {
-              decode(args.B + (n0 + j) * args.ldb + k0, dst, kc, args.fp16);
+              decode(args.B + (n0 + j) * args.ldb + k0, dst, kc, fp16);
               if (block_mode) sb[static_cast<std::size_t>(j)] = args.b_scales[((n0 + j) / kKc) * num_kb + kb];
             } else {
               std::fill(dst, dst + kc, 0.0f);
@@ -355,7 +361,7 @@ void gemm(const GemmCore<T>& args, ThreadPool& pool) {
           if (args.D_f32)
             args.D_f32[m * args.ldd + n] = v;
           else
-            args.D_16[m * args.ldd + n] = encode16(v, args.fp16);
+            args.D_16[m * args.ldd + n] = encode16(v, fp16);
         }
       }
     }
@@ -380,6 +386,7 @@ void gemm_ref(const GemmCore<T>& args, double* D, std::int64_t ldd) {
   MOEKIT_CHECK(ldd >= N, "{}_ref: ldd={} < N={}", args.who, ldd, N);
   if (M == 0 || N == 0) return;
   MOEKIT_CHECK(D != nullptr, "{}_ref: D is null with M={}, N={}", args.who, M, N);
+  const bool fp16 = fp16_operands(args);
   const std::int64_t num_kb = ceil_div(K, kQuantBlock);
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
@@ -387,7 +394,7 @@ void gemm_ref(const GemmCore<T>& args, double* D, std::int64_t ldd) {
       for (std::int64_t kb = 0; kb < num_kb; ++kb) {
         double acc = 0.0;
         for (std::int64_t k = kb * kQuantBlock; k < std::min(K, (kb + 1) * kQuantBlock); ++k)
-          acc += decode_one(args.A[m * args.lda + k], args.fp16) * decode_one(args.B[n * args.ldb + k], args.fp16);
+          acc += decode_one(args.A[m * args.lda + k], fp16) * decode_one(args.B[n * args.ldb + k], fp16);
         if (args.scaling == Scaling::kBlock)
           total += acc * args.a_scales[m * num_kb + kb] * args.b_scales[(n / kQuantBlock) * num_kb + kb];
         else

@@ -95,7 +95,7 @@ void store_activation_impl(QuantScheme quant, const T* x, std::int64_t rows, std
     return;
   }
   check_activation_args("store_activation", rows, cols, ldx, ldq, x, q, scales, false);
-  MOEKIT_CHECK(recipe.activation_dtype == DType::kBf16 || recipe.activation_dtype == DType::kFp16,
+  MOEKIT_CHECK(is_sixteen_bit(recipe.activation_dtype),
                "store_activation: recipe {} stores {} activations; the CPU stores bf16 or fp16 ones",
                recipe.name != nullptr ? recipe.name : "?", dtype_name(recipe.activation_dtype));
   const bool fp16 = recipe.activation_dtype == DType::kFp16;
@@ -187,7 +187,7 @@ void store_weight(QuantScheme quant, const float* w, std::int64_t n, std::int64_
   }
   MOEKIT_CHECK(n > 0 && k > 0, "store_weight: weight shape ({}, {}) needs n > 0 and k > 0", n, k);
   MOEKIT_CHECK(w != nullptr && q != nullptr, "store_weight: null weight or output pointer");
-  MOEKIT_CHECK(recipe.weight_dtype == DType::kBf16 || recipe.weight_dtype == DType::kFp16,
+  MOEKIT_CHECK(is_sixteen_bit(recipe.weight_dtype),
                "store_weight: recipe {} stores {} weights; the CPU stores bf16 or fp16 ones",
                recipe.name != nullptr ? recipe.name : "?", dtype_name(recipe.weight_dtype));
   auto* out = reinterpret_cast<std::uint16_t*>(q);

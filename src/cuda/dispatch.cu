@@ -367,7 +367,7 @@ void launch_quantize_tokens(const QuantizeLaunch& l, void* stream_ptr) {
   const int grid = grid_for(l.tokens, 8192);
   const RecipeInfo recipe = recipe_info(l.quant);
   if (!has_activation_scales(recipe)) {  // bf16 tokens into a 16-bit recipe: rows copied (or converted), no scales
-    MOEKIT_CUDA_REQUIRE(recipe.activation_dtype == DType::kBf16 || recipe.activation_dtype == DType::kFp16,
+    MOEKIT_CUDA_REQUIRE(is_sixteen_bit(recipe.activation_dtype),
                         "the CUDA dispatch copies bf16 tokens into the " + std::string(recipe.name) +
                             " recipe's operands, which are " + std::string(dtype_name(recipe.activation_dtype)));
     if (l.tokens == 0) return;
@@ -398,8 +398,7 @@ void launch_combine(const std::int32_t* pair_row, const float* topk_weights, std
                     DType rows_dtype, DType output_dtype) {
   if (tokens == 0) return;
   MOEKIT_CUDA_REQUIRE(K % 8 == 0, "the CUDA combine takes K a multiple of 8");
-  auto sixteen = [](DType d) { return d == DType::kBf16 || d == DType::kFp16; };
-  MOEKIT_CUDA_REQUIRE(sixteen(rows_dtype) && sixteen(output_dtype),
+  MOEKIT_CUDA_REQUIRE(is_sixteen_bit(rows_dtype) && is_sixteen_bit(output_dtype),
                       "the CUDA combine reads bf16 or fp16 rows into a bf16 or fp16 output; got rows " +
                           std::string(dtype_name(rows_dtype)) + ", output " + std::string(dtype_name(output_dtype)));
   const std::int64_t threads = tokens * (K / 8);

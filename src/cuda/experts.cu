@@ -569,8 +569,8 @@ void launch_activation_sixteen_bit(const BatchedExpertsLaunch& l, cudaStream_t s
   const MoeProblem& p = l.problem;
   const RecipeInfo recipe = recipe_info(p.quant);
   const DType dtype = recipe.activation_dtype;
-  MOEKIT_CUDA_REQUIRE((dtype == DType::kBf16 || dtype == DType::kFp16) && recipe.intermediate_dtype == dtype &&
-                          !l.gemms.fused_w1 && l.w1_out != nullptr && l.act_q != nullptr,
+  MOEKIT_CUDA_REQUIRE(is_sixteen_bit(dtype) && recipe.intermediate_dtype == dtype && !l.gemms.fused_w1 &&
+                          l.w1_out != nullptr && l.act_q != nullptr,
                       "launch_activation_quant: the " + std::string(recipe.name) +
                           " recipe's activation reads a 16-bit w1_out and writes act in the same dtype (no fused W1)");
   MOEKIT_CUDA_REQUIRE(p.I() % 8 == 0, "launch_activation_quant: I = " + std::to_string(p.I()) +

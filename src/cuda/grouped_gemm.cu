@@ -11,9 +11,8 @@ template <plan::GemmConfig kConfig>
 void instance(const GroupedGemmLaunch& l, void* stream) {
   constexpr plan::GemmConfigInfo info = plan::gemm_config_info(kConfig);
   if (l.operand != DType::kFp8E4m3) {
-    MOEKIT_CUDA_REQUIRE(
-        l.operand == DType::kBf16 || l.operand == DType::kFp16,
-        "grouped GEMM: operands are FP8 codes, bf16 or fp16, not " + std::string(dtype_name(l.operand)));
+    MOEKIT_CUDA_REQUIRE(is_sixteen_bit(l.operand), "grouped GEMM: operands are FP8 codes, bf16 or fp16, not " +
+                                                       std::string(dtype_name(l.operand)));
     MOEKIT_CUDA_REQUIRE(
         info.sixteen_bit && l.fused.act_q == nullptr && !l.d_fp32,
         "grouped GEMM: config " + std::string(info.name) + " has no 16-bit instance (sixteen_bit, plan/gemm_config.h)");

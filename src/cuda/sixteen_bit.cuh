@@ -6,7 +6,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "moekit/types.h"
 
@@ -40,10 +39,6 @@ __device__ __forceinline__ uint4 bf16_to_fp16_8(uint4 v) {
   for (int j = 0; j < 8; ++j) o[j] = __float2half_rn(__bfloat162float(in[j]));
   return out;
 }
-
-// The device type of a 16-bit DType (kBf16 -> __nv_bfloat16, kFp16 -> __half).
-template <DType kDType>
-using Sixteen = std::conditional_t<kDType == DType::kFp16, __half, __nv_bfloat16>;
 
 // f(T{}) with T the device type of `dtype` (bf16 or fp16): one instantiation per dtype.
 template <class F>

@@ -52,8 +52,8 @@ struct LayerState {
               e.where());
 }
 
-// The first non-finite bf16 (fp16: fp16) value of n, or -1: the exponent bits all set.
-std::int64_t first_non_finite_bf16(const std::uint16_t* v, std::int64_t n, bool fp16 = false) {
+// The first non-finite bf16 (fp16: fp16) value of n, or -1: its exponent bits all set.
+std::int64_t first_non_finite_16(const std::uint16_t* v, std::int64_t n, bool fp16 = false) {
   const std::uint16_t exponent = fp16 ? 0x7C00u : 0x7F80u;
   for (std::int64_t i = 0; i < n; ++i)
     if ((v[i] & exponent) == exponent) return i;
@@ -347,7 +347,7 @@ struct MoeRuntime::Impl {
     const std::int64_t K = problem.K;
     std::vector<std::uint16_t> h(static_cast<std::size_t>(T * K));
     memory->to_host(h.data(), hidden, T * K * 2, stream);
-    if (const std::int64_t i = first_non_finite_bf16(h.data(), T * K); i >= 0)
+    if (const std::int64_t i = first_non_finite_16(h.data(), T * K); i >= 0)
       return fmt::format("the input: hidden state of token {} column {} is {} (before the router)", i / K, i % K,
                          numerics::bf16_decode(h[static_cast<std::size_t>(i)]));
     auto floats = [&](const float* p, std::int64_t n) -> std::int64_t {
@@ -363,7 +363,7 @@ struct MoeRuntime::Impl {
       if (dtype != DType::kFp8E4m3) {
         std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
         memory->to_host(v.data(), p, 2 * n, stream);
-        return first_non_finite_bf16(v.data(), n, dtype == DType::kFp16);
+        return first_non_finite_16(v.data(), n, dtype == DType::kFp16);
       }
       std::vector<std::uint8_t> v(static_cast<std::size_t>(n));
       memory->to_host(v.data(), p, n, stream);
@@ -554,7 +554,7 @@ void MoeRuntime::check_output(int layer, const std::uint16_t* hidden, std::int64
   const std::int64_t K = s.problem.K;
   std::vector<std::uint16_t> host(static_cast<std::size_t>(num_tokens * K));
   s.memory->to_host(host.data(), output, num_tokens * K * 2, stream);
-  const std::int64_t bad = first_non_finite_bf16(host.data(), num_tokens * K);
+  const std::int64_t bad = first_non_finite_16(host.data(), num_tokens * K);
   if (bad < 0) return;
   const float v = numerics::bf16_decode(host[static_cast<std::size_t>(bad)]);
   MOEKIT_FAIL("layer {}: output of token {} column {} is {}; it entered at {}", layer, bad / K, bad % K,
