@@ -440,12 +440,13 @@ struct Checkpoint::Impl {
     return w1_stored;
   }
 
-  // The fp16 recipe holds |w| < 65520 (from there fp16 rounds to inf): a finite value past it in row r
-  // of `m` is refused, naming the tensor, the element and what runs it.
+  // The fp16 recipe holds no finite value that rounds to inf (numerics::fp16_overflows): one in row r
+  // of `m` is refused, naming the tensor, the element and what runs it (store_weight's check, made
+  // here where the tensor's own row and column are known).
   static void check_range(const MoeProblem& p, const Matrix& m, const float* row, std::int64_t r, std::int64_t cols) {
     if (recipe_info(p.quant).weight_dtype != DType::kFp16) return;
     for (std::int64_t c = 0; c < cols; ++c)
-      MOEKIT_CHECK(!(std::fabs(row[c]) >= 65520.0f) || !std::isfinite(row[c]),
+      MOEKIT_CHECK(!numerics::fp16_overflows(row[c]),
                    "{}: '{}' element ({}, {}) = {} is beyond fp16's largest finite value {}: --quant fp16 cannot "
                    "hold it; run --quant bf16 (or auto)",
                    m.file, m.name, r, c, row[c], numerics::kFp16Max);

@@ -136,6 +136,11 @@ inline fp16_t fp16_encode(float x) {
   return static_cast<fp16_t>(sign | k);  // k == 1024 is the smallest normal code 0x0400
 }
 
+// Whether a finite x rounds past fp16's largest finite value (|x| >= 65520: fp16_encode gives inf).
+inline bool fp16_overflows(float x) {
+  return std::isfinite(x) && (fp16_encode(x) & 0x7C00u) == 0x7C00u;
+}
+
 // A 16-bit value of an unquantized recipe's operand dtype: fp16 where `fp16`, else bf16.
 inline float decode16(std::uint16_t x, bool fp16) {
   return fp16 ? fp16_decode(x) : bf16_decode(x);
